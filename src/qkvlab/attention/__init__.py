@@ -1,0 +1,11 @@
+"""Attention designs: registry, shared module, kernel, KV cache and circuits."""
+
+from qkvlab.attention.base import Attention
+from qkvlab.attention.circuits import FactoredMatrix
+from qkvlab.attention.config import SCALES, AttentionConfig
+from qkvlab.attention.core import KVCache
+from qkvlab.attention.registry import DESIGNS, build_attention, register
+from qkvlab.attention import designs as _designs  # noqa: F401  (registers the designs)
+
+__all__ = ["Attention", "AttentionConfig", "DESIGNS", "FactoredMatrix", "KVCache", "SCALES",
+           "build_attention", "register"]

@@ -1,0 +1,89 @@
+"""The attention designs from the questions, one small class each, registered by name.
+
+Each class only declares what differs: the segments of its fused projection (which roles
+share a weight) and, for ``alt``, the extra per-head matrix. The forward pass is shared
+(``qkvlab.attention.base.Attention``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from qkvlab.attention.base import Attention
+from qkvlab.attention.registry import register
+
+
+@register("standard")
+class StandardAttention(Attention):
+    """softmax(Q_h K_hᵀ/√d_k)·V_h per head h, heads concatenated, then W_O.
+
+    Q_h = X W_Q[h], K_h = S W_K[h], V_h = S W_V[h] with three separate matrices
+    (Vaswani et al. 2017, "Attention Is All You Need"). With ``n_kv_heads`` < ``n_heads``
+    this is GQA (MQA at 1): groups of H/G query heads share one key/value head::
+
+        q heads:  0 1 2 3 | 4 5 6 7      (H = 8)
+        kv heads:    0    |    1         (G = 2; head h reads kv head h // (H/G))
+    """
+
+    segments = ("q", "k", "v")
+
+
+@register("alt")
+class AltAttention(Attention):
+    """(1/√d_k)·softmax(Q_h K_hᵀ/√d_k)·V_h·W_hᵀ per head, then W_O ("AttentionAlt", seed 001).
+
+    A learned W_h (d_v × d_v) per head after the values, and the scale both inside and
+    outside the softmax. W_h and the outer scale are linear maps right before W_O, so they
+    fold into it exactly (``qkvlab.fold_alt``): the extra matrix adds parameters and time,
+    not expressivity.
+    """
+
+    segments = ("q", "k", "v")
+    default_scale = "both"
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if not hasattr(self, "W_mix"):  # the base __init__ calls this before W_mix exists
+            self.W_mix = nn.Parameter(torch.empty(self.cfg.n_heads, self.cfg.d_v, self.cfg.d_v))
+        # variance-preserving, like the other projections: z W_hᵀ keeps z's scale
+        nn.init.normal_(self.W_mix, std=self.cfg.d_v ** -0.5)
+
+    def mix(self, z: Tensor) -> Tensor:
+        return torch.einsum("bhtd,hed->bhte", z, self.W_mix)  # z_h @ W_hᵀ
+
+    def mix_matrices(self) -> Tensor:
+        return self.W_mix.transpose(-1, -2)
+
+
+@register("tied_qk")
+class TiedQKAttention(Attention):
+    """softmax(X W_h (S W_h)ᵀ/√d_k)·S W_V[h]: one matrix W_h = W_Q[h] = W_K[h].
+
+    In self-attention the scores X W_h W_hᵀ Xᵀ are symmetric before masking, so a head cannot
+    express a directed relation by its scores alone. Option ``self_mask``: a query may not
+    attend to its own position unless it has no other target (Reformer, Kitaev et al. 2020),
+    since x·W·Wᵀ·x is usually the largest score of its row.
+    """
+
+    segments = ("qk", "v")
+
+
+@register("tied_kv")
+class TiedKVAttention(Attention):
+    """softmax(Q_h K_hᵀ/√d_k)·K_h with K_h = V_h = S W_h: one matrix W_h = W_K[h] = W_V[h].
+
+    The KV cache holds one tensor per layer instead of two. Requires d_v = d_head.
+    """
+
+    segments = ("q", "kv")
+
+
+@register("tied_qkv")
+class TiedQKVAttention(Attention):
+    """softmax(X W_h (S W_h)ᵀ/√d_k)·S W_h: one matrix W_h = W_Q[h] = W_K[h] = W_V[h] (seed 003).
+
+    Symmetric scores as in ``tied_qk`` and keys equal to values as in ``tied_kv``.
+    """
+
+    segments = ("qkv",)
