@@ -1,0 +1,122 @@
+"""One frozen config for every model, with the attention design chosen per role.
+
+Roles: ``encoder`` (bidirectional self-attention), ``decoder`` (causal self-attention) and
+``cross`` (decoder queries, encoder keys/values). ``roles`` overrides any attention option
+for one role, e.g. ``roles={"cross": {"design": "tied_kv"}}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from qkvlab.attention import AttentionConfig
+
+ROLES = ("encoder", "decoder", "cross")
+POSITIONS = ("learned", "rotary")
+# Attention options a role may override (the rest of AttentionConfig follows the model).
+ROLE_OPTIONS = ("design", "scale", "self_mask", "n_kv_heads", "d_head", "d_v")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes and options of a DecoderLM, Encoder or EncoderDecoder.
+
+    ``d_head`` defaults to ``d_model // n_heads``; ``d_mlp`` to ``4 * d_model``.
+    ``n_layers`` counts the blocks of each stack (encoder and decoder alike).
+    """
+
+    d_vocab: int
+    n_ctx: int
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    d_head: int | None = None
+    d_v: int | None = None
+    n_kv_heads: int | None = None
+    d_mlp: int | None = None
+    design: str = "standard"
+    scale: str | None = None
+    self_mask: bool = False
+    roles: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    bias: bool = True
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    positions: str = "learned"
+    rope_base: float = 10000.0
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}: {v!r} must be a positive integer")
+        if self.d_mlp is None:
+            object.__setattr__(self, "d_mlp", 4 * self.d_model)
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions: {self.positions!r} is not one of {list(POSITIONS)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout: {self.dropout!r} must be in [0, 1)")
+        if not isinstance(self.roles, Mapping):
+            raise ValueError(f"roles: {self.roles!r} must map a role to attention options")
+        for role, opts in self.roles.items():
+            if role not in ROLES:
+                raise ValueError(f"roles: unknown role {role!r}; allowed: {list(ROLES)}")
+            bad = sorted(set(opts) - set(ROLE_OPTIONS))
+            if bad:
+                raise ValueError(f"roles.{role}.{bad[0]}: not a per-role option; "
+                                 f"allowed: {list(ROLE_OPTIONS)}")
+        object.__setattr__(self, "roles", {r: dict(o) for r, o in self.roles.items()})
+        for role in ROLES:  # validate every role's attention now, not at first forward
+            self.attention(role)
+        if self.positions == "rotary":
+            for role in ROLES:
+                if self.attention(role).d_head % 2:
+                    raise ValueError(f"d_head: rotary positions need an even d_head "
+                                     f"(role {role}: {self.attention(role).d_head})")
+
+    def attention(self, role: str) -> AttentionConfig:
+        """The ``AttentionConfig`` of one role (``encoder``, ``decoder`` or ``cross``)."""
+        if role not in ROLES:
+            raise ValueError(f"role: {role!r} is not one of {list(ROLES)}")
+        opts = dict(design=self.design, scale=self.scale, self_mask=self.self_mask,
+                    n_kv_heads=self.n_kv_heads, d_head=self.d_head, d_v=self.d_v)
+        opts.update(self.roles.get(role, {}))
+        try:
+            return AttentionConfig(d_model=self.d_model, n_heads=self.n_heads, bias=self.bias,
+                                   dropout=self.attn_dropout, **opts)
+        except ValueError as e:
+            where = f"roles.{role}." if role in self.roles else ""
+            raise ValueError(f"{where}{e}") from None
+
+    def replace(self, **changes) -> "ModelConfig":
+        known = {f.name for f in fields(self)}
+        bad = sorted(set(changes) - known)
+        if bad:
+            raise ValueError(f"{bad[0]}: not a model option; allowed: {sorted(known)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        bad = sorted(set(d) - known)
+        if bad:
+            raise ValueError(f"{bad[0]}: not a model option; allowed: {sorted(known)}")
+        return cls(**d)
+
+
+# Named presets (minGPT style); d_vocab and n_ctx come from the task.
+PRESETS: dict[str, dict[str, int]] = {
+    "nano": dict(d_model=64, n_layers=2, n_heads=4),
+    "tiny": dict(d_model=128, n_layers=4, n_heads=4),
+    "small": dict(d_model=384, n_layers=6, n_heads=6),
+}
