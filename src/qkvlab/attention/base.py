@@ -140,6 +140,8 @@ class Attention(nn.Module):
             rope: rotary embedding applied to queries and keys at their absolute positions.
             need_weights: also return the attention weights (B, H, Tq, Tk).
 
+        ``self_mask`` (Q = K designs) applies to self-attention only.
+
         Returns:
             (B, Tq, D), or ``(output, weights)`` with ``need_weights``.
         """
@@ -168,7 +170,8 @@ class Attention(nn.Module):
             q = rope(q, offset)
         mask, causal = build_mask(
             B=B, H=cfg.n_heads, Tq=Tq, Tk=k.shape[2], q_offset=offset, attn_mask=attn_mask,
-            key_padding_mask=key_padding_mask, is_causal=is_causal, self_mask=cfg.self_mask,
+            key_padding_mask=key_padding_mask, is_causal=is_causal,
+            self_mask=cfg.self_mask and source is None and not (cache is not None and cache.frozen),
             dtype=q.dtype, device=q.device)
         z, weights = attend(q, k, v, mask=mask, is_causal=causal, scale=cfg.inner_scale,
                             dropout_p=cfg.dropout if self.training else 0.0,

@@ -70,6 +70,10 @@ def load_model(path: str | os.PathLike) -> nn.Module:
         raise ValueError(f"checkpoint: {path} has a malformed qkvlab_config ({e})") from None
     model = build_model(cfg, meta.get("qkvlab_kind", "decoder"))
     try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            names = list(f.keys())
+            if names:  # keep the stored precision (a float64 model loads as float64)
+                model = model.to(f.get_tensor(names[0]).dtype)
         missing, unexpected = safetensors.torch.load_model(model, str(path), strict=False)
     except Exception as e:
         raise ValueError(f"checkpoint: {path} could not be loaded ({e})") from None
