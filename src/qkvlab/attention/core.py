@@ -67,9 +67,11 @@ def build_mask(
     """
     if is_causal and Tq != Tk - q_offset:
         raise ValueError(f"is_causal: queries ({Tq}) must be the last tokens of the keys ({Tk})")
-    plain_causal = is_causal and q_offset == 0 and attn_mask is None and key_padding_mask is None
-    if plain_causal and not self_mask:
+    plain_causal = is_causal and attn_mask is None and key_padding_mask is None and not self_mask
+    if plain_causal and q_offset == 0:
         return None, True
+    if plain_causal and Tq == 1:  # one new token during decoding sees every cached key
+        return None, False
     if not (attn_mask is not None or key_padding_mask is not None or is_causal or self_mask):
         return None, False
 

@@ -1,0 +1,185 @@
+"""``qkvlab`` command line: one function per command.
+
+Commands whose code lives in a subpackage are imported lazily, so ``qkvlab designs`` does
+not pay for matplotlib or transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+# command -> (module, configure function, run function, one-line help)
+DELEGATED = {
+    "analyze": ("qkvlab.analysis.cli", "configure_analyze", "run_analyze",
+                "W_Q/W_K/W_V similarity of a pretrained or qkvlab checkpoint"),
+    "experiments": ("qkvlab.experiments.cli", "configure_experiments", "run_experiments",
+                    "list the registered experiments"),
+    "sweep": ("qkvlab.experiments.cli", "configure_sweep", "run_sweep",
+              "run an experiment's runs into the results store"),
+    "results": ("qkvlab.experiments.cli", "configure_results", "run_results",
+                "export stored results (table, CSV, Parquet)"),
+    "study": ("qkvlab.report.cli", "configure_study", "run_study",
+              "run everything behind the three questions and write the report"),
+}
+
+
+def _table(headers: list[str], rows: list[list]) -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1e-2 or abs(v) >= 1e5 else f"{v:,.2f}"
+        return f"{v:,}" if isinstance(v, int) else str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
+def cmd_designs(args) -> int:
+    """Print every registered design: its equation and its attention parameters."""
+    from qkvlab.attention import DESIGNS, AttentionConfig, build_attention
+
+    rows = []
+    for name, cls in DESIGNS.items():
+        att = build_attention(AttentionConfig(d_model=args.d_model, n_heads=args.n_heads, design=name))
+        eq = (cls.__doc__ or "").strip().splitlines()[0]
+        rows.append([name, sum(p.numel() for p in att.parameters()), att.cfg.scale, eq])
+    print(_table(["design", f"params (d_model={args.d_model}, {args.n_heads} heads)", "scale",
+                  "equation"], rows))
+    return 0
+
+
+def bench_tables(res: dict) -> str:
+    """Markdown tables of a ``run_bench`` result."""
+    out = []
+    if "training" in res:
+        rows = []
+        for size, r in res["training"].items():
+            peers = {k: v for k, v in r.items() if k in ("hf_gpt2", "x_transformers")}
+            best = max(peers.values()) if peers else float("nan")
+            rows.append([size, int(r["qkvlab"]), int(r.get("qkvlab_bf16", 0)),
+                         *[int(v) for v in peers.values()], r["qkvlab"] / best,
+                         r.get("qkvlab_bf16", float("nan")) / best, r.get("bf16_loss_gap", float("nan"))])
+        peer_names = [k for k in next(iter(res["training"].values())) if k in ("hf_gpt2", "x_transformers")]
+        out.append("Training tokens/s (higher is better); ratios vs the fastest peer's fp32\n\n" + _table(
+            ["size", "qkvlab fp32", "qkvlab bf16", *[f"{p} fp32" for p in peer_names],
+             "fp32 ratio", "bf16 ratio", "max |loss fp32 - bf16|"], rows))
+    if "attention" in res:
+        rows = [[d, r["time_vs_standard"], r["flops_vs_standard"]] for d, r in res["attention"].items()]
+        out.append("Attention layer forward+backward (causal), relative to standard\n\n" +
+                   _table(["design", "time ratio", "FLOPs ratio"], rows))
+    if "decode" in res:
+        rows = [[size, int(r["qkvlab"]), int(r["hf_generate"]), r["qkvlab"] / r["hf_generate"],
+                 r["max_logit_diff"]] for size, r in res["decode"].items()]
+        out.append("Batch-1 greedy decoding with the KV cache, same weights\n\n" + _table(
+            ["size", "qkvlab tokens/s", "HF generate tokens/s", "ratio", "max |Δlogit|"], rows))
+    if "cache_bytes" in res:
+        rows = [[k, v] for k, v in res["cache_bytes"].items()]
+        out.append("KV-cache bytes per token, all layers, fp32\n\n" + _table(["design", "bytes/token"], rows))
+    if "fold_alt" in res:
+        r = res["fold_alt"]
+        out.append("fold_alt on a trained alt model\n\n" + _table(
+            ["train loss", "max |Δlogit| fp32", "max |Δlogit| fp64", "params alt", "params folded",
+             "speed folded/alt"],
+            [[f"{r['train_loss_first']:.3f} → {r['train_loss_last']:.3f}", r["max_abs_diff_fp32"],
+              r["max_abs_diff_fp64"], r["params_alt"], r["params_folded"], r["speed_folded_vs_alt"]]]))
+    return "\n\n".join(out)
+
+
+def run_bench(sizes=("small", "large"), peers=True, quick=False, log=print) -> dict:
+    """Every benchmark of the core library; returns a JSON-able dict."""
+    from qkvlab import bench
+
+    res: dict = {"training": {}}
+    for size in sizes:
+        res["training"][size] = bench.bench_training(
+            size, steps=3 if size == "large" else 10, rounds=2 if quick else 3,
+            peers=("hf_gpt2", "x_transformers") if peers else (), log=log)
+    res["attention"] = bench.bench_attention("large", rounds=3 if quick else 5, log=log)
+    if peers:
+        res["decode"] = {size: bench.bench_decode(size, new_tokens=64 if quick else 128,
+                                                  rounds=3 if quick else 5, log=log)
+                         for size in sizes}
+    res["cache_bytes"] = bench.cache_bytes_table("large")
+    res["fold_alt"] = bench.bench_fold_alt("small", train_steps=100 if quick else 200, log=log)
+    return res
+
+
+def cmd_bench(args) -> int:
+    """Speed ratios against peers and across designs; prints tables, saves JSON."""
+    sizes = ("small", "large") if args.size == "all" else (args.size,)
+    log = lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    res = run_bench(sizes, peers=not args.no_peers, quick=args.quick, log=log)
+    import torch
+
+    res["torch"] = torch.__version__
+    res["threads"] = torch.get_num_threads()
+    print(bench_tables(res))
+    _write_json(Path(args.out), res)
+    print(f"\nsaved {args.out}", file=sys.stderr)
+    return 0
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s delegated module is imported (all when None)."""
+    p = argparse.ArgumentParser(
+        prog="qkvlab", description="Every attention design from the questions, trained and measured.")
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("designs", help="list the attention designs")
+    d.add_argument("--d-model", type=int, default=128)
+    d.add_argument("--n-heads", type=int, default=4)
+    d.set_defaults(func=cmd_designs)
+    b = sub.add_parser("bench", help="speed ratios vs peers and across designs")
+    b.add_argument("--size", choices=["small", "large", "all"], default="all")
+    b.add_argument("--no-peers", action="store_true", help="skip HF/x-transformers comparisons")
+    b.add_argument("--quick", action="store_true", help="fewer rounds")
+    b.add_argument("--out", default="results/bench.json")
+    b.set_defaults(func=cmd_bench)
+    for name, (mod, conf, run, help_) in DELEGATED.items():
+        sp = sub.add_parser(name, help=help_)
+        sp.set_defaults(func=_delegate(mod, run))
+        if command is not None and command != name:
+            continue
+        try:
+            getattr(importlib.import_module(mod), conf)(sp)
+        except ImportError as e:
+            sp.set_defaults(func=_missing(name, e))
+    return p
+
+
+def _delegate(mod: str, run: str):
+    return lambda args: getattr(importlib.import_module(mod), run)(args)
+
+
+def _missing(name: str, err: Exception):
+    def fail(args) -> int:
+        print(f"qkvlab {name}: unavailable ({err})", file=sys.stderr)
+        return 2
+    return fail
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as e:
+        print(f"qkvlab {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
