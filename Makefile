@@ -30,7 +30,7 @@ test-all: $(VENV)/.installed
 	$(BIN)/python -m pytest -m ""
 
 report: $(VENV)/.installed
-	$(BIN)/qkvlab report --profile $(PROFILE)
+	$(BIN)/qkvlab bench
 
 bench: $(VENV)/.installed
 	$(BIN)/qkvlab bench

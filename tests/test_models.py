@@ -197,3 +197,33 @@ def test_fold_outside_scale_keeps_design_and_drops_scale(tmp_path):
     assert_close(folded(idx), model(idx), rtol=1e-12, atol=1e-12)
     back = load_model(save_model(folded, tmp_path / "f.safetensors")).double()
     assert_close(back(idx), model(idx), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("design", list(DESIGNS))
+def test_encoder_padding_does_not_leak_into_real_tokens(design):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**TINY, design=design), "encoder").double().eval()
+    idx = torch.randint(0, 37, (2, 10))
+    pad = torch.ones(2, 10, dtype=torch.bool)
+    pad[:, 7:] = False
+    other = idx.clone()
+    other[:, 7:] = torch.randint(0, 37, (2, 3))  # change only the padded positions
+    a, b = model(idx, pad), model(other, pad)
+    assert_close(a[:, :7], b[:, :7], rtol=0, atol=1e-13)
+    assert_close(model(idx[:, :7]), a[:, :7], rtol=1e-12, atol=1e-12)
+
+
+def test_attention_dropout_only_in_training():
+    torch.manual_seed(0)
+    att = build_attention(AttentionConfig(16, 4, dropout=0.5)).double()
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    att.eval()
+    assert_close(att(x), att(x), rtol=0, atol=0)
+    att.train()
+    torch.manual_seed(1)
+    a = att(x)
+    torch.manual_seed(1)
+    assert_close(att(x), a, rtol=0, atol=0)  # seeded: reproducible
+    assert (att(x) - a).abs().max() > 1e-3   # but different draws differ
+    att.eval()
+    assert (att(x) - a).abs().max() > 1e-3

@@ -128,11 +128,10 @@ def bench_training(size: str = "small", steps: int = 5, rounds: int = 3, peers=(
     s = SIZES[size]
     torch.manual_seed(0)
     fns, losses = {}, {}
-    ours = _ours(s)
+    ours, ours16 = _ours(s), _ours(s)
+    ours16.load_state_dict(ours.state_dict())  # same init: the loss curves must coincide
     fns["qkvlab"], losses["qkvlab"] = _train_rate(ours, ours, s, steps, bf16=False)
     if bf16:
-        ours16 = _ours(s)
-        ours16.load_state_dict(ours.state_dict())
         fns["qkvlab_bf16"], losses["qkvlab_bf16"] = _train_rate(ours16, ours16, s, steps, bf16=True)
     for p in peers:
         forward, model = PEERS[p](s)
