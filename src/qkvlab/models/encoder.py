@@ -97,7 +97,7 @@ class EncoderDecoder(nn.Module):
         return self.decode(tgt, memory, src_key_padding_mask=src_key_padding_mask,
                            tgt_key_padding_mask=tgt_key_padding_mask)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def generate(self, src: Tensor, max_new_tokens: int, bos_id: int, eos_id: int | None = None,
                  src_key_padding_mask: Tensor | None = None) -> Tensor:
         """Greedy decode with self- and cross-attention caches: (B, 1 + new) starting at BOS.

@@ -53,7 +53,7 @@ class DecoderLM(nn.Module):
         """Bytes the KV cache of the whole model takes for ``batch`` × ``max_len`` tokens."""
         return sum(c.nbytes for c in self.new_caches(batch, max_len))
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def generate(self, idx: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
                  top_k: int | None = None, greedy: bool = False,
                  generator: torch.Generator | None = None) -> Tensor:

@@ -7,6 +7,9 @@ width *and* at equal parameters.
 
 from __future__ import annotations
 
+import functools
+import json
+
 import torch
 from torch import nn
 
@@ -32,10 +35,16 @@ def count_params(model: nn.Module) -> dict[str, int]:
 
 def config_params(cfg: ModelConfig, kind: str = "decoder") -> dict[str, int]:
     """``count_params`` of the model a config builds, without allocating its weights."""
+    return dict(_config_params(cfg.to_json(), kind))
+
+
+@functools.lru_cache(maxsize=4096)
+def _config_params(cfg_json: str, kind: str) -> tuple:
     from qkvlab.models.io import build_model
 
-    with torch.device("meta"):
-        return count_params(build_model(cfg, kind))
+    cfg = ModelConfig.from_dict(json.loads(cfg_json))
+    with torch.device("meta"):  # shapes only: no memory, no init cost
+        return tuple(count_params(build_model(cfg, kind)).items())
 
 
 def match_params(cfg: ModelConfig, target: int | ModelConfig, *, kind: str = "decoder",
