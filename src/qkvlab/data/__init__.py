@@ -1,0 +1,24 @@
+"""Data and tasks: offline corpora, tokenizers, the prepared-data cache, one file per task.
+
+``get_task(name, **options)`` builds a registered task; ``TASKS`` maps names to classes:
+``lm`` and ``mlm`` (real text), ``translate`` (real pairs), ``mqar``, ``bind``, ``relation``
+(synthetic, generated on the fly). See ``base.Task`` for the interface.
+"""
+
+from qkvlab.data.base import IGNORE, SPLITS, TASKS, Task, get_task, register
+from qkvlab.data.corpus import BIBLES, INSTALL_HINT, MissingSourceError
+from qkvlab.data.tokenizers import BOS, EOS, MASK, PAD, SPECIALS, UNK, load_tokenizer
+
+# isort: off
+# Importing a task module registers it: this order (the issue's table) is the order of TASKS.
+from qkvlab.data.lm import LM
+from qkvlab.data.mlm import MLM
+from qkvlab.data.translate import Translate
+from qkvlab.data.mqar import MQAR
+from qkvlab.data.bind import Bind
+from qkvlab.data.relation import Relation
+# isort: on
+
+__all__ = ["BIBLES", "BOS", "EOS", "IGNORE", "INSTALL_HINT", "LM", "MASK", "MLM", "MQAR", "PAD",
+           "SPECIALS", "SPLITS", "TASKS", "UNK", "Bind", "MissingSourceError", "Relation", "Task",
+           "Translate", "get_task", "load_tokenizer", "register"]
