@@ -1,0 +1,132 @@
+"""Verdicts and tables from small synthetic results written through the real store API.
+
+Expected values are computed here independently (numpy, the t quantile for 2 degrees of
+freedom) and compared whole, two-sided.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qkvlab.experiments.store import Store
+from qkvlab.report import collect, study, verdicts
+from qkvlab.report import sources as S
+
+T975_DF2 = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom
+STD = [2.00, 2.10, 2.20]
+TIED = [2.20, 2.30, 2.45]
+
+
+def _fill(store: Store, experiment: str, task: str, values: dict[tuple[str, str], list[float]],
+          metric: str = "val_loss", extra_tags: dict | None = None) -> None:
+    """Register and finish one run per (design, arm, seed) with ``metric`` = the given value."""
+    env = S.environment()
+    for (design, arm), vals in values.items():
+        for seed, v in enumerate(vals):
+            spec = {"task": task, "model": {"design": design, "arm": arm}, "seed": seed,
+                    **(extra_tags or {})}
+            tags = {"task": task, "design": design, "arm": arm, "seed": seed, **(extra_tags or {})}
+            (rid,) = store.add(experiment, "smoke", [(spec, tags)])
+            if store.claim(rid):
+                store.finish(rid, "done", 10, {metric: v},
+                             {"n_params": 1000, "params": {"attention": 100 if design == "standard" else 75},
+                              "tokens_per_s": 1.0, **env})
+
+
+def _expected_rel(a, b):
+    rel = 100 * (np.array(a) / np.array(b) - 1)
+    return rel.mean(), T975_DF2 * rel.std(ddof=1) / np.sqrt(len(rel))
+
+
+def test_effect_worse_inconclusive_and_single_seed():
+    mean, half = _expected_rel(TIED, STD)
+    c = {"metric": "val_loss", "diff": 0.2, "diff_half": 0.1, "rel_pct": mean, "rel_half": half,
+         "n_pairs": 3}
+    e = verdicts.effect(c, lower_is_better=True)
+    assert e["status"] == "worse"
+    assert e["text"] == f"{mean:+.1f}% ± {half:.1f}% val loss (worse)"
+    e = verdicts.effect({**c, "rel_pct": -1.0, "rel_half": 2.5}, lower_is_better=True)
+    assert e["status"] == "inconclusive"
+    assert e["text"] == ("-1.0% ± 2.5% val loss (inconclusive at this scale: the CI straddles "
+                         "zero)")
+    e = verdicts.effect({**c, "rel_half": float("nan"), "n_pairs": 1}, lower_is_better=True)
+    assert (e["status"], e["half"]) == ("inconclusive", None)
+    assert "no CI: inconclusive at this scale" in e["text"]
+    acc = {"metric": "accuracy", "diff": 0.05, "diff_half": 0.01, "rel_pct": 9.0, "rel_half": 1.0}
+    e = verdicts.effect(acc, lower_is_better=False)
+    assert (e["status"], e["value"], e["half"]) == ("better", pytest.approx(5.0), pytest.approx(1.0))
+
+
+def test_q3_verdict_and_summary_from_store(tmp_path):
+    db = tmp_path / "r.db"
+    with Store(db) as store:
+        _fill(store, "lm_tied_kv", "lm", {("standard", "equal"): STD, ("standard", "matched"): STD,
+                                          ("tied_kv", "equal"): TIED,
+                                          ("tied_kv", "matched"): [2.0, 2.2, 2.1]})
+        data = collect.collect(store, "smoke", {})
+    mean, half = _expected_rel(TIED, STD)
+    mmean, mhalf = _expected_rel([2.0, 2.2, 2.1], STD)
+    d = np.array(TIED) - np.array(STD)
+    dm, dh = d.mean(), T975_DF2 * d.std(ddof=1) / np.sqrt(3)
+    ppl = (100 * (np.exp(dm) - 1), 100 * (np.exp(dm - dh) - 1), 100 * (np.exp(dm + dh) - 1))
+    v = verdicts.verdict_q3(data)
+    assert v["headline"] == (
+        f"tied K=V: {mean:+.1f}% ± {half:.1f}% val loss (worse) on lm at equal width "
+        f"({ppl[0]:+.1f}% perplexity (95% CI {ppl[1]:+.1f}% … {ppl[2]:+.1f}%); published "
+        f"reference ≈ +3.1% perplexity at 300M–1.2B parameters, Kayyam et al. 2026, arXiv "
+        f"2606.04032); {mmean:+.1f}% ± {mhalf:.1f}% val loss (inconclusive at this scale: the "
+        f"CI straddles zero) parameter-matched.")
+    (row,) = data["summary"]
+    assert row["design"] == "tied_kv"
+    assert row["attention_params_ratio"] == pytest.approx(0.75)
+    q = row["quality"]["lm"]
+    assert (q["rel_pct"], q["rel_half"]) == (pytest.approx(mean), pytest.approx(half))
+
+
+def test_bind_gap_closes_where_ci_includes_zero(tmp_path):
+    with Store(tmp_path / "r.db") as store:
+        for dh, tied in ((2, [0.30, 0.32, 0.31]), (8, [0.58, 0.61, 0.60])):
+            _fill(store, "bind_vs_dhead", "bind",
+                  {("standard", "equal"): [0.60, 0.62, 0.58], ("tied_kv", "equal"): tied},
+                  metric="accuracy", extra_tags={"d_head": dh})
+        data = collect.collect(store, "smoke", {})
+    gaps = verdicts.bind_gap(data["q3"]["bind"])
+    assert [g[0] for g in gaps] == [2, 8]
+    assert [g[1]["status"] for g in gaps] == ["worse", "inconclusive"]
+    d2 = 100 * (np.array([0.30, 0.32, 0.31]) - np.array([0.60, 0.62, 0.58]))
+    assert gaps[0][1]["value"] == pytest.approx(d2.mean())
+    assert gaps[0][1]["half"] == pytest.approx(T975_DF2 * d2.std(ddof=1) / np.sqrt(3))
+    text = verdicts.verdict_q3(data)["details"][0]
+    assert text.endswith("The gap is no longer significant from d_head = 8.")
+
+
+def test_bad_input_gives_clear_errors():
+    with pytest.raises(ValueError, match="profile: 'nope' is not one of"):
+        study.StudyConfig(profile="nope")
+    with pytest.raises(ValueError, match="workers: 0 must be a positive integer"):
+        study.StudyConfig(profile="smoke", workers=0)
+    with pytest.raises(ValueError, match="pretrained: 'gpt5' is not one of"):
+        study.StudyConfig(profile="smoke", pretrained=("gpt5",))
+
+
+def test_measure_is_stored_and_reused(tmp_path):
+    calls = []
+
+    def fn():
+        calls.append(1)
+        return {"x": 1.5, "y": 2.0}
+
+    with Store(tmp_path / "r.db") as store:
+        a = S.measure(store, "smoke", "demo", {"k": 1}, {"design": "standard"}, fn)
+        b = S.measure(store, "smoke", "demo", {"k": 1}, {"design": "standard"}, fn)
+        c = S.measure(store, "smoke", "demo", {"k": 2}, {"design": "standard"}, fn)
+        rows = store.runs(S.STUDY_EXPERIMENT, "smoke")
+    assert a == b == c == {"x": 1.5, "y": 2.0}
+    assert len(calls) == 2  # the second call with the same inputs read the store
+    assert sorted(r["tags"]["measure"] for r in rows) == ["demo", "demo"]
+    with Store(tmp_path / "r.db") as store:
+        with pytest.raises(ValueError, match="measure boom failed: ZeroDivisionError"):
+            S.measure(store, "smoke", "boom", {}, {}, lambda: {"x": 1 / 0})
+        status = {r["tags"]["measure"]: r["status"] for r in store.runs(S.STUDY_EXPERIMENT, "smoke")}
+    assert status == {"demo": "done", "boom": "failed"}
