@@ -12,8 +12,8 @@ import contextlib
 import functools
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -55,8 +55,11 @@ def bigram_batches(s: Size, n: int, seed: int = 0) -> list[torch.Tensor]:
     return tuple(out)
 
 
-def _interleaved(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
-    """Median over ``rounds`` of each fn's returned rate, contenders run round-robin."""
+def interleaved(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """Median over ``rounds`` of each fn's returned rate, contenders run round-robin after
+    one warm-up call each, so machine noise hits all contenders alike."""
+    for fn in fns.values():
+        fn()
     rates: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
@@ -111,8 +114,6 @@ def _train_rate(forward, model, s: Size, steps: int, bf16: bool, seed: int = 0):
         opt.step()
         losses.append(loss.item())
 
-    step()  # warm-up (allocations, kernels)
-
     def run() -> float:
         t = time.perf_counter()
         for _ in range(steps):
@@ -137,7 +138,7 @@ def bench_training(size: str = "small", steps: int = 5, rounds: int = 3, peers=(
         forward, model = PEERS[p](s)
         fns[p], losses[p] = _train_rate(forward, model, s, steps, bf16=False)
     log(f"training throughput, size {size}: {s}")
-    rates = _interleaved(fns, rounds)
+    rates = interleaved(fns, rounds)
     # Same data, same init: fp32 and bf16 losses of our model should track each other.
     if bf16:
         n = min(len(losses["qkvlab"]), len(losses["qkvlab_bf16"]))
@@ -158,15 +159,20 @@ def projection_flops(cfg: AttentionConfig, B: int, T: int) -> int:
     return proj + core + out + extra
 
 
-def bench_attention(size: str = "large", iters: int = 5, rounds: int = 5, log=print) -> dict[str, dict]:
-    """Forward+backward time of each design's layer relative to ``standard`` (causal, fp32)."""
-    s = SIZES[size]
-    x = torch.randn(s.batch, s.n_ctx, s.d_model, requires_grad=True)
-    fns, flops = {}, {}
-    for d in DESIGNS:
-        cfg = AttentionConfig(d_model=s.d_model, n_heads=s.n_heads, design=d)
+def attention_layer_speed(d_model: int, n_heads: int, T: int, B: int,
+                          variants: dict[str, dict] | None = None, iters: int = 5,
+                          rounds: int = 5) -> dict[str, dict[str, float]]:
+    """Forward+backward time of one causal self-attention layer per variant (label ->
+    AttentionConfig options; default: every design), relative to ``standard``, beside its
+    FLOPs and parameter ratios."""
+    variants = variants or {d: {"design": d} for d in DESIGNS}
+    x = torch.randn(B, T, d_model, requires_grad=True)
+    fns, flops, params = {}, {}, {}
+    for label, opts in {"standard": {}, **variants}.items():
+        cfg = AttentionConfig(d_model=d_model, n_heads=n_heads, **opts)
         att = build_attention(cfg)
-        flops[d] = projection_flops(cfg, s.batch, s.n_ctx)
+        flops[label] = projection_flops(cfg, B, T)
+        params[label] = sum(p.numel() for p in att.parameters())
 
         def run(att=att) -> float:
             t = time.perf_counter()
@@ -174,12 +180,19 @@ def bench_attention(size: str = "large", iters: int = 5, rounds: int = 5, log=pr
                 att(x, is_causal=True).sum().backward()
             return iters / (time.perf_counter() - t)
 
-        run()
-        fns[d] = run
-    rates = _interleaved(fns, rounds)
+        fns[label] = run
+    rates = interleaved(fns, rounds)
+    return {k: {"time_vs_standard": rates["standard"] / rates[k],
+                "flops_vs_standard": flops[k] / flops["standard"],
+                "params": params[k], "params_vs_standard": params[k] / params["standard"]}
+            for k in fns}
+
+
+def bench_attention(size: str = "large", iters: int = 5, rounds: int = 5, log=print) -> dict[str, dict]:
+    """Forward+backward time of each design's layer relative to ``standard`` (causal, fp32)."""
+    s = SIZES[size]
     log(f"attention layer fwd+bwd, size {size}")
-    return {d: {"time_vs_standard": rates["standard"] / rates[d],
-                "flops_vs_standard": flops[d] / flops["standard"]} for d in DESIGNS}
+    return attention_layer_speed(s.d_model, s.n_heads, s.n_ctx, s.batch, iters=iters, rounds=rounds)
 
 
 # ---- decoding --------------------------------------------------------------------------------
@@ -215,7 +228,7 @@ def bench_decode(size: str = "large", new_tokens: int = 128, rounds: int = 3, lo
     with torch.no_grad():
         gap = (ours(seq) - hf(seq).logits).abs().max().item()
     log(f"decode, size {size}, batch 1, {new} new tokens (max |logit diff| vs HF: {gap:.2g})")
-    rates = _interleaved({"qkvlab": run_ours, "hf_generate": run_hf}, rounds)
+    rates = interleaved({"qkvlab": run_ours, "hf_generate": run_hf}, rounds)
     rates["max_logit_diff"] = gap
     return rates
 
@@ -244,9 +257,6 @@ def bench_fold_alt(size: str = "small", train_steps: int = 200, rounds: int = 5,
     and the weights are no longer at init). Reports the max |logit difference| after folding
     in fp32 and fp64, both parameter counts, and the forward speed ratio folded / alt.
     """
-    from qkvlab.attention import fold_alt
-    from qkvlab.models import count_params
-
     s = SIZES[size]
     data = bigram_batches(s, train_steps + 1, seed)
     torch.manual_seed(seed)
@@ -262,27 +272,40 @@ def bench_fold_alt(size: str = "small", train_steps: int = 200, rounds: int = 5,
         first = loss.item() if first is None else first
         last = loss.item()
     alt.eval()
+    log(f"fold_alt, size {size}: trained {train_steps} steps, loss {first:.3f} -> {last:.3f}")
+    return {"train_loss_first": first, "train_loss_last": last,
+            **fold_compare(alt, data[-1][:, :-1], rounds)}
+
+
+@torch.no_grad()
+def fold_compare(alt, idx: torch.Tensor, rounds: int = 5) -> dict[str, float]:
+    """Fold ``alt`` (a model with alt layers) into ``standard`` and compare on ``idx``.
+
+    Max |logit difference| in fp32 and in fp64 (where what is left is the algebra, not
+    rounding), both parameter counts, and forward tokens/s of each, interleaved.
+    """
+    import copy
+
+    from qkvlab.attention import fold_alt
+    from qkvlab.models import count_params
+
     folded = fold_alt(alt).eval()
-    idx = data[-1][:, :-1]
-    with torch.no_grad():
-        diff32 = (folded(idx) - alt(idx)).abs().max().item()
-        alt64, folded64 = alt.double(), fold_alt(alt.double())
-        diff64 = (folded64(idx) - alt64(idx)).abs().max().item()
-        alt.float()
+    ref = alt(idx)
+    diff32 = (folded(idx) - ref).abs().max().item()
+    a64 = copy.deepcopy(alt).double().eval()
+    diff64 = (fold_alt(a64).eval()(idx) - a64(idx)).abs().max().item()
 
     def rate(model):
         def run() -> float:
             t = time.perf_counter()
-            with torch.no_grad():
-                for _ in range(5):
-                    model(idx)
-            return 5 / (time.perf_counter() - t)
-        run()
+            for _ in range(5):
+                model(idx)
+            return 5 * idx.numel() / (time.perf_counter() - t)
         return run
 
-    speed = _interleaved({"alt": rate(alt), "folded": rate(folded)}, rounds)
-    log(f"fold_alt, size {size}: trained {train_steps} steps, loss {first:.3f} -> {last:.3f}")
-    return {"train_loss_first": first, "train_loss_last": last,
-            "max_abs_diff_fp32": diff32, "max_abs_diff_fp64": diff64,
+    speed = interleaved({"alt": rate(alt), "folded": rate(folded)}, rounds)
+    return {"max_abs_diff_fp32": diff32, "max_abs_diff_fp64": diff64,
+            "max_abs_logit": ref.abs().max().item(),
             "params_alt": count_params(alt)["total"], "params_folded": count_params(folded)["total"],
+            "tokens_per_s_alt": speed["alt"], "tokens_per_s_folded": speed["folded"],
             "speed_folded_vs_alt": speed["folded"] / speed["alt"]}

@@ -7,13 +7,13 @@ d head width.
 
 from __future__ import annotations
 
-import copy
-import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
+
+from qkvlab.bench import attention_layer_speed, fold_compare, interleaved
 
 
 class _Capture:
@@ -112,47 +112,9 @@ def _expand(t: Tensor, n_heads: int) -> Tensor:
     return t if g == n_heads else t.repeat_interleave(n_heads // g, dim=1)
 
 
-def _interleaved(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
-    """Median rate over ``rounds``, contenders run round-robin so machine noise hits all alike."""
-    for f in fns.values():
-        f()  # warm-up
-    rates: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, f in fns.items():
-            rates[k].append(f())
-    return {k: statistics.median(v) for k, v in rates.items()}
-
-
-@torch.no_grad()
 def fold_check(alt: nn.Module, idx: Tensor, rounds: int = 5) -> dict[str, float]:
-    """Fold a trained ``alt`` model's per-head W_h (and outer scale) into W_O and compare.
-
-    Returns the max |logit difference| in fp32 and fp64, both parameter counts, and the
-    forward speed of the folded model relative to ``alt`` (interleaved medians).
-    """
-    from qkvlab import fold_alt
-    from qkvlab.models import count_params
-
-    folded = fold_alt(alt).eval()
-    diff32 = (folded(idx) - alt(idx)).abs().max().item()
-    scale = alt(idx).abs().max().item()
-    a64 = copy.deepcopy(alt).double().eval()  # fp64: what is left is the algebra, not rounding
-    f64 = fold_alt(a64).eval()
-    diff64 = (f64(idx) - a64(idx)).abs().max().item()
-
-    def rate(m):
-        def run() -> float:
-            t = time.perf_counter()
-            for _ in range(5):
-                m(idx)
-            return 5 * idx.numel() / (time.perf_counter() - t)
-        return run
-
-    speed = _interleaved({"alt": rate(alt), "folded": rate(folded)}, rounds)
-    return {"max_abs_diff_fp32": diff32, "max_abs_diff_fp64": diff64, "max_abs_logit": scale,
-            "params_alt": count_params(alt)["total"], "params_folded": count_params(folded)["total"],
-            "tokens_per_s_alt": speed["alt"], "tokens_per_s_folded": speed["folded"],
-            "speed_folded_vs_alt": speed["folded"] / speed["alt"]}
+    """Fold a trained ``alt`` model into ``standard`` and compare (``qkvlab.bench.fold_compare``)."""
+    return fold_compare(alt, idx, rounds)
 
 
 def variant_configs(d_model: int, n_layers: int, n_heads: int, n_ctx: int,
@@ -166,30 +128,12 @@ def variant_configs(d_model: int, n_layers: int, n_heads: int, n_ctx: int,
 
 def attention_speed(d_model: int, n_heads: int, T: int, B: int, variants: dict[str, dict],
                     iters: int = 3, rounds: int = 5, seed: int = 0) -> dict[str, float]:
-    """Forward+backward time of one causal self-attention layer per variant, relative to
-    ``standard`` (> 1 = slower), and its parameter count relative to ``standard``."""
-    from qkvlab.attention import AttentionConfig, build_attention
-
+    """Forward+backward time of one causal self-attention layer per variant relative to
+    ``standard`` (> 1 = slower) and parameter counts, flattened as ``label/measure``."""
     torch.manual_seed(seed)
-    x = torch.randn(B, T, d_model, requires_grad=True)
-    fns, params = {}, {}
-    for label, opts in {"standard": {}, **variants}.items():
-        att = build_attention(AttentionConfig(d_model=d_model, n_heads=n_heads, **opts))
-        params[label] = sum(p.numel() for p in att.parameters())
-
-        def run(att=att) -> float:
-            t = time.perf_counter()
-            for _ in range(iters):
-                att(x, is_causal=True).sum().backward()
-            return iters / (time.perf_counter() - t)
-        fns[label] = run
-    rates = _interleaved(fns, rounds)
-    out = {}
-    for k in fns:
-        out[f"{k}/time_vs_standard"] = rates["standard"] / rates[k]
-        out[f"{k}/params_vs_standard"] = params[k] / params["standard"]
-        out[f"{k}/params"] = params[k]
-    return out
+    res = attention_layer_speed(d_model, n_heads, T, B, variants, iters=iters, rounds=rounds)
+    return {f"{label}/{k}": v for label, r in res.items() for k, v in r.items()
+            if k != "flops_vs_standard"}
 
 
 @torch.no_grad()
@@ -213,7 +157,7 @@ def decode_speed(configs: dict[str, object], new_tokens: int, rounds: int = 3,
             m.generate(prompt, new_tokens, greedy=True)
             return new_tokens / (time.perf_counter() - t)
         fns[label] = run
-    for k, v in _interleaved(fns, rounds).items():
+    for k, v in interleaved(fns, rounds).items():
         out[f"{k}/decode_tokens_per_s"] = v
     return out
 
