@@ -1,0 +1,145 @@
+"""Commands ``sweep``, ``experiments`` and ``results``: a ``configure_<cmd>(parser)`` and a
+``run_<cmd>(args) -> int`` each, wired into ``qkvlab`` by ``qkvlab.cli``.
+
+    qkvlab experiments [--profile quick]
+    qkvlab sweep NAME|all [--profile smoke|quick|full] [--workers N] [--backend local|ray] [--db PATH]
+    qkvlab results NAME|all [--profile P] [--format table|csv|json|parquet] [--out PATH]
+                   [--stats METRIC] [--db PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+from qkvlab.experiments.store import DEFAULT_DB, EXPORT_FORMATS
+
+
+def _common(parser: argparse.ArgumentParser, profile_default: str | None = "quick") -> None:
+    from qkvlab.experiments.registry import PROFILES
+
+    parser.add_argument("--profile", default=profile_default, choices=list(PROFILES),
+                        help="sizes: smoke (CI), quick (2-core CPU, minutes), full (GPU)")
+    parser.add_argument("--db", default=str(DEFAULT_DB), help="results store (SQLite)")
+
+
+def configure_sweep(parser: argparse.ArgumentParser) -> None:
+    from qkvlab.experiments.runner import BACKENDS
+
+    parser.add_argument("name", help="an experiment (see `qkvlab experiments`) or `all`")
+    _common(parser)
+    parser.add_argument("--workers", type=int, default=1, help="local worker processes")
+    parser.add_argument("--backend", default="local", choices=list(BACKENDS),
+                        help="local processes, or Ray tasks on an existing cluster (RAY_ADDRESS)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads per worker (default: cores / workers)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from qkvlab.experiments.runner import sweep
+
+    t0 = time.perf_counter()
+    try:
+        counts = sweep(args.name, args.profile, workers=args.workers, backend=args.backend,
+                       db=args.db, progress=not args.no_progress, threads=args.threads)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    took = time.perf_counter() - t0
+    print(f"sweep {args.name} [{args.profile}]: " +
+          ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + f" in {took:.1f} s -> {args.db}")
+    return 1 if counts.get("failed") else 0
+
+
+def configure_experiments(parser: argparse.ArgumentParser) -> None:
+    from qkvlab.experiments.registry import PROFILES
+
+    parser.add_argument("--profile", default="quick", choices=list(PROFILES))
+
+
+def run_experiments(args: argparse.Namespace) -> int:
+    from qkvlab.experiments.registry import describe
+
+    rows = describe(args.profile)
+    w = max(len(r["experiment"]) for r in rows)
+    print(f"{'experiment':<{w}}  runs  question   [profile {args.profile}]")
+    for r in rows:
+        print(f"{r['experiment']:<{w}}  {r['distinct']:>4}  {r['question']}")
+    return 0
+
+
+def configure_results(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="an experiment or `all`")
+    _common(parser, profile_default=None)
+    parser.add_argument("--format", default="table", choices=list(EXPORT_FORMATS))
+    parser.add_argument("--out", default=None, help="write to this file instead of stdout")
+    parser.add_argument("--stats", default=None, metavar="METRIC",
+                        help="print mean ± 95%% CI over seeds and the paired difference vs "
+                             "standard for METRIC (e.g. val_loss, accuracy)")
+
+
+def run_results(args: argparse.Namespace) -> int:
+    from qkvlab.experiments.stats import compare
+    from qkvlab.experiments.store import Store, export
+
+    try:
+        with Store(args.db) as store:
+            rows = store.runs(None if args.name == "all" else args.name, args.profile)
+        if not rows:
+            print(f"error: no runs of {args.name!r} in {args.db}; run `qkvlab sweep {args.name}`",
+                  file=sys.stderr)
+            return 1
+        if args.stats:
+            print(format_stats(compare(rows, args.stats), args.stats))
+            return 0
+        text = export(rows, args.format, args.out)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if text is not None:
+        print(text)
+    else:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _f(x, digits: int = 4) -> str:
+    return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}g}"
+
+
+def format_stats(rows: list[dict], metric: str) -> str:
+    """A plain-text table of ``stats.compare`` rows."""
+    skip = {"design", "n", "mean", "sd", "half", "lo", "hi", "diverged", "n_params",
+            "baseline_mean", "baseline_params", "diff", "diff_half", "diff_lo", "diff_hi", "p",
+            "rel_pct", "rel_half", "n_pairs"}
+    lines = []
+    for r in rows:
+        group = " ".join(f"{k}={v}" for k, v in r.items() if k not in skip)
+        s = (f"{group:<40} {r['design']:<18} {metric} {_f(r['mean'])} ± {_f(r['half'], 2)} "
+             f"(n={r['n']}, params {r['n_params']})")
+        if "diff" in r:
+            s += (f"  vs standard: {_f(r['diff'], 3)} ± {_f(r['diff_half'], 2)}"
+                  f" ({_f(r['rel_pct'], 3)}% ± {_f(r['rel_half'], 2)}%), p={_f(r['p'], 2)}")
+        if r["diverged"]:
+            s += f"  diverged {r['diverged']}"
+        lines.append(s)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (``python -m qkvlab.experiments.cli CMD ...``) until qkvlab.cli wires it."""
+    parser = argparse.ArgumentParser(prog="python -m qkvlab.experiments.cli")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for cmd in ("sweep", "experiments", "results"):
+        sp = sub.add_parser(cmd)
+        globals()[f"configure_{cmd}"](sp)
+        sp.set_defaults(func=globals()[f"run_{cmd}"])
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""``sweep``: run every config of a named experiment into the results store.
+
+The store is the work queue. The sweep registers the experiment's runs (id = hash of spec),
+starts ``workers`` processes, and each worker walks the list and *claims* runs atomically in
+SQLite, so two sweeps of the same experiment (or overlapping experiments) share the work
+instead of repeating it. A worker that dies (SIGKILL, OOM) leaves its run ``running``; the
+next sweep sees the process is gone, marks the run pending, and its worker resumes it from its
+last checkpoint. Workers die with their sweep (PR_SET_PDEATHSIG on Linux), so a killed sweep
+leaves no orphan writing to the store.
+
+``backend="ray"`` submits runs as Ray tasks to an existing cluster (``ray.init(address=...)``,
+or a local instance); the driver alone writes to the store, so the store stays one local file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import multiprocessing as mp
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from tqdm.auto import tqdm
+
+from qkvlab.experiments.store import DEFAULT_DB, FINISHED, Store, canonical
+
+BACKENDS = ("local", "ray")
+
+
+@functools.lru_cache(maxsize=1)
+def git_revision() -> str | None:
+    """HEAD of the checkout qkvlab runs from, with ``+dirty`` if it has changes; None if not git."""
+    here = Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (rev + ("+dirty" if dirty else "")) or None
+
+
+def environment() -> dict[str, Any]:
+    """Versions and hardware recorded with every run."""
+    import numpy
+    import safetensors
+
+    import qkvlab
+
+    versions = {"qkvlab": qkvlab.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
+                "safetensors": safetensors.__version__, "python": platform.python_version()}
+    hw = {"machine": platform.machine(), "processor": platform.processor() or None,
+          "system": platform.system(), "cpu_count": os.cpu_count(),
+          "torch_threads": torch.get_num_threads(),
+          "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return {"versions": versions, "hardware": hw, "git_rev": git_revision()}
+
+
+def execute(spec: Mapping[str, Any], run_dir: Path, *, on_log=None, progress: bool = False,
+            desc: str = "run") -> dict[str, Any]:
+    """Train one spec (resuming from ``run_dir``) and return what the store records.
+
+    Returns:
+        ``{status, step, final, history, info}`` where ``info`` holds timings, parameter
+        counts, tokens/s, versions, hardware and git revision.
+    """
+    from qkvlab.experiments.probe import ScaleProbe
+    from qkvlab.models import count_params
+    from qkvlab.train import run_from_spec
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(canonical(dict(spec)) + "\n")
+    holder: dict[str, Any] = {}
+
+    def factory(model, task):
+        holder["params"] = count_params(model)
+        probe = spec.get("probe")
+        if probe:
+            bad = sorted(set(probe) - {"steps", "sat"})
+            if bad:
+                raise ValueError(f"probe.{bad[0]}: unknown key; allowed: ['sat', 'steps']")
+            return ScaleProbe(model, probe.get("steps", [0]), probe.get("sat", 0.99))
+        return None
+
+    t0 = time.perf_counter()
+    res = run_from_spec(spec, run_dir=run_dir, on_log=on_log, callback_factory=factory,
+                        progress=progress, desc=desc)
+    if res.status == "done":  # the optimizer state is only needed to resume an unfinished run
+        (run_dir / "checkpoint.safetensors").unlink(missing_ok=True)
+    info = {"wall_s": time.perf_counter() - t0, "train_s": res.train_s, "tokens": res.tokens,
+            "tokens_per_s": res.tokens_per_s, "params": holder.get("params"),
+            "n_params": (holder.get("params") or {}).get("total"), **environment()}
+    return {"status": res.status, "step": res.step, "final": res.final, "history": res.history,
+            "info": info}
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGKILL this worker when its parent dies; exit if it already has."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: a killed sweep may leave a worker finishing its current run
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def work(db: str, ids: list[str], threads: int, parent: int | None = None,
+         progress: bool = False) -> int:
+    """Worker loop: claim and run each id not finished or taken; returns how many it ran."""
+    if parent is not None:
+        _die_with_parent(parent)
+    torch.set_num_threads(threads)
+    ran = 0
+    with Store(db) as store:
+        for rid in ids:
+            if not store.claim(rid):
+                continue
+            spec = store.runs_spec(rid)
+            try:
+                out = execute(spec, store.runs_dir / rid, progress=progress, desc=rid[:8],
+                              on_log=functools.partial(store.log, rid))
+                store.finish(rid, out["status"], out["step"], out["final"], out["info"])
+            except Exception:  # one bad config must not stop the sweep; the store keeps the trace
+                store.fail(rid, traceback.format_exc())
+            ran += 1
+    return ran
+
+
+def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str = "local",
+          db: str | os.PathLike = DEFAULT_DB, progress: bool = True,
+          threads: int | None = None) -> dict[str, int]:
+    """Run experiment ``name`` (or ``all``) at ``profile`` into the store at ``db``.
+
+    Finished runs (done/diverged) are skipped; failed and orphaned ones are retried; a run
+    that another live sweep holds is waited for, not repeated.
+
+    Returns:
+        counts per status over this experiment's runs.
+
+    Raises:
+        ValueError: unknown experiment, profile, backend or worker count.
+    """
+    from qkvlab.experiments.registry import EXPERIMENTS, get_profile, runs_of
+
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: {backend!r} is not one of {list(BACKENDS)}")
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers: {workers!r} must be a positive integer")
+    names = sorted(EXPERIMENTS) if name == "all" else [name]
+    prof = get_profile(profile)
+    with Store(db) as store:
+        ids: list[str] = []
+        for n in names:
+            for i in store.add(n, prof.name, runs_of(n, prof)):
+                if i not in ids:  # one run may be listed twice (a baseline in both arms)
+                    ids.append(i)
+        threads = threads or max(1, (os.cpu_count() or 1) // workers)
+        bar = tqdm(total=len(ids), desc=f"sweep {name} [{prof.name}]", disable=not progress,
+                   dynamic_ncols=True)
+        tried: set[str] = set()
+        while True:
+            store.reclaim()
+            # a run that failed in this sweep is not retried until the next sweep
+            todo = [i for i in ids if store.status(i) == "pending"
+                    or (store.status(i) == "failed" and i not in tried)]
+            busy = [i for i in ids if store.status(i) == "running"]
+            bar.n = sum(store.status(i) in FINISHED for i in ids)
+            bar.refresh()
+            if not todo and not busy:  # all finished, or failed in this sweep
+                break
+            if not todo:  # another live sweep holds them: wait rather than duplicate
+                time.sleep(1.0)
+                continue
+            if backend == "ray":
+                _ray(store, todo, progress=bar)
+            elif workers == 1:
+                _local_inline(store, todo, threads, bar)
+            else:
+                _local_pool(str(store.path), todo, workers, threads, bar, store)
+            tried.update(todo)
+        bar.n = sum(store.status(i) in FINISHED for i in ids)
+        bar.close()
+        counts: dict[str, int] = {}
+        for i in ids:
+            s = store.status(i)
+            counts[s] = counts.get(s, 0) + 1
+    return counts
+
+
+def _local_inline(store: Store, todo: list[str], threads: int, bar) -> None:
+    torch.set_num_threads(threads)
+    for rid in todo:
+        work(str(store.path), [rid], threads)
+        bar.update(1)
+
+
+def _local_pool(db: str, todo: list[str], workers: int, threads: int, bar, store: Store) -> None:
+    ctx = mp.get_context("spawn")  # fork after torch's thread pools start is unsafe
+    procs = [ctx.Process(target=work, args=(db, todo[k::workers] + todo, threads, os.getpid()),
+                         daemon=False) for k in range(workers)]
+    # each worker starts on its own share, then helps with the rest (claims keep it exact)
+    for p in procs:
+        p.start()
+    while any(p.is_alive() for p in procs):
+        time.sleep(0.5)
+        bar.n = sum(store.status(i) in FINISHED for i in todo)
+        bar.refresh()
+    for p in procs:
+        p.join()
+
+
+def _ray(store: Store, todo: list[str], progress) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("backend: 'ray' needs Ray (pip install 'ray[default]'), which is not "
+                         "installed; use --backend local") from None
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS"), ignore_reinit_error=True)
+    remote = ray.remote(_ray_task)
+    pending = {}
+    for rid in todo:
+        if store.claim(rid):
+            pending[remote.remote(store.runs_spec(rid), rid)] = rid
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        rid = pending.pop(done[0])
+        try:
+            out = ray.get(done[0])
+            for rec in out["history"]:
+                store.log(rid, rec["step"], {k: v for k, v in rec.items() if k != "step"})
+            store.finish(rid, out["status"], out["step"], out["final"], out["info"])
+        except Exception:
+            store.fail(rid, traceback.format_exc())
+        progress.update(1)
+
+
+def _ray_task(spec: Mapping[str, Any], rid: str) -> dict[str, Any]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:  # checkpoints live on the Ray node
+        return execute(spec, Path(d) / rid)
+
+
+if __name__ == "__main__":  # pragma: no cover - convenience: python -m qkvlab.experiments.runner
+    print(sweep(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "smoke"))

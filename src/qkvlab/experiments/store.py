@@ -1,0 +1,282 @@
+"""The results store: one SQLite file (WAL mode), safe for concurrent worker processes.
+
+Tables:
+    runs      one row per run; ``id`` = hash of its spec, so a re-run finds what is done.
+              status: pending -> running -> done | diverged | failed.
+    members   which experiment/profile lists a run, with its tags (design, arm, seed, ...);
+              one run may serve several experiments (a ``standard`` baseline, say).
+    metrics   (run_id, step, name) -> value, written while training; rewriting a step after a
+              resume replaces the row, so a killed-and-resumed run never duplicates rows.
+    final     (run_id, name) -> value, written in one transaction with status ``done``.
+
+Every statement that changes more than one row runs in one transaction, so a SIGKILL at any
+moment leaves the file consistent (SQLite's WAL guarantees this for process crashes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+DEFAULT_DB = Path("results") / "qkvlab.db"
+FINISHED = ("done", "diverged")
+STATUSES = ("pending", "running", "done", "diverged", "failed")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY, spec TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending',
+    step INTEGER, error TEXT, attempts INTEGER NOT NULL DEFAULT 0,
+    host TEXT, pid INTEGER, heartbeat REAL,
+    created REAL, started REAL, finished REAL, wall_s REAL, train_s REAL,
+    tokens INTEGER, tokens_per_s REAL, n_params INTEGER, params TEXT,
+    git_rev TEXT, versions TEXT, hardware TEXT);
+CREATE TABLE IF NOT EXISTS members (
+    experiment TEXT NOT NULL, profile TEXT NOT NULL, run_id TEXT NOT NULL REFERENCES runs(id),
+    tags TEXT NOT NULL, PRIMARY KEY (experiment, profile, run_id, tags));
+CREATE TABLE IF NOT EXISTS metrics (
+    run_id TEXT NOT NULL REFERENCES runs(id), step INTEGER NOT NULL, name TEXT NOT NULL,
+    value REAL, PRIMARY KEY (run_id, step, name));
+CREATE TABLE IF NOT EXISTS final (
+    run_id TEXT NOT NULL REFERENCES runs(id), name TEXT NOT NULL, value REAL,
+    PRIMARY KEY (run_id, name));
+"""
+
+
+def canonical(obj: Any) -> str:
+    """Sorted, compact JSON: equal configs give equal strings (and equal ids)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def run_id(spec: Mapping[str, Any]) -> str:
+    """16 hex digits of sha256 over the canonical spec."""
+    return hashlib.sha256(canonical(spec).encode()).hexdigest()[:16]
+
+
+def pid_alive(pid: int | None) -> bool:
+    """True if a process with ``pid`` runs on this host (zombies count as dead)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True  # no /proc (macOS): trust kill(0)
+
+
+class Store:
+    """A connection to the results database at ``path`` (created on first use)."""
+
+    def __init__(self, path: str | os.PathLike = DEFAULT_DB):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE takes the
+        # write lock up front, so two workers never both read "pending" and both claim).
+        self.conn = sqlite3.connect(str(self.path), timeout=120, isolation_level=None)
+        self.conn.row_factory = sqlite3.Row
+        try:
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes
+            self.conn.executescript(SCHEMA)  # idempotent; executescript commits by itself
+        except sqlite3.DatabaseError as e:
+            raise ValueError(f"db: {self.path} is not a qkvlab results database ({e})") from None
+
+    @property
+    def runs_dir(self) -> Path:
+        """Where run folders (checkpoints, final weights, config.json) live."""
+        return self.path.parent / "runs"
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def tx(self):
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error)."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # ---- writing -------------------------------------------------------------------------
+    def add(self, experiment: str, profile: str, runs: Iterable[tuple[Mapping, Mapping]]) -> list[str]:
+        """Register (spec, tags) pairs under an experiment; returns their ids in order.
+
+        Existing runs are kept as they are (finished ones are not re-run).
+        """
+        ids, now = [], time.time()
+        with self.tx() as c:
+            for spec, tags in runs:
+                rid = run_id(spec)
+                ids.append(rid)
+                c.execute("INSERT OR IGNORE INTO runs (id, spec, status, created) VALUES (?,?,?,?)",
+                          (rid, canonical(spec), "pending", now))
+                c.execute("INSERT OR IGNORE INTO members VALUES (?,?,?,?)",
+                          (experiment, profile, rid, canonical(dict(tags))))
+        return ids
+
+    def reclaim(self, stale_s: float = 900.0) -> int:
+        """Mark runs whose worker died as pending again; returns how many.
+
+        A run counts as orphaned if its worker ran on this host and that process is gone,
+        or if its heartbeat is older than ``stale_s`` (a worker elsewhere).
+        """
+        host, now, n = socket.gethostname(), time.time(), 0
+        rows = self.conn.execute("SELECT id, host, pid, heartbeat FROM runs "
+                                 "WHERE status='running'").fetchall()
+        dead = [r["id"] for r in rows
+                if (r["host"] == host and not pid_alive(r["pid"]))
+                or (r["heartbeat"] or 0) < now - stale_s]
+        if dead:
+            with self.tx() as c:
+                for rid in dead:
+                    n += c.execute("UPDATE runs SET status='pending' WHERE id=? AND status='running'",
+                                   (rid,)).rowcount
+        return n
+
+    def claim(self, rid: str) -> bool:
+        """Atomically take a pending/failed run for this process; False if someone else has it."""
+        now = time.time()
+        with self.tx() as c:
+            cur = c.execute(
+                "UPDATE runs SET status='running', host=?, pid=?, heartbeat=?, error=NULL, "
+                "started=COALESCE(started, ?), attempts=attempts+1 "
+                "WHERE id=? AND status IN ('pending','failed')",
+                (socket.gethostname(), os.getpid(), now, now, rid))
+        return cur.rowcount == 1
+
+    def log(self, rid: str, step: int, metrics: Mapping[str, float]) -> None:
+        """Per-step metrics (replacing the same step's values from an earlier attempt)."""
+        with self.tx() as c:
+            c.executemany("INSERT OR REPLACE INTO metrics VALUES (?,?,?,?)",
+                          [(rid, int(step), k, float(v)) for k, v in metrics.items()])
+            c.execute("UPDATE runs SET heartbeat=? WHERE id=?", (time.time(), rid))
+
+    def finish(self, rid: str, status: str, step: int, final: Mapping[str, float],
+               info: Mapping[str, Any]) -> None:
+        """Record a finished run (``done`` or ``diverged``) and its final metrics at once."""
+        if status not in FINISHED:
+            raise ValueError(f"status: {status!r} is not one of {list(FINISHED)}")
+        cols = ("wall_s", "train_s", "tokens", "tokens_per_s", "n_params")
+        jcols = ("params", "versions", "hardware")
+        with self.tx() as c:
+            c.execute("DELETE FROM final WHERE run_id=?", (rid,))
+            c.executemany("INSERT INTO final VALUES (?,?,?)",
+                          [(rid, k, float(v)) for k, v in final.items()])
+            sets = ", ".join(f"{k}=?" for k in cols + jcols + ("git_rev",))
+            c.execute(f"UPDATE runs SET status=?, step=?, finished=?, error=NULL, {sets} WHERE id=?",
+                      (status, int(step), time.time(), *(info.get(k) for k in cols),
+                       *(canonical(info.get(k)) for k in jcols), info.get("git_rev"), rid))
+
+    def fail(self, rid: str, error: str) -> None:
+        """Record an exception; a later sweep retries the run."""
+        with self.tx() as c:
+            c.execute("UPDATE runs SET status='failed', error=? WHERE id=?", (error[-4000:], rid))
+
+    # ---- reading -------------------------------------------------------------------------
+    def status(self, rid: str) -> str | None:
+        row = self.conn.execute("SELECT status FROM runs WHERE id=?", (rid,)).fetchone()
+        return row["status"] if row else None
+
+    def runs_spec(self, rid: str) -> dict[str, Any]:
+        row = self.conn.execute("SELECT spec FROM runs WHERE id=?", (rid,)).fetchone()
+        if row is None:
+            raise ValueError(f"run: no run with id {rid!r} in {self.path}")
+        return json.loads(row["spec"])
+
+    def runs(self, experiment: str | None = None, profile: str | None = None) -> list[dict[str, Any]]:
+        """One dict per (run, tags) membership: run columns, ``tags`` and ``final`` metrics."""
+        q = ("SELECT m.experiment, m.profile, m.tags, r.* FROM members m JOIN runs r ON r.id=m.run_id"
+             " WHERE (? IS NULL OR m.experiment=?) AND (? IS NULL OR m.profile=?)"
+             " ORDER BY m.experiment, m.profile, m.tags")
+        rows = [dict(r) for r in self.conn.execute(q, (experiment, experiment, profile, profile))]
+        finals: dict[str, dict[str, float]] = {}
+        for r in self.conn.execute("SELECT run_id, name, value FROM final"):
+            finals.setdefault(r["run_id"], {})[r["name"]] = r["value"]
+        for r in rows:
+            for k in ("tags", "spec", "params", "versions", "hardware"):
+                r[k] = json.loads(r[k]) if r[k] else None
+            r["final"] = finals.get(r["id"], {})
+        return rows
+
+    def metrics(self, rid: str) -> list[dict[str, Any]]:
+        """Per-step metrics of one run as ``{step, name, value}`` rows, ordered."""
+        return [dict(r) for r in self.conn.execute(
+            "SELECT step, name, value FROM metrics WHERE run_id=? ORDER BY step, name", (rid,))]
+
+    def counts(self) -> dict[str, int]:
+        """Row counts per table (for integrity checks)."""
+        return {t: self.conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+                for t in ("runs", "members", "metrics", "final")}
+
+    def check(self) -> str:
+        """SQLite's own integrity check: ``ok`` or the problems it found."""
+        return "; ".join(r[0] for r in self.conn.execute("PRAGMA integrity_check"))
+
+
+def frame(rows: list[dict[str, Any]]):
+    """A pandas DataFrame, one row per (run, tags): tags, status, timings, params, final metrics."""
+    import pandas as pd
+
+    flat = []
+    for r in rows:
+        d = {"experiment": r["experiment"], "profile": r["profile"], "run_id": r["id"],
+             **{k: v for k, v in (r["tags"] or {}).items()}}
+        for k in ("status", "step", "wall_s", "tokens_per_s", "n_params", "git_rev"):
+            d[k] = r[k]
+        for k, v in (r["params"] or {}).items():
+            d[f"params_{k}"] = v
+        d.update(r["final"])
+        d["spec"] = canonical(r["spec"])
+        flat.append(d)
+    return pd.DataFrame(flat)
+
+
+EXPORT_FORMATS = ("csv", "parquet", "json", "table")
+
+
+def export(rows: list[dict[str, Any]], fmt: str, path: str | os.PathLike | None = None) -> str | None:
+    """Write rows as csv/parquet/json to ``path`` (or return csv/json/table text if no path).
+
+    Raises:
+        ValueError: unknown format, or parquet without pyarrow/fastparquet installed.
+    """
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"format: {fmt!r} is not one of {list(EXPORT_FORMATS)}")
+    df = frame(rows)
+    if fmt == "parquet":
+        if path is None:
+            raise ValueError("out: parquet is binary; give a file path with --out")
+        try:
+            df.to_parquet(path)
+        except ImportError:
+            raise ValueError("format: parquet needs pyarrow (pip install pyarrow), which is not "
+                             "installed; use --format csv") from None
+        return None
+    text = {"csv": lambda: df.to_csv(index=False),
+            "json": lambda: df.to_json(orient="records", indent=1),
+            "table": lambda: df.drop(columns=["spec"], errors="ignore").to_string(index=False)}[fmt]()
+    if path is None:
+        return text
+    Path(path).write_text(text)
+    return None

@@ -1,0 +1,127 @@
+"""Data-parallel training with DDP, launched by ``torchrun`` (gloo on CPU, NCCL on GPU).
+
+Every rank draws the *same* global batch from the same seeded generator and keeps its own
+contiguous slice, so ``n`` processes see exactly the batches one process would see with the
+same global batch size; DDP averages the gradients, which equals the gradient of the mean
+loss over the global batch when every slice holds the same number of loss terms.
+
+Usage (one run config as JSON, see ``qkvlab.train.trainer.run_from_spec``)::
+
+    torchrun --nproc_per_node 2 -m qkvlab.train.distributed spec.json --out result.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits: ``rank`` of ``world`` processes, on ``device``."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: str = "cpu"
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def setup(device: str | None = None) -> DistInfo:
+    """Join the process group described by torchrun's environment (RANK, WORLD_SIZE, ...).
+
+    Without those variables this is a single process and nothing is initialized.
+    """
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return DistInfo(device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    if device is None:
+        device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if device.startswith("cuda"):
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, rank=rank, world_size=world)
+    return DistInfo(rank=rank, world=world, local_rank=local, device=device)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap(model: nn.Module, info: DistInfo) -> nn.Module:
+    """``model`` wrapped in DDP when there is more than one process, else unchanged."""
+    if info.world == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [info.local_rank] if info.device.startswith("cuda") else None
+    return DDP(model, device_ids=ids)
+
+
+def shard(batch: dict[str, Tensor], info: DistInfo) -> dict[str, Tensor]:
+    """This rank's contiguous slice of every (B, ...) tensor of a global batch.
+
+    Raises:
+        ValueError: the batch size is not divisible by the number of processes.
+    """
+    if info.world == 1:
+        return batch
+    out = {}
+    for k, t in batch.items():
+        if not isinstance(t, Tensor) or t.dim() == 0:
+            out[k] = t
+            continue
+        B = t.shape[0]
+        if B % info.world:
+            raise ValueError(f"batch_size: {B} is not divisible by the {info.world} processes")
+        n = B // info.world
+        out[k] = t[info.rank * n:(info.rank + 1) * n]
+    return out
+
+
+def mean_across(x: Tensor, info: DistInfo) -> Tensor:
+    """Mean of a scalar over all ranks (the logged loss is the global-batch loss)."""
+    if info.world == 1:
+        return x
+    y = x.detach().clone()
+    dist.all_reduce(y, op=dist.ReduceOp.SUM)
+    return y / info.world
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train one run spec under torchrun; rank 0 writes the result JSON."""
+    from qkvlab.train.trainer import run_from_spec
+
+    p = argparse.ArgumentParser(prog="python -m qkvlab.train.distributed")
+    p.add_argument("spec", help="JSON file: {task, task_options, kind, model, train}")
+    p.add_argument("--out", required=True, help="where rank 0 writes the result JSON")
+    p.add_argument("--run-dir", default=None, help="checkpoint folder (resumes from it)")
+    args = p.parse_args(argv)
+    with open(args.spec) as f:
+        spec = json.load(f)
+    info = setup()
+    try:
+        result = run_from_spec(spec, run_dir=args.run_dir, dist_info=info, progress=False)
+        if info.main:
+            with open(args.out, "w") as f:
+                json.dump(result.to_dict(), f, indent=1)
+    finally:
+        teardown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

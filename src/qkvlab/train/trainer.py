@@ -1,0 +1,378 @@
+"""The trainer: AdamW + warmup/cosine + clipping, periodic eval, resumable, deterministic on CPU.
+
+One function, :func:`train`, takes a built model and a task (``qkvlab.data`` interface:
+``batch(split, batch_size, generator)``, ``loss(model, batch)``,
+``evaluate(model, generator, n_batches, batch_size)``). Determinism: the training batches come
+from one ``torch.Generator`` seeded by the run seed, evaluation always redraws the same
+validation batches from a second one, and both generators plus torch's global RNG (dropout) are
+checkpointed, so a killed and resumed run reproduces the uninterrupted one bit for bit on CPU.
+A non-finite loss or gradient ends the run as ``diverged`` at that step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import math
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from qkvlab.train.checkpoints import load_checkpoint, save_checkpoint
+from qkvlab.train.distributed import DistInfo, mean_across, shard, wrap
+
+PRECISIONS = ("fp32", "bf16")
+CHECKPOINT = "checkpoint.safetensors"
+FINAL_MODEL = "model.safetensors"
+EVAL_SEED_OFFSET = 1_000_003  # the validation generator's seed, apart from the training seed
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimization and bookkeeping of one run.
+
+    ``eval_every=0`` evaluates only at the end; ``checkpoint_every=0`` never checkpoints;
+    ``keep_at`` lists steps whose model weights are kept as ``model_step{N}.safetensors``
+    (for analyses of how weights evolve). ``lr`` is the peak after ``warmup`` linear steps;
+    it then follows a cosine down to ``min_lr_ratio * lr`` at ``steps``.
+    """
+
+    steps: int = 200
+    batch_size: int = 16
+    lr: float = 3e-3
+    warmup: int = 20
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 0
+    eval_batches: int = 4
+    eval_batch_size: int = 32
+    log_every: int = 10
+    checkpoint_every: int = 0
+    keep_at: tuple[int, ...] = ()
+    precision: str = "fp32"
+    compile: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "eval_batches", "eval_batch_size", "log_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}: {v!r} must be a positive integer")
+        for name in ("warmup", "eval_every", "checkpoint_every", "seed"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name}: {v!r} must be a non-negative integer")
+        for name in ("lr", "weight_decay", "grad_clip", "min_lr_ratio", "beta1", "beta2"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name}: {v!r} must be a finite number >= 0")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision: {self.precision!r} is not one of {list(PRECISIONS)}")
+        object.__setattr__(self, "keep_at", tuple(int(s) for s in self.keep_at))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["keep_at"] = list(self.keep_at)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        bad = sorted(set(d) - known)
+        if bad:
+            raise ValueError(f"train.{bad[0]}: not a training option; allowed: {sorted(known)}")
+        return cls(**d)
+
+
+@dataclass
+class TrainResult:
+    """What a run produced. ``status`` is ``done`` or ``diverged`` (then ``step`` is where)."""
+
+    status: str
+    step: int
+    final: dict[str, float] = field(default_factory=dict)
+    history: list[dict[str, float]] = field(default_factory=list)
+    tokens: int = 0
+    train_s: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.train_s if self.train_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["tokens_per_s"] = self.tokens_per_s
+        return d
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate of optimizer step ``step`` (0-based): linear warmup, then cosine."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, cfg.steps - cfg.warmup)
+    frac = min(1.0, (step - cfg.warmup) / span)
+    lo = cfg.lr * cfg.min_lr_ratio
+    return lo + 0.5 * (cfg.lr - lo) * (1.0 + math.cos(math.pi * frac))
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices (dim >= 2) only; biases and LayerNorm gains are not
+    decayed, since shrinking them toward 0 has no regularizing meaning (nanoGPT does the same)."""
+    params = [p for p in model.parameters() if p.requires_grad]  # tied tensors once
+    decay = [p for p in params if p.dim() >= 2]
+    rest = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": rest, "weight_decay": 0.0}]
+    # foreach=False: one code path whatever the parameter count, for reproducible sums on CPU
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), foreach=False)
+
+
+def make_task(name: str, options: Mapping[str, Any] | None = None):
+    """A prepared task: a registered name (``qkvlab.data.get_task``) or ``module:Class``.
+
+    ``module:Class`` lets a user (or a test) bring a task of their own that follows the same
+    interface without registering it.
+    """
+    options = dict(options or {})
+    if ":" in name:
+        mod, _, cls = name.partition(":")
+        try:
+            task = getattr(importlib.import_module(mod), cls)(**options)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"task: cannot import {name!r} ({e})") from None
+    else:
+        from qkvlab.data import get_task
+
+        task = get_task(name, **options)
+    task.prepare()
+    return task
+
+
+def _count_tokens(batch: Mapping[str, Tensor]) -> int:
+    """Tokens of a batch: the largest integer tensor (inputs and targets count once)."""
+    sizes = [t.numel() for t in batch.values()
+             if isinstance(t, Tensor) and not t.is_floating_point() and t.dtype != torch.bool]
+    return max(sizes, default=0)
+
+
+def _autocast(cfg: TrainConfig, device: str):
+    if cfg.precision != "bf16":
+        return contextlib.nullcontext()
+    dev = "cuda" if device.startswith("cuda") else "cpu"
+    if dev == "cuda" and not torch.cuda.is_bf16_supported():
+        return contextlib.nullcontext()  # bf16 only where the hardware supports it
+    return torch.autocast(dev, dtype=torch.bfloat16)
+
+
+def evaluate(model: nn.Module, task, cfg: TrainConfig, device: str = "cpu") -> dict[str, float]:
+    """The task's metrics on the same validation batches every time."""
+    gen = torch.Generator().manual_seed(cfg.seed + EVAL_SEED_OFFSET)
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), _autocast(cfg, device):
+            out = task.evaluate(model, gen, cfg.eval_batches, cfg.eval_batch_size)
+    finally:
+        model.train(was)
+    return {k: float(v) for k, v in out.items()}
+
+
+def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | None = None,
+          on_log: Callable[[int, dict[str, float]], None] | None = None,
+          callback=None, dist_info: DistInfo | None = None, progress: bool = True,
+          desc: str = "train") -> TrainResult:
+    """Train ``model`` on ``task`` for ``cfg.steps`` AdamW steps (resuming from ``run_dir``).
+
+    Args:
+        model: built and initialized by the caller (so the seed governs the init).
+        run_dir: checkpoints go here; an existing ``checkpoint.safetensors`` is resumed.
+        on_log: called as ``on_log(step, metrics)`` for every logged/evaluated step.
+        callback: optional object with ``after_backward(step, model, batch) -> dict | None``
+            and optionally ``before_step(step)`` (e.g. the scale probe); the metrics it
+            returns are logged at that step.
+        dist_info: from ``qkvlab.train.distributed.setup()`` under torchrun.
+
+    Returns:
+        TrainResult; ``status == "diverged"`` if a loss or gradient norm became NaN/inf.
+    """
+    info = dist_info or DistInfo()
+    device = info.device
+    model.to(device).train()
+    opt = make_optimizer(model, cfg)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    run_dir = Path(run_dir) if run_dir is not None else None
+    start, history, tokens, train_s = 0, [], 0, 0.0
+    if run_dir is not None and (run_dir / CHECKPOINT).exists():
+        ck = load_checkpoint(run_dir / CHECKPOINT, model, opt)
+        start, st = ck["step"], ck["state"]
+        history, tokens, train_s = st["history"], st["tokens"], st["train_s"]
+        gen.set_state(ck["rng"]["data"])
+        torch.set_rng_state(ck["rng"]["torch"])
+    fwd = wrap(model, info)
+    if cfg.compile:
+        fwd = torch.compile(fwd)
+
+    def log(step: int, metrics: dict[str, float]) -> None:
+        history.append({"step": step, **metrics})
+        if on_log is not None and info.main:
+            on_log(step, metrics)
+
+    def checkpoint(step: int) -> None:
+        if run_dir is not None and info.main:
+            save_checkpoint(run_dir / CHECKPOINT, model, opt, step=step,
+                            rng={"data": gen.get_state(), "torch": torch.get_rng_state()},
+                            state={"history": history, "tokens": tokens, "train_s": train_s})
+
+    if start == 0 and 0 in cfg.keep_at and run_dir is not None and info.main:
+        from qkvlab.models import save_model
+
+        save_model(model, run_dir / "model_step0.safetensors")  # the initial weights
+    bar = tqdm(total=cfg.steps, initial=start, desc=desc, leave=False,
+               disable=not (progress and info.main), dynamic_ncols=True)
+    status, step = "done", start
+    try:
+        for step in range(start, cfg.steps):
+            t0 = time.perf_counter()
+            if callback is not None and hasattr(callback, "before_step"):
+                callback.before_step(step)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, cfg)
+            batch = task.batch("train", cfg.batch_size, gen)  # the global batch, on every rank
+            tokens += _count_tokens(batch)
+            local = {k: v.to(device) if isinstance(v, Tensor) else v
+                     for k, v in shard(batch, info).items()}
+            with _autocast(cfg, device):
+                loss = task.loss(fwd, local)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            extra = callback.after_backward(step, model, local) if callback is not None else None
+            gnorm = nn.utils.clip_grad_norm_(model.parameters(),
+                                             cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            loss_all = mean_across(loss.detach().float(), info)
+            if not (math.isfinite(loss_all.item()) and math.isfinite(gnorm.item())):
+                status = "diverged"
+                log(step, {"train_loss": loss_all.item(), "grad_norm": gnorm.item()})
+                break
+            opt.step()
+            train_s += time.perf_counter() - t0
+            done = step + 1
+            if extra:  # measured on the weights before this step's update: logged at `step`
+                log(step, dict(extra))
+            metrics: dict[str, float] = {}
+            if done % cfg.log_every == 0 or done == cfg.steps or step == 0:
+                metrics.update(train_loss=loss_all.item(), grad_norm=gnorm.item(), lr=lr_at(step, cfg))
+            if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
+                metrics.update(evaluate(model, task, cfg, device))
+            if metrics:
+                log(done, metrics)
+            if done in cfg.keep_at and run_dir is not None and info.main:
+                from qkvlab.models import save_model
+
+                save_model(model, run_dir / f"model_step{done}.safetensors")
+            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+                checkpoint(done)
+            bar.update(1)
+            if "train_loss" in metrics:
+                bar.set_postfix(loss=f"{metrics['train_loss']:.3f}")
+        else:
+            step = cfg.steps
+    finally:
+        bar.close()
+    final: dict[str, float] = {}
+    if status == "done":
+        last = {}
+        for rec in history:
+            last.update({k: v for k, v in rec.items() if k != "step"})
+        # probe series stay in the per-step metrics; final holds the run's outcome only
+        final = {k: v for k, v in last.items()
+                 if k not in ("lr", "grad_norm") and not k.startswith("probe/")}
+    return TrainResult(status=status, step=step, final=final, history=history, tokens=tokens,
+                       train_s=train_s)
+
+
+def build_seeded(model_cfg, kind: str, seed: int) -> nn.Module:
+    """The model of ``model_cfg`` initialized from ``seed`` (same seed, same weights; an
+    encoder and a decoder of one config get identical initial weights)."""
+    from qkvlab.models import build_model
+
+    torch.manual_seed(seed)
+    return build_model(model_cfg, kind)
+
+
+INITS = ("gpt2", "unit")
+
+
+def apply_init(model: nn.Module, init: Mapping[str, Any] | None, seed: int = 0) -> None:
+    """Optional re-initialization of the attention input projections.
+
+    ``{"qk": "unit"}`` draws ``W_in`` from N(0, 1/d_model): on LayerNorm'd inputs every
+    query/key entry then has unit variance and a raw score q·k has variance d_k, the regime
+    in which the 1/√d_k argument is made (Vaswani et al. 2017, footnote 4). The default
+    (``gpt2``, std 0.02) keeps scores near 0 at init whatever d_k.
+    """
+    if not init:
+        return
+    bad = sorted(set(init) - {"qk"})
+    if bad:
+        raise ValueError(f"init.{bad[0]}: unknown key; allowed: ['qk']")
+    if init.get("qk", "gpt2") not in INITS:
+        raise ValueError(f"init.qk: {init['qk']!r} is not one of {list(INITS)}")
+    if init.get("qk") == "unit":
+        gen = torch.Generator().manual_seed(seed + 1)  # a function of the run seed only
+        for _, _, att in model.attention_layers():
+            with torch.no_grad():
+                att.W_in.normal_(0.0, att.cfg.d_model ** -0.5, generator=gen)
+
+
+def model_config(spec: Mapping[str, Any], task):
+    """The ``ModelConfig`` of a run spec: its ``model`` options plus the task's vocab/context."""
+    from qkvlab.models import ModelConfig
+
+    opts = dict(spec.get("model", {}))
+    opts.setdefault("d_vocab", task.d_vocab)
+    opts.setdefault("n_ctx", getattr(task, "n_ctx", None) or task.seq_len)
+    return ModelConfig.from_dict(opts)
+
+
+def run_from_spec(spec: Mapping[str, Any], *, run_dir: str | Path | None = None,
+                  dist_info: DistInfo | None = None, on_log=None, callback_factory=None,
+                  progress: bool = True, desc: str = "train") -> TrainResult:
+    """Build the task and model of a run spec and train it; saves the final model in run_dir.
+
+    A spec is ``{"task": name, "task_options": {...}, "kind": "decoder"|"encoder"|"encdec",
+    "model": {ModelConfig options}, "train": {TrainConfig options}}``.
+
+    Raises:
+        ValueError: a malformed spec (unknown key, bad option), naming the field.
+    """
+    allowed = {"task", "task_version", "task_options", "kind", "model", "train", "probe", "init"}
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"spec: {type(spec).__name__} must be a mapping with keys {sorted(allowed)}")
+    bad = sorted(set(spec) - allowed)
+    if bad:
+        raise ValueError(f"spec.{bad[0]}: unknown key; allowed: {sorted(allowed)}")
+    if "task" not in spec:
+        raise ValueError("spec.task: missing (a task name such as 'lm')")
+    cfg = TrainConfig.from_dict(spec.get("train", {}))
+    task = make_task(spec["task"], spec.get("task_options"))
+    kind = spec.get("kind") or getattr(task, "model_kind", "decoder")
+    model = build_seeded(model_config(spec, task), kind, cfg.seed)
+    apply_init(model, spec.get("init"), cfg.seed)
+    callback = callback_factory(model, task) if callback_factory is not None else None
+    result = train(model, task, cfg, run_dir=run_dir, on_log=on_log, callback=callback,
+                   dist_info=dist_info, progress=progress, desc=desc)
+    if run_dir is not None and (dist_info is None or dist_info.main) and result.status == "done":
+        from qkvlab.models import save_model
+
+        save_model(model, Path(run_dir) / FINAL_MODEL)
+    return result

@@ -1,0 +1,143 @@
+"""Results store, statistics, registry and CLI: ids, claims, idempotent logging, exports,
+t-distribution CIs and paired differences against known values."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+
+from qkvlab.experiments import cli
+from qkvlab.experiments.registry import EXPERIMENTS, PROFILES, matched, runs_of
+from qkvlab.experiments.stats import compare, mean_ci, paired, t_cdf, t_ppf
+from qkvlab.experiments.store import Store, export, run_id
+from qkvlab.models import ModelConfig, config_params
+
+SPEC = {"task": "lm", "model": {"d_model": 16}, "train": {"seed": 0}}
+
+
+def test_run_id_is_a_hash_of_the_canonical_config():
+    a = run_id({"task": "lm", "model": {"d_model": 16, "n_heads": 2}})
+    b = run_id({"model": {"n_heads": 2, "d_model": 16}, "task": "lm"})
+    assert a == b and len(a) == 16
+    assert run_id({"task": "lm", "model": {"d_model": 17, "n_heads": 2}}) != a
+
+
+def test_claim_is_exclusive_and_logging_is_idempotent(tmp_path):
+    with Store(tmp_path / "r.db") as s, Store(tmp_path / "r.db") as other:
+        rid, = s.add("exp", "quick", [(SPEC, {"design": "standard", "seed": 0})])
+        assert s.add("exp", "quick", [(SPEC, {"design": "standard", "seed": 0})]) == [rid]
+        assert s.claim(rid) and not other.claim(rid)
+        s.log(rid, 5, {"train_loss": 2.0})
+        s.log(rid, 5, {"train_loss": 2.0})  # a resumed attempt rewrites the same step
+        s.finish(rid, "done", 10, {"val_loss": 1.5}, {"n_params": 123, "params": {"total": 123}})
+        assert s.counts() == {"runs": 1, "members": 1, "metrics": 1, "final": 1}
+        row, = s.runs("exp")
+        assert (row["status"], row["step"], row["final"], row["n_params"]) == ("done", 10, {"val_loss": 1.5}, 123)
+        assert not s.claim(rid)  # finished runs are never claimed again
+        assert s.check() == "ok"
+
+
+def test_dead_workers_runs_are_reclaimed(tmp_path):
+    with Store(tmp_path / "r.db") as s:
+        rid, = s.add("exp", "quick", [(SPEC, {"seed": 0})])
+        assert s.claim(rid)
+        s.conn.execute("UPDATE runs SET pid=? WHERE id=?", (2 ** 22 + 12345, rid))  # no such pid
+        assert s.reclaim() == 1 and s.status(rid) == "pending"
+
+
+def test_exports_and_missing_parquet_engine(tmp_path):
+    with Store(tmp_path / "r.db") as s:
+        rid, = s.add("exp", "quick", [(SPEC, {"design": "standard", "seed": 0})])
+        s.claim(rid)
+        s.finish(rid, "done", 3, {"val_loss": 1.25}, {"n_params": 7})
+        rows = s.runs("exp")
+    csv = export(rows, "csv")
+    assert csv.splitlines()[0].split(",")[:4] == ["experiment", "profile", "run_id", "design"]
+    assert "1.25" in csv.splitlines()[1]
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        with pytest.raises(ValueError, match="pyarrow"):
+            export(rows, "parquet", tmp_path / "x.parquet")
+    with pytest.raises(ValueError, match="format"):
+        export(rows, "xlsx")
+
+
+def test_t_quantiles_and_cdf_match_tables():
+    # two-sided 95% critical values from any t table
+    got = [t_ppf(0.975, df) for df in (1, 2, 4, 10, 30)]
+    want = [12.7062, 4.3027, 2.7764, 2.2281, 2.0423]
+    assert got == pytest.approx(want, abs=1e-4)
+    assert t_cdf(0.0, 3) == pytest.approx(0.5) and t_cdf(-2.0, 5) == pytest.approx(0.050970, abs=1e-6)
+
+
+def test_mean_ci_and_paired_difference_against_hand_computation():
+    ci = mean_ci([1.0, 2.0, 3.0])
+    assert (ci["mean"], ci["sd"]) == (2.0, 1.0)
+    assert ci["half"] == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
+    d = paired([2.0, 3.0, 5.0], [1.0, 1.0, 2.0])  # differences 1, 2, 3: t = 2/(1/√3) = 3.464
+    assert (d["diff"], d["n_pairs"]) == (2.0, 3)
+    assert d["p"] == pytest.approx(0.074180, abs=1e-5)  # two-sided, df 2
+    assert d["rel_pct"] == pytest.approx((100 + 200 + 150) / 3)
+    one = mean_ci([4.0])
+    assert one["mean"] == 4.0 and math.isnan(one["half"])  # one seed: no CI, not a zero CI
+
+
+def test_compare_pairs_by_seed_and_reports_both_arms_params():
+    rows = []
+    for seed, (std, tied) in enumerate([(1.0, 1.5), (2.0, 2.5), (3.0, 3.5)]):
+        for design, v, n in (("standard", std, 100), ("tied_kv", tied, 80)):
+            rows.append({"tags": {"design": design, "seed": seed, "task": "lm", "arm": "equal"},
+                         "status": "done", "final": {"val_loss": v}, "n_params": n})
+    rows.append({"tags": {"design": "tied_kv", "seed": 3, "task": "lm", "arm": "equal"},
+                 "status": "diverged", "final": {}, "n_params": 80})
+    std, tied = compare(rows, "val_loss")
+    assert (std["design"], std["mean"], std["n"]) == ("standard", 2.0, 3)
+    assert (tied["diff"], tied["diff_half"], tied["p"]) == (0.5, 0.0, 0.0)
+    assert (tied["n_params"], tied["baseline_params"], tied["diverged"]) == (80, 100, 1)
+
+
+def test_every_experiment_builds_at_every_profile_with_matched_arms():
+    assert set(EXPERIMENTS) == {"alt_vs_standard", "scale_probe", "tied_qk_qkv",
+                                "symmetry_emergence", "bind_vs_dhead", "kv_translate", "lm_tied_kv",
+                                "lm_gqa"}
+    for prof in PROFILES:
+        for name in EXPERIMENTS:
+            runs = runs_of(name, prof)
+            assert runs and all({"task", "model", "train"} <= set(s) for s, _ in runs)
+    quick = runs_of("tied_qk_qkv", "quick")
+    assert {t["seed"] for _, t in quick} == {0, 1, 2}  # >= 3 seeds where a verdict depends on it
+    assert {t["arm"] for _, t in quick} == {"equal", "matched"}
+
+
+def test_matched_arm_has_standards_non_embedding_params():
+    base = {"d_model": 64, "n_layers": 2, "n_heads": 4}
+    for design in ("tied_qk", "tied_kv", "tied_qkv"):
+        m = matched({**base, "design": design}, base, "decoder")
+        got = config_params(ModelConfig(d_vocab=50, n_ctx=32, **m))["non_embedding"]
+        want = config_params(ModelConfig(d_vocab=50, n_ctx=32, **base))["non_embedding"]
+        assert abs(got - want) <= 0.01 * want and m["d_head"] > 16
+
+
+def test_symmetry_runs_share_their_initial_weights():
+    from qkvlab.train import build_seeded
+
+    cfg = ModelConfig(d_vocab=30, n_ctx=16, d_model=16, n_layers=1, n_heads=2)
+    enc, dec = build_seeded(cfg, "encoder", 3), build_seeded(cfg, "decoder", 3)
+    for (n, a), (_, b) in zip(enc.state_dict().items(), dec.state_dict().items()):
+        assert a.shape == b.shape and bool((a == b).all()), n
+
+
+def test_cli_errors_are_clear(tmp_path, capsys):
+    p = argparse.ArgumentParser()
+    cli.configure_sweep(p)
+    assert cli.run_sweep(p.parse_args(["nope", "--db", str(tmp_path / "r.db")])) == 2
+    assert "unknown 'nope'" in capsys.readouterr().err
+    p = argparse.ArgumentParser()
+    cli.configure_results(p)
+    assert cli.run_results(p.parse_args(["alt_vs_standard", "--db", str(tmp_path / "r.db")])) == 1
+    (tmp_path / "junk.db").write_bytes(b"this is not sqlite" * 100)
+    assert cli.run_results(p.parse_args(["x", "--db", str(tmp_path / "junk.db")])) == 2
+    assert "not a qkvlab results database" in capsys.readouterr().err
