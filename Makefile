@@ -35,8 +35,10 @@ test: $(VENV)/.installed browser
 test-all: $(VENV)/.installed browser
 	$(BIN)/python -m pytest -m ""
 
+# The main job: every experiment and analysis behind the three questions, then the report
+# (reports/$(PROFILE)/index.html; its path is printed last).
 report: $(VENV)/.installed
-	$(BIN)/qkvlab bench
+	$(BIN)/qkvlab study --profile $(PROFILE)
 
 bench: $(VENV)/.installed
 	$(BIN)/qkvlab bench
