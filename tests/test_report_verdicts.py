@@ -130,3 +130,19 @@ def test_measure_is_stored_and_reused(tmp_path):
             S.measure(store, "smoke", "boom", {}, {}, lambda: {"x": 1 / 0})
         status = {r["tags"]["measure"]: r["status"] for r in store.runs(S.STUDY_EXPERIMENT, "smoke")}
     assert status == {"demo": "done", "boom": "failed"}
+
+
+def test_comparison_between_two_guessers_is_not_a_verdict():
+    """Accuracy differences where neither design beats chance read as 'not learned'."""
+    from qkvlab.data import get_task
+
+    relation = get_task("relation", vocab=16, n_context=16, n_queries=8)
+    assert relation.chance == 1 / 16
+    row = {"metric": "accuracy", "diff": -0.007, "diff_half": 0.005, "rel_pct": -11.0,
+           "rel_half": 8.0, "n_pairs": 3, "mean": 0.055, "baseline_mean": 0.062}
+    guessed = verdicts.effect(row, lower_is_better=False, chance=relation.chance)
+    assert guessed["status"] == "inconclusive" and guessed.get("at_chance") is True
+    assert "chance 6.2%" in guessed["text"] and "not learned" in guessed["text"]
+    learned = verdicts.effect({**row, "mean": 0.5, "baseline_mean": 0.6}, lower_is_better=False,
+                              chance=relation.chance)
+    assert learned["status"] == "worse" and not learned.get("at_chance")

@@ -55,6 +55,11 @@ class Bind(Task):
     n_queries: int = 4
     n_near: int = 1
 
+    @property
+    def chance(self) -> float:
+        """Accuracy of guessing: 1 / n_values: one of the values."""
+        return 1.0 / self.n_values
+
     def __post_init__(self) -> None:
         for f in ("n_keys", "n_values", "group_size", "n_items", "n_queries"):
             check_int(self, f, 1 if f != "n_values" else 2)

@@ -39,6 +39,11 @@ class MQAR(Task):
     power_a: float = 0.01
     random_non_queries: bool = True
 
+    @property
+    def chance(self) -> float:
+        """Accuracy of guessing: ≈ 2 / vocab: one of the value tokens."""
+        return 2.0 / self.vocab
+
     def __post_init__(self) -> None:
         super().__post_init__()
         check_int(self, "vocab", 8)

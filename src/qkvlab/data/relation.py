@@ -44,6 +44,11 @@ class Relation(Task):
     n_queries: int = 16
     direction: str = "next"
 
+    @property
+    def chance(self) -> float:
+        """Accuracy of guessing: 1 / n_context: one of the context tokens."""
+        return 1.0 / self.n_context
+
     def __post_init__(self) -> None:
         check_int(self, "vocab", 2)
         check_int(self, "n_context", 2, self.vocab)

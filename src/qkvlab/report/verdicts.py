@@ -30,13 +30,22 @@ def _ok(x) -> bool:
     return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def effect(c: dict | None, lower_is_better: bool = True, what: str | None = None) -> dict[str, Any]:
+def effect(c: dict | None, lower_is_better: bool = True, what: str | None = None,
+           chance: float | None = None) -> dict[str, Any]:
     """``{"text", "status", "value", "half"}`` for one ``compare`` row vs standard.
 
-    ``status`` is ``worse``, ``better``, ``inconclusive`` or ``missing``.
+    ``status`` is ``worse``, ``better``, ``inconclusive`` or ``missing``. With ``chance``
+    (an accuracy task's guessing rate), a comparison where neither design got clearly above
+    chance (< 1.5× chance) is ``inconclusive``: a difference between two guessers is noise.
     """
     if not c or "diff" not in c or not _ok(c.get("diff")):
         return {"text": "not measured", "status": "missing", "value": None, "half": None}
+    if chance is not None and _ok(c.get("mean")) and _ok(c.get("baseline_mean")) \
+            and max(c["mean"], c["baseline_mean"]) < 1.5 * chance:
+        return {"text": f"both at chance ({100 * c['mean']:.1f}% vs standard "
+                        f"{100 * c['baseline_mean']:.1f}%, chance {100 * chance:.1f}%: "
+                        f"not learned, {INCONCLUSIVE})",
+                "status": "inconclusive", "value": None, "half": None, "at_chance": True}
     metric = c.get("metric", "")
     what = what or metric.replace("_", " ")
     if metric in POINTS:  # scores already on a 0-1 or 0-100 scale: differences in points
@@ -75,10 +84,23 @@ def ci_text(values: list[float], fmt: str = "{:.3g}", unit: str = "") -> str:
     return f"{fmt.format(m['mean'])}{unit} ± {fmt.format(m['half'])}{unit}"
 
 
-def _task_effects(rows: list[dict], design: str, task: str, lower: bool) -> tuple[dict, dict]:
+def chance_of(task: str, profile: str | None) -> float | None:
+    """Guessing accuracy of a task at a profile's options (None for tasks without one)."""
+    from qkvlab.data import get_task
+    from qkvlab.experiments.registry import TASK_OPTIONS
+
+    if profile is None:
+        return None
+    opts = TASK_OPTIONS.get(profile, {}).get(task, {})
+    return getattr(get_task(task, **opts), "chance", None)
+
+
+def _task_effects(rows: list[dict], design: str, task: str, lower: bool,
+                  profile: str | None = None) -> tuple[dict, dict]:
     metric = "accuracy" if not lower else "val_loss"
-    eq = effect(pick(rows, design=design, task=task, arm="equal", metric=metric), lower)
-    mt = effect(pick(rows, design=design, task=task, arm="matched", metric=metric), lower)
+    chance = None if lower else chance_of(task, profile)
+    eq = effect(pick(rows, design=design, task=task, arm="equal", metric=metric), lower, chance=chance)
+    mt = effect(pick(rows, design=design, task=task, arm="matched", metric=metric), lower, chance=chance)
     return eq, mt
 
 
@@ -183,7 +205,7 @@ def verdict_q2(data: dict) -> dict[str, Any]:
     for design, label in (("tied_qk", "tied Q=K"), ("tied_qkv", "one matrix Q=K=V")):
         for task in ("lm", "mlm", "mqar", "relation"):
             lower = task in ("lm", "mlm")
-            eq, mt = _task_effects(q["tasks"], design, task, lower)
+            eq, mt = _task_effects(q["tasks"], design, task, lower, data.get("meta", {}).get("profile"))
             if eq["status"] != "missing":
                 s = (f"{label} on {task}: {eq['text']} at equal width, {mt['text']} "
                      f"parameter-matched")
@@ -203,15 +225,18 @@ def verdict_q2(data: dict) -> dict[str, Any]:
     pre = []
     for r in q["pretrained"]:
         for role in ("encoder", "decoder", "cross"):
-            k = f"summary/{role}/symmetry"
+            k, kl = f"summary/{role}/symmetry", f"summary/{role}/symmetry_layer"
             if f"{k}/mean" in r:
-                pre.append(f"{r['source']} {role} {r[k + '/mean']:.2f} (random null "
-                           f"{r[k + '/null_mean']:+.3f} ± {r[k + '/null_std']:.3f} sd)")
+                # Saponati et al. score the whole layer's W_QK (heads summed): compare that one.
+                layer = (f"whole layer {r[kl + '/mean']:.2f} (null {r[kl + '/null_mean']:+.3f}), "
+                         if f"{kl}/mean" in r else "")
+                pre.append(f"{r['source']} {role}: {layer}per head {r[k + '/mean']:.2f} (random "
+                           f"null {r[k + '/null_mean']:+.3f} ± {r[k + '/null_std']:.3f} sd)")
     if pre:
         pub = q["published"]
         ref = ", ".join(f"{k} {v:.2f}" for k, v in pub.items() if k in ("BERT-base", "GPT-2"))
-        details.append("Symmetry s of W_QK in pretrained models, mean over heads: "
-                       + "; ".join(pre) + f". Published reference values (not measured here): "
+        details.append("Symmetry s of W_QK in pretrained models: " + "; ".join(pre)
+                       + f". Published reference values for whole layers (not measured here): "
                        f"{ref} ({q['published_source']}).")
     details.append(_emergence_sentence(q["emergence"]))
     return {"headline": headline, "details": [d for d in details if d]}
@@ -260,9 +285,10 @@ def ppl_text(c: dict | None) -> str:
     return f"{m:+.1f}% perplexity (95% CI {lo:+.1f}% … {hi:+.1f}%)"
 
 
-def bind_gap(rows: list[dict], arm: str = "equal") -> list[tuple[int, dict]]:
+def bind_gap(rows: list[dict], arm: str = "equal", profile: str | None = None) -> list[tuple[int, dict]]:
     """(d_head, effect) of tied_kv vs standard bind accuracy, by d_head."""
-    return sorted((r["d_head"], effect(r, lower_is_better=False)) for r in rows
+    chance = chance_of("bind", profile)
+    return sorted((r["d_head"], effect(r, lower_is_better=False, chance=chance)) for r in rows
                   if r["design"] == "tied_kv" and r.get("arm") == arm
                   and r.get("metric") == "accuracy")
 
@@ -275,9 +301,14 @@ def verdict_q3(data: dict) -> dict[str, Any]:
                 f"reference ≈ +{REF_KV_PPL_PCT}% perplexity at 300M–1.2B parameters, "
                 f"{REF_KV_CITE}); {mt['text']} parameter-matched.")
     details = []
-    gaps = bind_gap(q["bind"])
-    if gaps:
-        closed = next((dh for dh, e in gaps if e["status"] in ("inconclusive", "better")), None)
+    gaps = bind_gap(q["bind"], profile=data.get("meta", {}).get("profile"))
+    if gaps and all(e.get("at_chance") for _, e in gaps):
+        details.append("Bind was not learned by either design at any d_head tried (accuracy at "
+                       "chance), so this profile cannot say where a K=V gap closes: "
+                       + "; ".join(f"d_head {dh}: {e['text']}" for dh, e in gaps) + ".")
+    elif gaps:
+        closed = next((dh for dh, e in gaps if e["status"] in ("inconclusive", "better")
+                       and not e.get("at_chance")), None)
         s = "Bind accuracy, tied K=V − standard (equal width) by d_head: " + "; ".join(
             f"{dh}: {e['text']}" for dh, e in gaps) + ". "
         if closed is None:
