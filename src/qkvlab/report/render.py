@@ -15,7 +15,7 @@ from pathlib import Path
 from qkvlab.report import claims as C
 from qkvlab.report import figures as F
 from qkvlab.report.collect import TASK_METRIC
-from qkvlab.report.verdicts import all_verdicts, effect
+from qkvlab.report.verdicts import all_verdicts, chance_of, effect
 
 SECTION_IDS = ("summary", "q1", "q2", "q3", "setup")
 
@@ -56,9 +56,12 @@ def summary_table(data: dict) -> tuple:
     headers = ["design", "attention params ×", "attention layer time ×", "KV cache ×",
                "decode tokens/s ×", *[f"{t} ({TASK_METRIC.get(t.split(' ')[0], ('val_loss',))[0]})"
                                       for t in tasks]]
+    profile = data["meta"].get("profile")
+    chance = {t: chance_of(t.split(" ")[0], profile) for t in tasks}  # accuracy tasks only
     body = []
     for r in data["summary"]:
-        q = [effect(r["quality"][t], r["quality"][t]["lower_is_better"])["text"]
+        q = [effect(r["quality"][t], r["quality"][t]["lower_is_better"],
+                    chance=None if r["quality"][t]["lower_is_better"] else chance[t])["text"]
              if t in r["quality"] else "—" for t in tasks]
         body.append([F.LABELS.get(r["design"], r["design"]), num(r.get("attention_params_ratio")),
                      num(r.get("layer_time_ratio")), num(r.get("cache_ratio")),
@@ -150,7 +153,7 @@ def build(data: dict, figs: dict[str, list], verdicts: dict) -> list[tuple]:
         ("title", "qkvlab study: why attention is softmax(QKᵀ/√d_k)·V with three projections"),
         ("p", (f"Profile {m['profile']}, seeds {', '.join(map(str, m['seeds']))}, total time "
                f"{m.get('total_s', float('nan')):.0f} s on {m['hardware'].get('cpu_count')} CPU "
-               f"cores. Every number below is read from the results store {m.get('db')}; "
+               f"cores for this invocation (runs reused from the store are not re-run). Every number below is read from the results store {m.get('db')}; "
                f"published numbers appear only as labelled reference values.")),
         ("h2", "summary", "Summary: each design against standard"), summary_table(data)]
     for q in ("q1", "q2", "q3"):
