@@ -65,17 +65,24 @@ def plot_heatmaps(result: dict, stem: Path) -> list[Path]:
     present = {r["measure"] for r in result["rows"]}
     measures = [m for m in SHOWN if m in present and m not in ("symmetry_layer", "eff_rank_qk")]
     summ = {(s["role"], s["measure"]): s for s in result["summary"]}
-    fig, axes = plt.subplots(len(roles), len(measures), squeeze=False,
-                             figsize=(2.4 * len(measures), 2.4 * len(roles) + 0.6))
-    fig.subplots_adjust(left=0.04, right=0.965, bottom=0.2 / len(roles), top=1 - 0.35 / len(roles),
-                        wspace=0.55, hspace=0.7)
-    for j, m in enumerate(measures):
-        grids = [_grid(result, role, m) for role in roles]
-        vals = np.concatenate([g[np.isfinite(g)] for g in grids if g is not None])
+    # Legible at laptop width: one column per role (three columns when there is one role),
+    # one row per measure, instead of one very wide row.
+    ncol = len(roles) if len(roles) > 1 else 3
+    panels = [(m, role) for m in measures for role in roles]
+    nrow = -(-len(panels) // ncol)
+    height = 2.6 * nrow + 0.8
+    fig, axes = plt.subplots(nrow, ncol, squeeze=False, figsize=(3.4 * ncol, height))
+    fig.subplots_adjust(left=0.07, right=0.95, bottom=0.45 / height, top=1 - 0.95 / height,
+                        wspace=0.45, hspace=0.8)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for m in measures:
+        grids = {role: _grid(result, role, m) for role in roles}
+        vals = np.concatenate([g[np.isfinite(g)] for g in grids.values() if g is not None])
         lo, hi = (float(vals.min()), float(vals.max())) if vals.size else (0.0, 1.0)
-        for i, role in enumerate(roles):
-            ax = axes[i, j]
-            g = grids[i]
+        for role in roles:
+            ax = axes.flat[panels.index((m, role))]
+            g = grids[role]
             if g is None:
                 ax.axis("off")
                 continue
@@ -83,14 +90,14 @@ def plot_heatmaps(result: dict, stem: Path) -> list[Path]:
                            interpolation="nearest")
             s = summ[(role, m)]
             ax.set_title(f"{role}: {m}\nnull {s['null_mean']:.2f} "
-                         f"[{s['null_lo']:.2f}, {s['null_hi']:.2f}]", fontsize=7)
-            ax.set_xlabel("head", fontsize=7)
-            ax.set_ylabel("layer", fontsize=7)
-            ax.tick_params(labelsize=6)
+                         f"[{s['null_lo']:.2f}, {s['null_hi']:.2f}]", fontsize=8)
+            ax.set_xlabel("head", fontsize=8)
+            ax.set_ylabel("layer", fontsize=8)
+            ax.tick_params(labelsize=7)
             for axis in (ax.xaxis, ax.yaxis):
                 axis.set_major_locator(MaxNLocator(integer=True))
-            # one colour scale per measure (column), shared by the roles
-            fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=6)
+            # one colour scale per measure, shared by the roles
+            fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=7)
     fig.suptitle(f"{result['model']}: per-head measures (layer × head)", fontsize=9)
     return _save(fig, stem)
 
