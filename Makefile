@@ -33,6 +33,7 @@ test: $(VENV)/.installed browser
 	$(BIN)/python -m pytest
 
 test-all: $(VENV)/.installed browser
+	$(BIN)/pip install -q -e ".[ray]"  # the slow tests include the Ray backend on a local instance
 	$(BIN)/python -m pytest -m ""
 
 # The main job: every experiment and analysis behind the three questions, then the report
