@@ -122,6 +122,20 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
                 nn.init.normal_(lin.weight, std=res_std)
 
 
+def rotary_for(cfg: ModelConfig, role: str) -> Rotary | None:
+    """The rotary embedding of a role's self-attention, or None with learned positions."""
+    if cfg.positions != "rotary":
+        return None
+    return Rotary(cfg.attention(role).d_head, cfg.n_ctx, cfg.rope_base)
+
+
+def init_and_tie(model: nn.Module, cfg: ModelConfig) -> None:
+    """GPT-2 init, then tie the output layer to the token embedding (one tensor, stored once)."""
+    init_weights(model, cfg)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embed.wte.weight
+
+
 def attention_modules(blocks: nn.ModuleList, self_role: str):
     """Yield (name, role, Attention) over a stack of blocks."""
     for i, blk in enumerate(blocks):

@@ -8,15 +8,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from qkvlab.models.blocks import Block, Embedding, Rotary, attention_modules, init_weights
+from qkvlab.models.blocks import Block, Embedding, attention_modules, init_and_tie, rotary_for
 from qkvlab.models.config import ModelConfig
 from qkvlab.models.lm import pick_next
-
-
-def _rope(cfg: ModelConfig, role: str) -> Rotary | None:
-    if cfg.positions != "rotary":
-        return None
-    return Rotary(cfg.attention(role).d_head, cfg.n_ctx, cfg.rope_base)
 
 
 class Encoder(nn.Module):
@@ -28,13 +22,11 @@ class Encoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = Embedding(cfg)
-        self.rope = _rope(cfg, "encoder")
+        self.rope = rotary_for(cfg, "encoder")
         self.blocks = nn.ModuleList(Block(cfg, "encoder") for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
-        init_weights(self, cfg)
-        if cfg.tie_embeddings:
-            self.lm_head.weight = self.embed.wte.weight
+        init_and_tie(self, cfg)
 
     def encode(self, idx: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         """Hidden states (B, S, D) after the final LayerNorm."""
@@ -63,15 +55,13 @@ class EncoderDecoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = Embedding(cfg)
-        self.enc_rope, self.dec_rope = _rope(cfg, "encoder"), _rope(cfg, "decoder")
+        self.enc_rope, self.dec_rope = rotary_for(cfg, "encoder"), rotary_for(cfg, "decoder")
         self.encoder = nn.ModuleList(Block(cfg, "encoder") for _ in range(cfg.n_layers))
         self.ln_enc = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.decoder = nn.ModuleList(Block(cfg, "decoder", cross=True) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
-        init_weights(self, cfg)
-        if cfg.tie_embeddings:
-            self.lm_head.weight = self.embed.wte.weight
+        init_and_tie(self, cfg)
 
     def encode(self, src: Tensor, src_key_padding_mask: Tensor | None = None) -> Tensor:
         x = self.embed(src)

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from qkvlab.attention import KVCache
-from qkvlab.models.blocks import Block, Embedding, Rotary, attention_modules, init_weights
+from qkvlab.models.blocks import Block, Embedding, attention_modules, init_and_tie, rotary_for
 from qkvlab.models.config import ModelConfig
 
 
@@ -22,14 +22,11 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = Embedding(cfg)
-        att = cfg.attention("decoder")
-        self.rope = Rotary(att.d_head, cfg.n_ctx, cfg.rope_base) if cfg.positions == "rotary" else None
+        self.rope = rotary_for(cfg, "decoder")
         self.blocks = nn.ModuleList(Block(cfg, "decoder") for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
-        init_weights(self, cfg)
-        if cfg.tie_embeddings:
-            self.lm_head.weight = self.embed.wte.weight
+        init_and_tie(self, cfg)
 
     def forward(self, idx: Tensor, *, caches: list[KVCache] | None = None,
                 key_padding_mask: Tensor | None = None) -> Tensor:
