@@ -98,7 +98,33 @@ def test_bind_gap_closes_where_ci_includes_zero(tmp_path):
     assert gaps[0][1]["value"] == pytest.approx(d2.mean())
     assert gaps[0][1]["half"] == pytest.approx(T975_DF2 * d2.std(ddof=1) / np.sqrt(3))
     text = verdicts.verdict_q3(data)["details"][0]
-    assert text.endswith("The gap is no longer significant from d_head = 8.")
+    assert text.endswith("Tied K=V is significantly worse up to d_head = 2; from d_head = 8 on "
+                         "the gap is no longer significant.")
+
+
+def _bind_text(tmp_path, tied_by_dhead: dict[int, list[float]]) -> tuple[list, str]:
+    with Store(tmp_path / "r.db") as store:
+        for dh, tied in tied_by_dhead.items():
+            _fill(store, "bind_vs_dhead", "bind",
+                  {("standard", "equal"): [1.0, 1.0, 1.0], ("tied_kv", "equal"): tied},
+                  metric="accuracy", extra_tags={"d_head": dh})
+        data = collect.collect(store, "smoke", {})
+    return verdicts.bind_gap(data["q3"]["bind"]), verdicts.verdict_q3(data)["details"][0]
+
+
+def test_bind_equal_scores_read_same_and_a_late_gap_does_not_close(tmp_path):
+    gaps, text = _bind_text(tmp_path / "a", {1: [0.5, 0.6, 0.55], 2: [1.0, 1.0, 1.0],
+                                             4: [1.0, 1.0, 1.0]})
+    assert [g[1]["status"] for g in gaps] == ["worse", "same", "same"]
+    assert gaps[1][1]["text"] == ("no difference (+0.0 pp ± 0.0 pp accuracy: every seed scores "
+                                  "the same for both)")
+    assert text.endswith("from d_head = 2 on the gap is no longer significant.")
+    # a gap that is significant again at the widest d_head has not closed
+    (tmp_path / "b").mkdir()
+    gaps, text = _bind_text(tmp_path / "b", {1: [0.5, 0.6, 0.55], 2: [1.0, 0.9, 1.0],
+                                             4: [0.7, 0.75, 0.72]})
+    assert [g[1]["status"] for g in gaps] == ["worse", "inconclusive", "worse"]
+    assert text.endswith("The gap does not close up to d_head = 4.")
 
 
 def test_bad_input_gives_clear_errors():

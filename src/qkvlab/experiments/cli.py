@@ -3,6 +3,7 @@
 
     qkvlab experiments [--profile quick]
     qkvlab sweep NAME|all [--profile smoke|quick|full] [--workers N] [--backend local|ray] [--db PATH]
+                 [--tensorboard DIR]
     qkvlab results NAME|all [--profile P] [--format table|csv|json|parquet] [--out PATH]
                    [--stats METRIC] [--db PATH]
 """
@@ -35,6 +36,9 @@ def configure_sweep(parser: argparse.ArgumentParser) -> None:
                         help="local processes, or Ray tasks on an existing cluster (RAY_ADDRESS)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads per worker (default: cores / workers)")
+    parser.add_argument("--tensorboard", default=None, metavar="DIR",
+                        help="also log every run's metrics for TensorBoard under DIR "
+                             "(needs the tensorboard package)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -44,7 +48,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         counts = sweep(args.name, args.profile, workers=args.workers, backend=args.backend,
-                       db=args.db, progress=not args.no_progress, threads=args.threads)
+                       db=args.db, progress=not args.no_progress, threads=args.threads,
+                       tensorboard=args.tensorboard)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

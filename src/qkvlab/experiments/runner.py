@@ -113,8 +113,23 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def _logger(store: Store, rid: str, spec: Mapping[str, Any], tensorboard: str | None):
+    """``(on_log, close)``: per-step metrics to the store, and to TensorBoard if asked."""
+    to_store = functools.partial(store.log, rid)
+    if not tensorboard:
+        return to_store, lambda: None
+    from qkvlab.experiments.tensorboard import RunLogger
+
+    tb = RunLogger(tensorboard, rid, spec)
+
+    def on_log(step: int, metrics: Mapping[str, float]) -> None:
+        to_store(step, metrics)
+        tb(step, metrics)
+    return on_log, tb.close
+
+
 def work(db: str, ids: list[str], threads: int, parent: int | None = None,
-         progress: bool = False) -> int:
+         progress: bool = False, tensorboard: str | None = None) -> int:
     """Worker loop: claim and run each id not finished or taken; returns how many it ran."""
     if parent is not None:
         _die_with_parent(parent)
@@ -125,23 +140,31 @@ def work(db: str, ids: list[str], threads: int, parent: int | None = None,
             if not store.claim(rid):
                 continue
             spec = store.runs_spec(rid)
+            close = None
             try:
+                on_log, close = _logger(store, rid, spec, tensorboard)
                 out = execute(spec, store.runs_dir / rid, progress=progress, desc=rid[:8],
-                              on_log=functools.partial(store.log, rid))
+                              on_log=on_log)
                 store.finish(rid, out["status"], out["step"], out["final"], out["info"])
             except Exception:  # one bad config must not stop the sweep; the store keeps the trace
                 store.fail(rid, traceback.format_exc())
+            finally:
+                if close is not None:
+                    close()
             ran += 1
     return ran
 
 
 def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str = "local",
           db: str | os.PathLike = DEFAULT_DB, progress: bool = True,
-          threads: int | None = None) -> dict[str, int]:
+          threads: int | None = None, tensorboard: str | os.PathLike | None = None
+          ) -> dict[str, int]:
     """Run experiment ``name`` (or ``all``) at ``profile`` into the store at ``db``.
 
     Finished runs (done/diverged) are skipped; failed and orphaned ones are retried; a run
-    that another live sweep holds is waited for, not repeated.
+    that another live sweep holds is waited for, not repeated. ``tensorboard``: a folder
+    where every run this sweep trains also logs its metrics for TensorBoard
+    (``qkvlab.experiments.tensorboard``).
 
     Returns:
         counts per status over this experiment's runs.
@@ -155,6 +178,11 @@ def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str =
         raise ValueError(f"backend: {backend!r} is not one of {list(BACKENDS)}")
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers: {workers!r} must be a positive integer")
+    if tensorboard is not None:
+        from qkvlab.experiments.tensorboard import check_available
+
+        check_available()  # one clear error now, not one failed run per config
+        tensorboard = str(tensorboard)
     names = sorted(EXPERIMENTS) if name == "all" else [name]
     prof = get_profile(profile)
     with Store(db) as store:
@@ -181,11 +209,11 @@ def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str =
                 time.sleep(1.0)
                 continue
             if backend == "ray":
-                _ray(store, todo, progress=bar)
+                _ray(store, todo, progress=bar, tensorboard=tensorboard)
             elif workers == 1:
-                _local_inline(store, todo, threads, bar)
+                _local_inline(store, todo, threads, bar, tensorboard)
             else:
-                _local_pool(str(store.path), todo, workers, threads, bar, store)
+                _local_pool(str(store.path), todo, workers, threads, bar, store, tensorboard)
             tried.update(todo)
         bar.n = sum(store.status(i) in FINISHED for i in ids)
         bar.close()
@@ -196,17 +224,20 @@ def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str =
     return counts
 
 
-def _local_inline(store: Store, todo: list[str], threads: int, bar) -> None:
+def _local_inline(store: Store, todo: list[str], threads: int, bar,
+                  tensorboard: str | None = None) -> None:
     torch.set_num_threads(threads)
     for rid in todo:
-        work(str(store.path), [rid], threads)
+        work(str(store.path), [rid], threads, tensorboard=tensorboard)
         bar.update(1)
 
 
-def _local_pool(db: str, todo: list[str], workers: int, threads: int, bar, store: Store) -> None:
+def _local_pool(db: str, todo: list[str], workers: int, threads: int, bar, store: Store,
+                tensorboard: str | None = None) -> None:
     ctx = mp.get_context("spawn")  # fork after torch's thread pools start is unsafe
     procs = [ctx.Process(target=work, args=(db, todo[k::workers] + todo, threads, os.getpid()),
-                         daemon=False) for k in range(workers)]
+                         kwargs={"tensorboard": tensorboard}, daemon=False)
+             for k in range(workers)]
     # each worker starts on its own share, then helps with the rest (claims keep it exact)
     for p in procs:
         p.start()
@@ -218,7 +249,7 @@ def _local_pool(db: str, todo: list[str], workers: int, threads: int, bar, store
         p.join()
 
 
-def _ray(store: Store, todo: list[str], progress) -> None:
+def _ray(store: Store, todo: list[str], progress, tensorboard: str | None = None) -> None:
     try:
         import ray
     except ImportError:
@@ -236,8 +267,12 @@ def _ray(store: Store, todo: list[str], progress) -> None:
         rid = pending.pop(done[0])
         try:
             out = ray.get(done[0])
-            for rec in out["history"]:
-                store.log(rid, rec["step"], {k: v for k, v in rec.items() if k != "step"})
+            on_log, close = _logger(store, rid, store.runs_spec(rid), tensorboard)
+            try:  # the driver logs a Ray run's history once it is back
+                for rec in out["history"]:
+                    on_log(rec["step"], {k: v for k, v in rec.items() if k != "step"})
+            finally:
+                close()
             store.finish(rid, out["status"], out["step"], out["final"], out["info"])
         except Exception:
             store.fail(rid, traceback.format_exc())

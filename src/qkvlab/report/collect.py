@@ -82,8 +82,9 @@ def environment(profile: str) -> dict[str, Any]:
     hw = {**env["hardware"], "cpu_model": _cpu_model()}
     return {"profile": profile, "seeds": list(p.seeds), "probe_seeds": list(p.probe_seeds),
             "sizes": {"d_model": p.d_model, "n_layers": p.n_layers, "n_heads": p.n_heads,
-                      "batch_size": p.batch_size, "steps": p.steps, "synth_steps": p.synth_steps,
-                      "lr": p.lr, "eval_batches": p.eval_batches},
+                      "batch_size": p.batch_size, "steps": p.steps, "lr": p.lr,
+                      "eval_batches": p.eval_batches},
+            "task_train": S.task_train(profile),
             "versions": versions, "hardware": hw, "git_rev": env["git_rev"],
             "platform": platform.platform()}
 

@@ -136,6 +136,7 @@ def meta_items(data: dict) -> list[tuple[str, str]]:
     return [("profile", m["profile"]), ("seeds", ", ".join(map(str, m["seeds"]))),
             ("scale-probe seeds", ", ".join(map(str, m["probe_seeds"]))),
             ("model sizes", json.dumps(m["sizes"])),
+            ("training per task", json.dumps(m.get("task_train", {}))),
             ("hardware", (f"{hw.get('cpu_model') or hw.get('machine')}, {hw.get('cpu_count')} "
                           f"cores, {hw.get('torch_threads')} torch threads, GPU: {hw.get('cuda')}")),
             ("versions", ", ".join(f"{k} {v}" for k, v in m["versions"].items())),

@@ -38,7 +38,8 @@ EXPERIMENTS = ("scale_probe", "alt_vs_standard", "lm_tied_kv", GQA_EXPERIMENT, "
 __all__ = ["DEFAULT_DB", "EXPERIMENTS", "STUDY_EXPERIMENT", "Store", "analyze_pretrained",
            "checkpoint_symmetry", "compare", "environment", "get_profile", "keep_files",
            "load_trained", "make_task", "mean_ci", "measure", "open_store",
-           "paired", "profile_names", "run_dir", "runs", "step_metrics", "sweep"]
+           "paired", "profile_names", "run_dir", "runs", "step_metrics", "sweep",
+           "task_train"]
 
 
 # ---- experiments --------------------------------------------------------------------------
@@ -70,6 +71,11 @@ def profile_names() -> list[str]:
 def get_profile(name: str):
     """The experiments' Profile (seeds, sizes); ValueError naming the allowed profiles."""
     return _registry.get_profile(name)
+
+
+def task_train(profile: str) -> dict[str, dict[str, Any]]:
+    """The per-task training settings (steps, lr, batch size) of a profile."""
+    return {t: dict(v) for t, v in _registry.TASK_TRAIN.get(profile, {}).items()}
 
 
 def sweep(name: str, profile: str, db: str | os.PathLike, *, workers: int = 1,

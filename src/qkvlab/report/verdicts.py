@@ -34,7 +34,8 @@ def effect(c: dict | None, lower_is_better: bool = True, what: str | None = None
            chance: float | None = None) -> dict[str, Any]:
     """``{"text", "status", "value", "half"}`` for one ``compare`` row vs standard.
 
-    ``status`` is ``worse``, ``better``, ``inconclusive`` or ``missing``. With ``chance``
+    ``status`` is ``worse``, ``better``, ``same`` (every seed's pair scored exactly alike),
+    ``inconclusive`` or ``missing``. With ``chance``
     (an accuracy task's guessing rate), a comparison where neither design got clearly above
     chance (< 1.5× chance) is ``inconclusive``: a difference between two guessers is noise.
     """
@@ -58,6 +59,9 @@ def effect(c: dict | None, lower_is_better: bool = True, what: str | None = None
                         f"(no CI: {INCONCLUSIVE})", "status": "inconclusive",
                 "value": value, "half": None}
     text = f"{value:+.1f}{unit} ± {half:.1f}{unit} {what}"
+    if c["diff"] == 0 and c["diff_half"] == 0:  # every seed's pair equal, e.g. both at 100%
+        return {"text": f"no difference ({text}: every seed scores the same for both)",
+                "status": "same", "value": value, "half": half}
     if value - half <= 0 <= value + half:
         return {"text": f"{text} ({INCONCLUSIVE}: the CI straddles zero)",
                 "status": "inconclusive", "value": value, "half": half}
@@ -307,16 +311,17 @@ def verdict_q3(data: dict) -> dict[str, Any]:
                        "chance), so this profile cannot say where a K=V gap closes: "
                        + "; ".join(f"d_head {dh}: {e['text']}" for dh, e in gaps) + ".")
     elif gaps:
-        closed = next((dh for dh, e in gaps if e["status"] in ("inconclusive", "better")
-                       and not e.get("at_chance")), None)
+        # the gap has closed from the first d_head after the last significant one
+        last_worse = max((i for i, (_, e) in enumerate(gaps) if e["status"] == "worse"), default=-1)
         s = "Bind accuracy, tied K=V − standard (equal width) by d_head: " + "; ".join(
             f"{dh}: {e['text']}" for dh, e in gaps) + ". "
-        if closed is None:
+        if last_worse == len(gaps) - 1:
             s += f"The gap does not close up to d_head = {gaps[-1][0]}."
-        elif all(e["status"] != "worse" for _, e in gaps):
+        elif last_worse < 0:
             s += "No d_head tried shows a significant gap."
         else:
-            s += f"The gap is no longer significant from d_head = {closed}."
+            s += (f"Tied K=V is significantly worse up to d_head = {gaps[last_worse][0]}; from "
+                  f"d_head = {gaps[last_worse + 1][0]} on the gap is no longer significant.")
         details.append(s)
     teq, tmt = _task_effects(q["translate"], "tied_kv_cross", "translate", True)
     chrf = effect(pick(q["translate"], design="tied_kv_cross", arm="equal", metric="chrf"),

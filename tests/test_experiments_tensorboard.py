@@ -1,0 +1,64 @@
+"""``sweep(..., tensorboard=DIR)``: every metric a run stores is also in its TensorBoard events,
+at the same step (to float32, TensorBoard's precision); a missing package is one clear error."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from qkvlab.experiments import registry
+from qkvlab.experiments.runner import sweep
+from qkvlab.experiments.store import Store
+from qkvlab.experiments.tensorboard import run_name
+
+NAME = "toy_tensorboard"
+
+
+@pytest.fixture
+def toy_experiment():
+    @registry.experiment(NAME)
+    def toy(profile):
+        return [({"task": "test_train_trainer:ToyTask", "kind": "decoder",
+                  "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "design": design},
+                  "train": {"steps": 12, "batch_size": 4, "eval_batches": 1, "eval_batch_size": 4,
+                            "log_every": 2, "eval_every": 6, "seed": 0}},
+                 {"design": design}) for design in ("standard", "tied_kv")]
+    yield NAME
+    registry.EXPERIMENTS.pop(NAME)
+    registry.QUESTIONS.pop(NAME)
+
+
+def _events(log_dir) -> dict[tuple[int, str], float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {(e.step, tag): e.value for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)}
+
+
+def test_sweep_logs_every_stored_metric(tmp_path, toy_experiment):
+    db, tb = tmp_path / "q.db", tmp_path / "tb"
+    counts = sweep(toy_experiment, "smoke", db=db, progress=False, threads=1, tensorboard=tb)
+    assert counts == {"done": 2}
+    with Store(db) as s:
+        runs = s.runs(toy_experiment)
+        assert {run_name(r["id"], r["spec"]) for r in runs} == {p.name for p in tb.iterdir()}
+        for r in runs:
+            stored = {(step, name): value for _, step, name, value in s.conn.execute(
+                "SELECT run_id, step, name, value FROM metrics WHERE run_id=?", (r["id"],))}
+            logged = _events(tb / run_name(r["id"], r["spec"]))
+            assert {"train_loss", "val_loss"} <= {name for _, name in stored}
+            assert logged.keys() == stored.keys()
+            keys = sorted(stored)
+            np.testing.assert_array_equal(np.array([logged[k] for k in keys], dtype=np.float32),
+                                          np.array([stored[k] for k in keys], dtype=np.float32))
+
+
+def test_missing_tensorboard_is_one_clear_error(tmp_path, toy_experiment, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import now fails
+    with pytest.raises(ValueError, match=r"tensorboard.*pip install 'qkvlab\[tensorboard\]'"):
+        sweep(toy_experiment, "smoke", db=tmp_path / "q.db", progress=False,
+              tensorboard=tmp_path / "tb")
+    assert not (tmp_path / "q.db").exists() and not (tmp_path / "tb").exists()
