@@ -71,8 +71,7 @@ def plot_heatmaps(result: dict, stem: Path) -> list[Path]:
     panels = [(m, role) for m in measures for role in roles]
     nrow = -(-len(panels) // ncol)
     height = 2.6 * nrow + 0.8
-    fig, axes = plt.subplots(nrow, ncol, squeeze=False, figsize=(3.4 * ncol, height),
-                             layout="none")  # not the rc default another module may set
+    fig, axes = plt.subplots(nrow, ncol, squeeze=False, figsize=(3.4 * ncol, height))
     fig.subplots_adjust(left=0.07, right=0.95, bottom=0.45 / height, top=1 - 0.95 / height,
                         wspace=0.45, hspace=0.8)
     for ax in axes.flat[len(panels):]:
@@ -110,8 +109,7 @@ def plot_distributions(result: dict, stem: Path) -> list[Path]:
     measures = [m for m in SHOWN if m in present]
     ncol = min(5, len(measures))
     nrow = -(-len(measures) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, squeeze=False, figsize=(3.0 * ncol, 2.4 * nrow + 0.4),
-                             layout="none")
+    fig, axes = plt.subplots(nrow, ncol, squeeze=False, figsize=(3.0 * ncol, 2.4 * nrow + 0.4))
     fig.subplots_adjust(left=0.05, right=0.98, bottom=0.08, top=0.88, wspace=0.3, hspace=0.55)
     for ax in axes.flat[len(measures):]:
         ax.axis("off")

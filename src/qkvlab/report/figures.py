@@ -32,9 +32,11 @@ LABELS = {"standard": "standard", "alt": "alt (4th matrix)", "tied_qk": "tied Q=
           "tied_qk_selfmask": "tied Q=K + self-mask", "tied_qkv": "Q=K=V",
           "tied_kv": "tied K=V", "tied_kv_cross": "tied K=V (cross)",
           "gqa_half": "GQA (n_kv = n_heads/2)"}
-plt.rcParams.update({"font.size": 10, "figure.constrained_layout.use": True, "axes.spines.top": False, "axes.spines.right": False,
-                     "axes.grid": True, "grid.alpha": 0.3, "svg.fonttype": "none",
-                     "svg.hashsalt": "qkvlab"})  # deterministic SVG ids
+# The report's style, applied while its figures are drawn (not to matplotlib's global state,
+# which other modules, e.g. the analysis figures with their fixed margins, also use).
+STYLE = {"font.size": 10, "figure.constrained_layout.use": True, "axes.spines.top": False,
+         "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
+         "svg.fonttype": "none", "svg.hashsalt": "qkvlab"}  # deterministic SVG ids
 
 
 @dataclass
@@ -365,5 +367,6 @@ FIGURES = {"q1": [fig_q1_loss, fig_q1_scale, fig_q1_convex],
 
 def all_figures(data: dict, out: Path) -> dict[str, list[Figure]]:
     """Draw every figure into ``out``; per question the figures that had data."""
-    return {q: [f for f in (fn(data, out) for fn in fns) if f is not None]
-            for q, fns in FIGURES.items()}
+    with plt.rc_context(STYLE):
+        return {q: [f for f in (fn(data, out) for fn in fns) if f is not None]
+                for q, fns in FIGURES.items()}
