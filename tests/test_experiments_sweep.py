@@ -35,7 +35,7 @@ def toy(profile):
         for design in ("standard", "tied_qk"):
             spec = {"task": "test_train_trainer:ToyTask", "kind": "decoder",
                     "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "design": design},
-                    "train": {"steps": 60, "batch_size": 4, "eval_batches": 1,
+                    "train": {"steps": 150, "batch_size": 4, "eval_batches": 1,
                               "eval_batch_size": 4, "log_every": 3, "eval_every": 10,
                               "checkpoint_every": 7, "seed": seed}}
             runs.append((spec, {"design": design, "seed": seed}))
@@ -99,7 +99,7 @@ def _killed_then_finished(db: Path, workers: int, kills: int, rng: random.Random
             t0 = time.time()
             while _progress(db) == last and time.time() - t0 < 60 and p.poll() is None:
                 time.sleep(0.05)
-            time.sleep(rng.uniform(0.0, 0.3))
+            time.sleep(rng.uniform(0.0, 0.2))  # a run takes ~0.5 s once going
         p.send_signal(signal.SIGKILL)
         p.communicate()
         last = _progress(db)
