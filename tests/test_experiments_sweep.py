@@ -129,7 +129,7 @@ def _reference(tmp_path: Path, workers: int) -> dict:
     return _snapshot(db)
 
 
-@pytest.mark.slow  # ~45 s: seven sweep processes each import torch
+@pytest.mark.slow  # ~20 s: seven sweep processes each import torch
 def test_sigkill_sweep_five_times_then_rerun_equals_uninterrupted(tmp_path):
     ref = _reference(tmp_path, 1)
     db = tmp_path / "killed" / "qkvlab.db"
