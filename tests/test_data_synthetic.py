@@ -141,7 +141,7 @@ def test_registry_and_errors():
     assert list(TASKS) == ["lm", "mlm", "translate", "mqar", "bind", "relation"]
     with pytest.raises(ValueError, match=r"task: unknown task 'nope'.*allowed: \['bind'"):
         get_task("nope")
-    with pytest.raises(ValueError, match=r"mqar\.n_pair: not an option.*'n_pairs'"):
+    with pytest.raises(ValueError, match=r"mqar\.n_pair: unknown key.*'n_pairs'"):
         get_task("mqar", n_pair=3)
     with pytest.raises(ValueError, match=r"bind\.seq_len: 30 must equal n_items \+ n_queries = 20"):
         get_task("bind", seq_len=30)

@@ -9,10 +9,12 @@ import math
 import pytest
 
 from qkvlab.experiments import cli
-from qkvlab.experiments.registry import EXPERIMENTS, PROFILES, matched, runs_of
+from qkvlab.experiments.frames import export, runs_frame
+from qkvlab.experiments.registry import experiment_names, matched, profile_names, runs_of
 from qkvlab.experiments.stats import compare, mean_ci, paired, t_cdf, t_ppf
-from qkvlab.experiments.store import Store, export, run_id
+from qkvlab.experiments.store import Store, run_id
 from qkvlab.models import ModelConfig, config_params
+from qkvlab.train import RunSpec
 
 SPEC = {"task": "lm", "model": {"d_model": 16}, "train": {"seed": 0}}
 
@@ -32,7 +34,7 @@ def test_claim_is_exclusive_and_logging_is_idempotent(tmp_path):
         s.log(rid, 5, {"train_loss": 2.0})
         s.log(rid, 5, {"train_loss": 2.0})  # a resumed attempt rewrites the same step
         s.finish(rid, "done", 10, {"val_loss": 1.5}, {"n_params": 123, "params": {"total": 123}})
-        assert s.counts() == {"runs": 1, "members": 1, "metrics": 1, "final": 1}
+        assert s.counts() == {"runs": 1, "members": 1, "metrics": 1, "final": 1, "measures": 0}
         row, = s.runs("exp")
         assert (row["status"], row["step"], row["final"], row["n_params"]) == ("done", 10, {"val_loss": 1.5}, 123)
         assert not s.claim(rid)  # finished runs are never claimed again
@@ -52,7 +54,7 @@ def test_exports_and_missing_parquet_engine(tmp_path):
         rid, = s.add("exp", "quick", [(SPEC, {"design": "standard", "seed": 0})])
         s.claim(rid)
         s.finish(rid, "done", 3, {"val_loss": 1.25}, {"n_params": 7})
-        rows = s.runs("exp")
+        rows = runs_frame(s, "exp")
     csv = export(rows, "csv")
     assert csv.splitlines()[0].split(",")[:4] == ["experiment", "profile", "run_id", "design"]
     assert "1.25" in csv.splitlines()[1]
@@ -100,13 +102,14 @@ def test_compare_pairs_by_seed_and_reports_both_arms_params():
 
 
 def test_every_experiment_builds_at_every_profile_with_matched_arms():
-    assert set(EXPERIMENTS) == {"alt_vs_standard", "scale_probe", "tied_qk_qkv",
-                                "symmetry_emergence", "bind_vs_dhead", "kv_translate", "lm_tied_kv",
-                                "lm_gqa"}
-    for prof in PROFILES:
-        for name in EXPERIMENTS:
+    assert set(experiment_names()) == {"alt_vs_standard", "scale_probe", "tied_qk_qkv",
+                                       "symmetry_emergence", "bind_vs_dhead", "kv_translate",
+                                       "lm_tied_kv", "lm_gqa"}
+    assert profile_names() == ["smoke", "quick", "full"]
+    for prof in profile_names():
+        for name in experiment_names():
             runs = runs_of(name, prof)
-            assert runs and all({"task", "model", "train"} <= set(s) for s, _ in runs)
+            assert runs and all(RunSpec.from_dict(s.to_dict()) == s for s, _ in runs)
     quick = runs_of("tied_qk_qkv", "quick")
     assert {t["seed"] for _, t in quick} == {0, 1, 2}  # >= 3 seeds where a verdict depends on it
     assert {t["arm"] for _, t in quick} == {"equal", "matched"}

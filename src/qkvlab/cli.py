@@ -14,6 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from qkvlab.experiments.registry import load_studies
+
 # command -> (module, configure function, run function, one-line help)
 DELEGATED = {
     "analyze": ("qkvlab.analysis.cli", "configure_analyze", "run_analyze",
@@ -24,8 +26,6 @@ DELEGATED = {
               "run an experiment's runs into the results store"),
     "results": ("qkvlab.experiments.cli", "configure_results", "run_results",
                 "export stored results (table, CSV, Parquet)"),
-    "study": ("qkvlab.report.cli", "configure_study", "run_study",
-              "run everything behind the three questions and write the report"),
 }
 
 
@@ -148,6 +148,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="fewer rounds")
     b.add_argument("--out", default="results/bench.json")
     b.set_defaults(func=cmd_bench)
+    _add_study(sub, command)
     for name, (mod, conf, run, help_) in DELEGATED.items():
         sp = sub.add_parser(name, help=help_)
         sp.set_defaults(func=_delegate(mod, run))
@@ -158,6 +159,23 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         except ImportError as e:
             sp.set_defaults(func=_missing(name, e))
     return p
+
+
+def _add_study(sub, command: str | None) -> None:
+    """``qkvlab study``: the installed study (entry-point group ``qkvlab.studies``; the three
+    questions' study is ``qkv``) configures and runs it."""
+    sp = sub.add_parser("study", help="run a study's experiments and measures, write its report")
+    if command not in (None, "study"):
+        return
+    studies = load_studies()
+    if not studies:
+        sp.set_defaults(func=_missing("study", ImportError("no study is installed (entry points "
+                                                           "of group 'qkvlab.studies')")))
+        return
+    name = "qkv" if "qkv" in studies else next(iter(studies))
+    sp.description = getattr(studies[name], "HELP", None)
+    studies[name].configure(sp)
+    sp.set_defaults(func=studies[name].run)
 
 
 def _delegate(mod: str, run: str):

@@ -8,7 +8,9 @@ Shape legend used across ``qkvlab.attention``:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
+
+from qkvlab import typed
 
 SCALES = ("inside", "outside", "both", "none")
 
@@ -89,12 +91,8 @@ class AttentionConfig:
         """Factor on the attention output, after the softmax."""
         return 1.0 / math.sqrt(self.d_head) if self.scale in ("outside", "both") else 1.0
 
-    def replace(self, **changes) -> "AttentionConfig":
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(changes) - known)
-        if unknown:
-            raise ValueError(f"{unknown[0]}: not an attention option; allowed: {sorted(known)}")
-        return replace(self, **changes)
+    def replace(self, **changes) -> AttentionConfig:
+        return typed.replace(self, **changes)
 
 
 def _positive_int(name: str, value) -> None:

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkvlab import typed
+
 IGNORE = -100
 SPLITS = ("train", "val", "test")
 MODEL_KINDS = ("decoder", "encoder", "encdec")
@@ -117,10 +119,7 @@ def get_task(name: str, **options: Any) -> Task:
     if name not in TASKS:
         raise ValueError(f"task: unknown task {name!r}; allowed: {sorted(TASKS)}")
     cls = TASKS[name]
-    allowed = [f.name for f in dataclasses.fields(cls)]
-    bad = sorted(set(options) - set(allowed))
-    if bad:
-        raise ValueError(f"{name}.{bad[0]}: not an option of task {name!r}; allowed: {allowed}")
+    typed.check_keys(options, typed.field_names(cls), name)
     return cls(**options)
 
 

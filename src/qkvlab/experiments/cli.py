@@ -15,13 +15,14 @@ import math
 import sys
 import time
 
-from qkvlab.experiments.store import DEFAULT_DB, EXPORT_FORMATS
+from qkvlab.experiments.frames import EXPORT_FORMATS, export, runs_frame
+from qkvlab.experiments.store import DEFAULT_DB
 
 
 def _common(parser: argparse.ArgumentParser, profile_default: str | None = "quick") -> None:
-    from qkvlab.experiments.registry import PROFILES
+    from qkvlab.experiments.registry import profile_names
 
-    parser.add_argument("--profile", default=profile_default, choices=list(PROFILES),
+    parser.add_argument("--profile", default=profile_default, choices=profile_names(),
                         help="sizes: smoke (CI), quick (2-core CPU, minutes), full (GPU)")
     parser.add_argument("--db", default=str(DEFAULT_DB), help="results store (SQLite)")
 
@@ -60,9 +61,9 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 
 def configure_experiments(parser: argparse.ArgumentParser) -> None:
-    from qkvlab.experiments.registry import PROFILES
+    from qkvlab.experiments.registry import profile_names
 
-    parser.add_argument("--profile", default="quick", choices=list(PROFILES))
+    parser.add_argument("--profile", default="quick", choices=profile_names())
 
 
 def run_experiments(args: argparse.Namespace) -> int:
@@ -88,11 +89,13 @@ def configure_results(parser: argparse.ArgumentParser) -> None:
 
 def run_results(args: argparse.Namespace) -> int:
     from qkvlab.experiments.stats import compare
-    from qkvlab.experiments.store import Store, export
+    from qkvlab.experiments.store import Store
 
     try:
         with Store(args.db) as store:
-            rows = store.runs(None if args.name == "all" else args.name, args.profile)
+            name = None if args.name == "all" else args.name
+            rows = store.runs(name, args.profile)
+            df = runs_frame(store, name, args.profile)
         if not rows:
             print(f"error: no runs of {args.name!r} in {args.db}; run `qkvlab sweep {args.name}`",
                   file=sys.stderr)
@@ -100,7 +103,7 @@ def run_results(args: argparse.Namespace) -> int:
         if args.stats:
             print(format_stats(compare(rows, args.stats), args.stats))
             return 0
-        text = export(rows, args.format, args.out)
+        text = export(df, args.format, args.out)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

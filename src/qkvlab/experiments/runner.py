@@ -30,7 +30,11 @@ from typing import Any, Mapping
 import torch
 from tqdm.auto import tqdm
 
+from qkvlab.experiments.probe import ScaleProbe
+from qkvlab.experiments.registry import check_experiment, experiment_names, get_profile, runs_of
 from qkvlab.experiments.store import DEFAULT_DB, FINISHED, Store, canonical
+from qkvlab.models import count_params
+from qkvlab.train import RunSpec, run_from_spec
 
 BACKENDS = ("local", "ray")
 
@@ -65,30 +69,23 @@ def environment() -> dict[str, Any]:
     return {"versions": versions, "hardware": hw, "git_rev": git_revision()}
 
 
-def execute(spec: Mapping[str, Any], run_dir: Path, *, on_log=None, progress: bool = False,
-            desc: str = "run") -> dict[str, Any]:
+def execute(spec: RunSpec | Mapping[str, Any], run_dir: Path, *, on_log=None,
+            progress: bool = False, desc: str = "run") -> dict[str, Any]:
     """Train one spec (resuming from ``run_dir``) and return what the store records.
 
     Returns:
         ``{status, step, final, history, info}`` where ``info`` holds timings, parameter
         counts, tokens/s, versions, hardware and git revision.
     """
-    from qkvlab.experiments.probe import ScaleProbe
-    from qkvlab.models import count_params
-    from qkvlab.train import run_from_spec
-
+    spec = RunSpec.from_dict(spec)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(canonical(dict(spec)) + "\n")
+    (run_dir / "config.json").write_text(canonical(spec.to_dict()) + "\n")
     holder: dict[str, Any] = {}
 
     def factory(model, task):
         holder["params"] = count_params(model)
-        probe = spec.get("probe")
-        if probe:
-            bad = sorted(set(probe) - {"steps", "sat"})
-            if bad:
-                raise ValueError(f"probe.{bad[0]}: unknown key; allowed: ['sat', 'steps']")
-            return ScaleProbe(model, probe.get("steps", [0]), probe.get("sat", 0.99))
+        if spec.probe is not None:
+            return ScaleProbe(model, spec.probe.steps, spec.probe.sat)
         return None
 
     t0 = time.perf_counter()
@@ -172,8 +169,6 @@ def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str =
     Raises:
         ValueError: unknown experiment, profile, backend or worker count.
     """
-    from qkvlab.experiments.registry import EXPERIMENTS, get_profile, runs_of
-
     if backend not in BACKENDS:
         raise ValueError(f"backend: {backend!r} is not one of {list(BACKENDS)}")
     if not isinstance(workers, int) or workers < 1:
@@ -183,7 +178,8 @@ def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str =
 
         check_available()  # one clear error now, not one failed run per config
         tensorboard = str(tensorboard)
-    names = sorted(EXPERIMENTS) if name == "all" else [name]
+    check_experiment(name)
+    names = experiment_names() if name == "all" else [name]
     prof = get_profile(profile)
     with Store(db) as store:
         ids: list[str] = []

@@ -156,3 +156,32 @@ def _median(xs: list) -> float | None:
         return None
     s = sorted(xs)
     return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+
+
+def compare_frame(df, metric: str, by, *, baseline: str = "standard", design: str = "design",
+                  pair_on: str = "seed", level: float = 0.95):
+    """:func:`compare` over a tidy runs frame (``qkvlab.experiments.frames.runs_frame``).
+
+    ``by`` names the columns that tell comparisons apart (e.g. task, arm, d_head); a missing
+    value (NaN) in one of them means the tag is absent for that run. Returns a DataFrame with
+    one :func:`compare` row each.
+    """
+    import pandas as pd
+
+    def value(v):
+        if isinstance(v, float) and math.isnan(v):
+            return None
+        if isinstance(v, float) and v.is_integer():
+            return int(v)  # an integer tag that pandas stored as float next to NaN
+        return v.item() if hasattr(v, "item") else v
+
+    rows = []
+    for r in df.to_dict("records"):
+        tags = {k: value(r.get(k)) for k in by}
+        tags = {k: v for k, v in tags.items() if v is not None}
+        m = value(r.get(metric))
+        rows.append({"tags": {**tags, design: r[design], pair_on: value(r[pair_on])},
+                     "status": r["status"], "n_params": value(r.get("n_params")),
+                     "final": {} if m is None else {metric: m}})
+    return pd.DataFrame(compare(rows, metric, baseline=baseline, design_key=design,
+                                pair_on=pair_on, level=level))

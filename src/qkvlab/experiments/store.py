@@ -8,6 +8,10 @@ Tables:
     metrics   (run_id, step, name) -> value, written while training; rewriting a step after a
               resume replaces the row, so a killed-and-resumed run never duplicates rows.
     final     (run_id, name) -> value, written in one transaction with status ``done``.
+    measures  what is measured besides training (speed, folding, the pretrained analysis,
+              statistics of a trained model): id = hash of (name, spec); ``run_id`` names the
+              trained run it reads, if any; ``result`` is a JSON document ``{"records": [...]}``
+              of flat records (one table row each), written in one transaction with ``done``.
 
 Every statement that changes more than one row runs in one transaction, so a SIGKILL at any
 moment leaves the file consistent (SQLite's WAL guarantees this for process crashes).
@@ -22,8 +26,9 @@ import os
 import socket
 import sqlite3
 import time
+import traceback
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 DEFAULT_DB = Path("results") / "qkvlab.db"
 FINISHED = ("done", "diverged")
@@ -46,6 +51,10 @@ CREATE TABLE IF NOT EXISTS metrics (
 CREATE TABLE IF NOT EXISTS final (
     run_id TEXT NOT NULL REFERENCES runs(id), name TEXT NOT NULL, value REAL,
     PRIMARY KEY (run_id, name));
+CREATE TABLE IF NOT EXISTS measures (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, run_id TEXT REFERENCES runs(id), spec TEXT NOT NULL,
+    status TEXT NOT NULL, result TEXT, error TEXT, host TEXT, pid INTEGER,
+    created REAL, finished REAL, env TEXT);
 """
 
 
@@ -119,18 +128,21 @@ class Store:
         self.conn.execute("COMMIT")
 
     # ---- writing -------------------------------------------------------------------------
-    def add(self, experiment: str, profile: str, runs: Iterable[tuple[Mapping, Mapping]]) -> list[str]:
+    def add(self, experiment: str, profile: str, runs: Iterable[tuple[Any, Mapping]]) -> list[str]:
         """Register (spec, tags) pairs under an experiment; returns their ids in order.
+
+        A spec is a ``RunSpec`` (its canonical ``to_dict()`` is stored) or a plain mapping.
 
         Existing runs are kept as they are (finished ones are not re-run).
         """
         ids, now = [], time.time()
         with self.tx() as c:
             for spec, tags in runs:
-                rid = run_id(spec)
+                d = spec.to_dict() if hasattr(spec, "to_dict") else dict(spec)  # a RunSpec
+                rid = run_id(d)
                 ids.append(rid)
                 c.execute("INSERT OR IGNORE INTO runs (id, spec, status, created) VALUES (?,?,?,?)",
-                          (rid, canonical(spec), "pending", now))
+                          (rid, canonical(d), "pending", now))
                 c.execute("INSERT OR IGNORE INTO members VALUES (?,?,?,?)",
                           (experiment, profile, rid, canonical(dict(tags))))
         return ids
@@ -227,56 +239,63 @@ class Store:
     def counts(self) -> dict[str, int]:
         """Row counts per table (for integrity checks)."""
         return {t: self.conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
-                for t in ("runs", "members", "metrics", "final")}
+                for t in ("runs", "members", "metrics", "final", "measures")}
+
+    # ---- measures ------------------------------------------------------------------------
+    def measure(self, name: str, spec: Mapping[str, Any], compute: Callable[[], Any], *,
+                run: str | None = None, env: Mapping[str, Any] | None = None) -> list[dict]:
+        """The stored records of measure ``name`` on ``spec``, computing them if absent.
+
+        ``spec`` must hold everything the result depends on (sizes, a version, the ids of the
+        runs it reads); ``run`` is the trained run it measures, if any. ``compute()`` returns
+        one flat record (a dict) or a list of them; they are stored as one JSON document.
+
+        Raises:
+            ValueError: ``compute`` failed (the traceback is kept in the row), returned
+                something that is not records of JSON scalars, or another live process holds
+                the same measure.
+        """
+        mid = run_id({"measure": name, **spec})
+        row = self.conn.execute("SELECT status, result, host, pid FROM measures WHERE id=?",
+                                (mid,)).fetchone()
+        if row is not None and row["status"] == "done":
+            return json.loads(row["result"])["records"]
+        if row is not None and row["status"] == "running" and row["host"] == socket.gethostname() \
+                and pid_alive(row["pid"]) and row["pid"] != os.getpid():
+            raise ValueError(f"measure {name}: {mid} is being computed by process {row['pid']}")
+        with self.tx() as c:
+            c.execute("INSERT OR REPLACE INTO measures (id, name, run_id, spec, status, host, pid,"
+                      " created) VALUES (?,?,?,?,'running',?,?,?)",
+                      (mid, name, run, canonical(dict(spec)), socket.gethostname(), os.getpid(),
+                       time.time()))
+        try:
+            out = compute()
+            records = [dict(out)] if isinstance(out, Mapping) else [dict(r) for r in out]
+            doc = canonical({"records": records})  # fails on anything JSON cannot hold
+        except Exception as e:
+            with self.tx() as c:
+                c.execute("UPDATE measures SET status='failed', error=? WHERE id=?",
+                          (traceback.format_exc()[-4000:], mid))
+            raise ValueError(f"measure {name} failed: {type(e).__name__}: {e}") from e
+        with self.tx() as c:
+            c.execute("UPDATE measures SET status='done', result=?, error=NULL, finished=?, env=?"
+                      " WHERE id=?", (doc, time.time(), canonical(env or {}), mid))
+        return json.loads(doc)["records"]
+
+    def measure_names(self) -> list[str]:
+        """Names of the measures with a finished result."""
+        return [r[0] for r in self.conn.execute(
+            "SELECT DISTINCT name FROM measures WHERE status='done' ORDER BY name")]
+
+    def measure_rows(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Finished measures (all, or one ``name``): id, name, run_id, spec, records, env."""
+        q = ("SELECT id, name, run_id, spec, result, env FROM measures WHERE status='done'"
+             " AND (? IS NULL OR name=?) ORDER BY name, id")
+        return [{"measure_id": r["id"], "name": r["name"], "run_id": r["run_id"],
+                 "spec": json.loads(r["spec"]), "records": json.loads(r["result"])["records"],
+                 "env": json.loads(r["env"] or "{}")}
+                for r in self.conn.execute(q, (name, name))]
 
     def check(self) -> str:
         """SQLite's own integrity check: ``ok`` or the problems it found."""
         return "; ".join(r[0] for r in self.conn.execute("PRAGMA integrity_check"))
-
-
-def frame(rows: list[dict[str, Any]]):
-    """A pandas DataFrame, one row per (run, tags): tags, status, timings, params, final metrics."""
-    import pandas as pd
-
-    flat = []
-    for r in rows:
-        d = {"experiment": r["experiment"], "profile": r["profile"], "run_id": r["id"],
-             **{k: v for k, v in (r["tags"] or {}).items()}}
-        for k in ("status", "step", "wall_s", "tokens_per_s", "n_params", "git_rev"):
-            d[k] = r[k]
-        for k, v in (r["params"] or {}).items():
-            d[f"params_{k}"] = v
-        d.update(r["final"])
-        d["spec"] = canonical(r["spec"])
-        flat.append(d)
-    return pd.DataFrame(flat)
-
-
-EXPORT_FORMATS = ("csv", "parquet", "json", "table")
-
-
-def export(rows: list[dict[str, Any]], fmt: str, path: str | os.PathLike | None = None) -> str | None:
-    """Write rows as csv/parquet/json to ``path`` (or return csv/json/table text if no path).
-
-    Raises:
-        ValueError: unknown format, or parquet without pyarrow/fastparquet installed.
-    """
-    if fmt not in EXPORT_FORMATS:
-        raise ValueError(f"format: {fmt!r} is not one of {list(EXPORT_FORMATS)}")
-    df = frame(rows)
-    if fmt == "parquet":
-        if path is None:
-            raise ValueError("out: parquet is binary; give a file path with --out")
-        try:
-            df.to_parquet(path)
-        except ImportError:
-            raise ValueError("format: parquet needs pyarrow (pip install pyarrow), which is not "
-                             "installed; use --format csv") from None
-        return None
-    text = {"csv": lambda: df.to_csv(index=False),
-            "json": lambda: df.to_json(orient="records", indent=1),
-            "table": lambda: df.drop(columns=["spec"], errors="ignore").to_string(index=False)}[fmt]()
-    if path is None:
-        return text
-    Path(path).write_text(text)
-    return None

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
+from qkvlab import typed
 from qkvlab.attention import AttentionConfig
 
 ROLES = ("encoder", "decoder", "cross")
@@ -65,10 +67,7 @@ class ModelConfig:
         for role, opts in self.roles.items():
             if role not in ROLES:
                 raise ValueError(f"roles: unknown role {role!r}; allowed: {list(ROLES)}")
-            bad = sorted(set(opts) - set(ROLE_OPTIONS))
-            if bad:
-                raise ValueError(f"roles.{role}.{bad[0]}: not a per-role option; "
-                                 f"allowed: {list(ROLE_OPTIONS)}")
+            typed.check_keys(opts, ROLE_OPTIONS, f"roles.{role}")
         object.__setattr__(self, "roles", {r: dict(o) for r, o in self.roles.items()})
         for role in ROLES:  # validate every role's attention now, not at first forward
             self.attention(role)
@@ -92,12 +91,8 @@ class ModelConfig:
             where = f"roles.{role}." if role in self.roles else ""
             raise ValueError(f"{where}{e}") from None
 
-    def replace(self, **changes) -> "ModelConfig":
-        known = {f.name for f in fields(self)}
-        bad = sorted(set(changes) - known)
-        if bad:
-            raise ValueError(f"{bad[0]}: not a model option; allowed: {sorted(known)}")
-        return dataclasses.replace(self, **changes)
+    def replace(self, **changes) -> ModelConfig:
+        return typed.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -106,17 +101,5 @@ class ModelConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        bad = sorted(set(d) - known)
-        if bad:
-            raise ValueError(f"{bad[0]}: not a model option; allowed: {sorted(known)}")
-        return cls(**d)
-
-
-# Named presets (minGPT style); d_vocab and n_ctx come from the task.
-PRESETS: dict[str, dict[str, int]] = {
-    "nano": dict(d_model=64, n_layers=2, n_heads=4),
-    "tiny": dict(d_model=128, n_layers=4, n_heads=4),
-    "small": dict(d_model=384, n_layers=6, n_heads=6),
-}
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
+        return typed.from_dict(cls, d)

@@ -1,11 +1,21 @@
 """Training: the trainer, resumable safetensors checkpoints, DDP under torchrun."""
 
 from qkvlab.train.checkpoints import load_checkpoint, read_checkpoint, save_checkpoint
+from qkvlab.train.config import InitConfig, ProbeConfig, RunSpec, TrainConfig
 from qkvlab.train.distributed import DistInfo, setup, teardown
-from qkvlab.train.trainer import (TrainConfig, TrainResult, apply_init, build_seeded, evaluate,
-                                  lr_at, make_optimizer, make_task, model_config, run_from_spec,
-                                  train)
+from qkvlab.train.trainer import (
+                                  TrainResult,
+                                  apply_init,
+                                  build_seeded,
+                                  evaluate,
+                                  lr_at,
+                                  make_optimizer,
+                                  make_task,
+                                  model_config,
+                                  run_from_spec,
+                                  train,
+)
 
-__all__ = ["DistInfo", "TrainConfig", "TrainResult", "apply_init", "build_seeded", "evaluate",
+__all__ = ["DistInfo", "InitConfig", "ProbeConfig", "RunSpec", "TrainConfig", "TrainResult", "apply_init", "build_seeded", "evaluate",
            "load_checkpoint", "lr_at", "make_optimizer", "make_task", "model_config",
            "read_checkpoint", "run_from_spec", "save_checkpoint", "setup", "teardown", "train"]

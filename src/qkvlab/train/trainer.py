@@ -16,81 +16,23 @@ import dataclasses
 import importlib
 import math
 import time
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from qkvlab.models import ModelConfig, build_model, save_model
 from qkvlab.train.checkpoints import load_checkpoint, save_checkpoint
+from qkvlab.train.config import InitConfig, RunSpec, TrainConfig
 from qkvlab.train.distributed import DistInfo, mean_across, shard, wrap
 
-PRECISIONS = ("fp32", "bf16")
 CHECKPOINT = "checkpoint.safetensors"
 FINAL_MODEL = "model.safetensors"
 EVAL_SEED_OFFSET = 1_000_003  # the validation generator's seed, apart from the training seed
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimization and bookkeeping of one run.
-
-    ``eval_every=0`` evaluates only at the end; ``checkpoint_every=0`` never checkpoints;
-    ``keep_at`` lists steps whose model weights are kept as ``model_step{N}.safetensors``
-    (for analyses of how weights evolve). ``lr`` is the peak after ``warmup`` linear steps;
-    it then follows a cosine down to ``min_lr_ratio * lr`` at ``steps``.
-    """
-
-    steps: int = 200
-    batch_size: int = 16
-    lr: float = 3e-3
-    warmup: int = 20
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    eval_every: int = 0
-    eval_batches: int = 4
-    eval_batch_size: int = 32
-    log_every: int = 10
-    checkpoint_every: int = 0
-    keep_at: tuple[int, ...] = ()
-    precision: str = "fp32"
-    compile: bool = False
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "eval_batches", "eval_batch_size", "log_every"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}: {v!r} must be a positive integer")
-        for name in ("warmup", "eval_every", "checkpoint_every", "seed"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"{name}: {v!r} must be a non-negative integer")
-        for name in ("lr", "weight_decay", "grad_clip", "min_lr_ratio", "beta1", "beta2"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"{name}: {v!r} must be a finite number >= 0")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision: {self.precision!r} is not one of {list(PRECISIONS)}")
-        object.__setattr__(self, "keep_at", tuple(int(s) for s in self.keep_at))
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["keep_at"] = list(self.keep_at)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        bad = sorted(set(d) - known)
-        if bad:
-            raise ValueError(f"train.{bad[0]}: not a training option; allowed: {sorted(known)}")
-        return cls(**d)
 
 
 @dataclass
@@ -303,76 +245,54 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
 def build_seeded(model_cfg, kind: str, seed: int) -> nn.Module:
     """The model of ``model_cfg`` initialized from ``seed`` (same seed, same weights; an
     encoder and a decoder of one config get identical initial weights)."""
-    from qkvlab.models import build_model
 
     torch.manual_seed(seed)
     return build_model(model_cfg, kind)
 
 
-INITS = ("gpt2", "unit")
+def apply_init(model: nn.Module, init: InitConfig | None, seed: int = 0) -> None:
+    """Optional re-initialization of the attention input projections (``InitConfig``).
 
-
-def apply_init(model: nn.Module, init: Mapping[str, Any] | None, seed: int = 0) -> None:
-    """Optional re-initialization of the attention input projections.
-
-    ``{"qk": "unit"}`` draws ``W_in`` from N(0, 1/d_model): on LayerNorm'd inputs every
+    ``qk="unit"`` draws ``W_in`` from N(0, 1/d_model): on LayerNorm'd inputs every
     query/key entry then has unit variance and a raw score q·k has variance d_k, the regime
     in which the 1/√d_k argument is made (Vaswani et al. 2017, footnote 4). The default
     (``gpt2``, std 0.02) keeps scores near 0 at init whatever d_k.
     """
-    if not init:
+    if init is None or init.qk == "gpt2":
         return
-    bad = sorted(set(init) - {"qk"})
-    if bad:
-        raise ValueError(f"init.{bad[0]}: unknown key; allowed: ['qk']")
-    if init.get("qk", "gpt2") not in INITS:
-        raise ValueError(f"init.qk: {init['qk']!r} is not one of {list(INITS)}")
-    if init.get("qk") == "unit":
-        gen = torch.Generator().manual_seed(seed + 1)  # a function of the run seed only
-        for _, _, att in model.attention_layers():
-            with torch.no_grad():
-                att.W_in.normal_(0.0, att.cfg.d_model ** -0.5, generator=gen)
+    gen = torch.Generator().manual_seed(seed + 1)  # a function of the run seed only
+    for _, _, att in model.attention_layers():
+        with torch.no_grad():
+            att.W_in.normal_(0.0, att.cfg.d_model ** -0.5, generator=gen)
 
 
-def model_config(spec: Mapping[str, Any], task):
+def model_config(spec: RunSpec, task) -> ModelConfig:
     """The ``ModelConfig`` of a run spec: its ``model`` options plus the task's vocab/context."""
-    from qkvlab.models import ModelConfig
-
-    opts = dict(spec.get("model", {}))
+    opts = dict(spec.model)
     opts.setdefault("d_vocab", task.d_vocab)
     opts.setdefault("n_ctx", getattr(task, "n_ctx", None) or task.seq_len)
     return ModelConfig.from_dict(opts)
 
 
-def run_from_spec(spec: Mapping[str, Any], *, run_dir: str | Path | None = None,
+def run_from_spec(spec: RunSpec | Mapping[str, Any], *, run_dir: str | Path | None = None,
                   dist_info: DistInfo | None = None, on_log=None, callback_factory=None,
                   progress: bool = True, desc: str = "train") -> TrainResult:
     """Build the task and model of a run spec and train it; saves the final model in run_dir.
 
-    A spec is ``{"task": name, "task_options": {...}, "kind": "decoder"|"encoder"|"encdec",
-    "model": {ModelConfig options}, "train": {TrainConfig options}}``.
+    ``spec`` is a ``RunSpec`` or its dict form (``RunSpec.from_dict``).
 
     Raises:
         ValueError: a malformed spec (unknown key, bad option), naming the field.
     """
-    allowed = {"task", "task_version", "task_options", "kind", "model", "train", "probe", "init"}
-    if not isinstance(spec, Mapping):
-        raise ValueError(f"spec: {type(spec).__name__} must be a mapping with keys {sorted(allowed)}")
-    bad = sorted(set(spec) - allowed)
-    if bad:
-        raise ValueError(f"spec.{bad[0]}: unknown key; allowed: {sorted(allowed)}")
-    if "task" not in spec:
-        raise ValueError("spec.task: missing (a task name such as 'lm')")
-    cfg = TrainConfig.from_dict(spec.get("train", {}))
-    task = make_task(spec["task"], spec.get("task_options"))
-    kind = spec.get("kind") or getattr(task, "model_kind", "decoder")
+    spec = RunSpec.from_dict(spec)
+    cfg = spec.train
+    task = make_task(spec.task, spec.task_options)
+    kind = spec.kind or getattr(task, "model_kind", "decoder")
     model = build_seeded(model_config(spec, task), kind, cfg.seed)
-    apply_init(model, spec.get("init"), cfg.seed)
+    apply_init(model, spec.init, cfg.seed)
     callback = callback_factory(model, task) if callback_factory is not None else None
     result = train(model, task, cfg, run_dir=run_dir, on_log=on_log, callback=callback,
                    dist_info=dist_info, progress=progress, desc=desc)
     if run_dir is not None and (dist_info is None or dist_info.main) and result.status == "done":
-        from qkvlab.models import save_model
-
         save_model(model, Path(run_dir) / FINAL_MODEL)
     return result

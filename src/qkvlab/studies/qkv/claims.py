@@ -77,7 +77,7 @@ def seeds_dir() -> Path | None:
     """The folder of the seed threads, if one is reachable."""
     here = Path(__file__).resolve()
     candidates = [os.environ.get("QKVLAB_SEEDS"), Path.cwd().parent / "shared" / "seeds",
-                  here.parents[3].parent / "shared" / "seeds"]
+                  here.parents[4].parent / "shared" / "seeds"]
     for c in candidates:
         if c and Path(c).is_dir():
             return Path(c)

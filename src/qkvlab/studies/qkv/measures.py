@@ -1,19 +1,34 @@
-"""What the study measures on trained models besides their loss, one function each.
+"""What the study measures besides training, one function each.
 
-Every function takes models or configs and returns a flat ``{name: float}`` that the study
-records in the results store (``sources.measure``). Shapes: B batch, T tokens, H heads,
-d head width.
+Every function returns records (a dict, or a list of dicts: one table row each) that the study
+stores as one measure (``Store.measure``); ``results.StudyData.measure(name)`` reads them back
+as a DataFrame. Columns per measure (besides the tags of the run a measure reads):
+    fold_alt          max_abs_diff_fp32, max_abs_diff_fp64, max_abs_logit, params_alt,
+                      params_folded, speed_folded_vs_alt
+    convex_range      outside_share, range_ratio
+    own_position      own_weight, uniform
+    symmetry_steps    role, step, symmetry
+    attention_speed   design, time_vs_standard, flops_vs_standard, params_vs_standard, ...
+    decode_speed      design, cache_bytes_per_token, decode_tokens_per_s
+    pretrained        level (summary | layer), role, measure, and mean, std, null_mean,
+                      null_std, null_lo, null_hi, share_above_null, n_heads (summary) or
+                      layer, value (layer)
+Shapes: B batch, T tokens, H heads, d head width.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from qkvlab.analysis import analyze, measures
+from qkvlab.analysis.load_qkvlab import load_qkvlab
+from qkvlab.attention import repeat_kv
 from qkvlab.bench import attention_layer_speed, fold_compare, interleaved
+from qkvlab.models import DecoderLM, ModelConfig
 
 
 class _Capture:
@@ -94,7 +109,7 @@ def convex_range(model: nn.Module, idx: Tensor) -> dict[str, float]:
     outside, ratio = [], []
     for name, _, att in cap.layers:
         x, w = cap.data[name]["x"], cap.data[name]["w"]
-        v = _expand(att.project(x)[2], att.cfg.n_heads)  # (B, H, T, d)
+        v = repeat_kv(att.project(x)[2], att.cfg.n_heads, dim=1)  # (B, H, T, d)
         z = att.mix(w @ v) * att.cfg.outer_scale  # (B, H, T, d): the head's output
         # visible values of query i are keys 0..i (causal): running min / max over keys
         vmin, vmax = torch.cummin(v, dim=2).values, torch.cummax(v, dim=2).values
@@ -106,69 +121,81 @@ def convex_range(model: nn.Module, idx: Tensor) -> dict[str, float]:
     return {"outside_share": sum(outside) / len(outside), "range_ratio": sum(ratio) / len(ratio)}
 
 
-def _expand(t: Tensor, n_heads: int) -> Tensor:
-    """(B, G, T, d) -> (B, H, T, d) for GQA layers."""
-    g = t.shape[1]
-    return t if g == n_heads else t.repeat_interleave(n_heads // g, dim=1)
-
-
 def fold_check(alt: nn.Module, idx: Tensor, rounds: int = 5) -> dict[str, float]:
     """Fold a trained ``alt`` model into ``standard`` and compare (``qkvlab.bench.fold_compare``)."""
     return fold_compare(alt, idx, rounds)
 
 
 def variant_configs(d_model: int, n_layers: int, n_heads: int, n_ctx: int,
-                    variants: dict[str, dict]) -> dict[str, object]:
+                    variants: dict[str, dict]) -> dict[str, ModelConfig]:
     """ModelConfig per variant label (model options as in the experiments' specs)."""
-    from qkvlab.models import ModelConfig
-
     return {k: ModelConfig(d_vocab=256, n_ctx=n_ctx, d_model=d_model, n_layers=n_layers,
                            n_heads=n_heads, **opts) for k, opts in variants.items()}
 
 
 def attention_speed(d_model: int, n_heads: int, T: int, B: int, variants: dict[str, dict],
-                    iters: int = 3, rounds: int = 5, seed: int = 0) -> dict[str, float]:
+                    iters: int = 3, rounds: int = 5, seed: int = 0) -> list[dict]:
     """Forward+backward time of one causal self-attention layer per variant relative to
-    ``standard`` (> 1 = slower) and parameter counts, flattened as ``label/measure``."""
+    ``standard`` (> 1 = slower) and parameter counts: one record per design."""
     torch.manual_seed(seed)
     res = attention_layer_speed(d_model, n_heads, T, B, variants, iters=iters, rounds=rounds)
-    return {f"{label}/{k}": v for label, r in res.items() for k, v in r.items()
-            if k != "flops_vs_standard"}
+    return [{"design": label, **r} for label, r in res.items()]
 
 
 @torch.no_grad()
-def decode_speed(configs: dict[str, object], new_tokens: int, rounds: int = 3,
-                 seed: int = 0) -> dict[str, float]:
-    """Batch-1 greedy decoding tokens/s with the KV cache, and KV-cache bytes per token.
-
-    Untrained weights: decoding speed does not depend on what the weights learned.
-    """
-    from qkvlab.models import DecoderLM
-
-    fns, out = {}, {}
+def decode_speed(configs: dict[str, ModelConfig], new_tokens: int, rounds: int = 3,
+                 seed: int = 0) -> list[dict]:
+    """Batch-1 greedy decoding tokens/s with the KV cache, and KV-cache bytes per token: one
+    record per design. Untrained weights: decoding speed does not depend on what they learned."""
+    fns, cache = {}, {}
     prompt = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(seed))
     for label, cfg in configs.items():
         torch.manual_seed(seed)
         model = DecoderLM(cfg).eval()
-        out[f"{label}/cache_bytes_per_token"] = model.cache_bytes(1, 1)
+        cache[label] = model.cache_bytes(1, 1)
 
         def run(m=model) -> float:
             t = time.perf_counter()
             m.generate(prompt, new_tokens, greedy=True)
             return new_tokens / (time.perf_counter() - t)
         fns[label] = run
-    for k, v in interleaved(fns, rounds).items():
-        out[f"{k}/decode_tokens_per_s"] = v
+    speed = interleaved(fns, rounds)
+    return [{"design": k, "cache_bytes_per_token": cache[k], "decode_tokens_per_s": speed[k]}
+            for k in configs]
+
+
+def symmetry_steps(files: dict[int, Path]) -> list[dict]:
+    """Mean symmetry score of W_QK over heads, per attention role, of each kept checkpoint
+    (``{step: path}``): one record per (step, role)."""
+    if not files:
+        raise ValueError("the run kept no intermediate models (train.keep_at)")
+    out = []
+    for step, path in files.items():
+        by: dict[str, list[float]] = {}
+        for lay in load_qkvlab(path).layers:
+            by.setdefault(lay.role, []).extend(measures.symmetry_score(lay.W_Q, lay.W_K).tolist())
+        out += [{"step": step, "role": role, "symmetry": sum(v) / len(v)} for role, v in by.items()]
+    return out
+
+
+SUMMARY_FIELDS = ("mean", "std", "null_mean", "null_std", "null_lo", "null_hi",
+                  "share_above_null", "n_heads")
+
+
+def pretrained(source: str, n_null: int, cka: bool) -> list[dict]:
+    """``qkvlab.analysis.analyze`` of a built-in model: its summary per role × measure against
+    the random null, and the mean over heads per layer × measure."""
+    res = analyze(source, None, n_null=n_null, cka=cka, figures=False, progress=False)
+    out = [{"level": "summary", "role": r["role"], "measure": r["measure"],
+            **{k: r[k] for k in SUMMARY_FIELDS}} for r in res["summary"]]
+    per: dict[tuple, list[float]] = {}
+    for r in res["rows"]:
+        per.setdefault((r["role"], r["layer"], r["measure"]), []).append(r["value"])
+    out += [{"level": "layer", "role": role, "layer": layer, "measure": m,
+             "value": sum(v) / len(v)} for (role, layer, m), v in per.items()]
     return out
 
 
 def first_batch(task, split: str, batch_size: int, seed: int = 0) -> dict[str, Tensor]:
     """One deterministic batch of ``split`` (the same for every design compared)."""
     return task.batch(split, batch_size, torch.Generator().manual_seed(seed))
-
-
-def mean_of(dicts: Iterable[dict[str, float]]) -> dict[str, float]:
-    """Key-wise mean of several result dicts (keys present in all)."""
-    ds = list(dicts)
-    keys = set.intersection(*(set(d) for d in ds)) if ds else set()
-    return {k: sum(d[k] for d in ds) / len(ds) for k in sorted(keys)}

@@ -5,7 +5,8 @@ Rules every sentence follows:
   relative % for losses, percentage points for accuracies;
 - a CI that straddles zero, or a single seed (no CI), reads "inconclusive at this scale";
 - a conclusion ("adds cost, not expressivity") is written only when the numbers support it.
-Each ``verdict_qN(data)`` returns ``{"headline": str, "details": [str, ...]}``.
+Each ``verdict_qN(data)`` takes ``results.StudyData`` and returns a ``blocks.Verdict``;
+``WORDS`` are the short verdict words of the summary table (``LEGEND`` explains them once).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from qkvlab.report import sources as S
+from qkvlab.experiments.stats import mean_ci, paired
+from qkvlab.report.blocks import Verdict
+from qkvlab.studies.qkv.results import StudyData, chance
 
 INCONCLUSIVE = "inconclusive at this scale"
 # Published reference (not measured here): tied K=V costs about +3.1% perplexity at
@@ -21,6 +24,14 @@ INCONCLUSIVE = "inconclusive at this scale"
 REF_KV_PPL_PCT = 3.1
 REF_KV_CITE = "Kayyam et al. 2026, arXiv 2606.04032"
 
+
+# status of an effect -> the short word of the summary table
+WORDS = {"worse": "worse", "better": "better", "same": "no difference",
+         "inconclusive": "undecided", "not_learned": "not learned", "missing": "—"}
+LEGEND = ("worse / better: the paired 95% CI over seeds excludes zero; no difference: every "
+          "seed's pair scored exactly alike; undecided: the CI straddles zero (inconclusive at "
+          "this scale), or one seed gives no CI; not learned: neither design reached 1.5× the "
+          "task's chance accuracy, so a difference between two guessers is noise.")
 
 # metric -> (factor, unit) for metrics whose differences read as points, not relative %
 POINTS = {"accuracy": (100.0, " pp"), "chrf": (1.0, " points")}
@@ -46,7 +57,7 @@ def effect(c: dict | None, lower_is_better: bool = True, what: str | None = None
         return {"text": f"both at chance ({100 * c['mean']:.1f}% vs standard "
                         f"{100 * c['baseline_mean']:.1f}%, chance {100 * chance:.1f}%: "
                         f"not learned, {INCONCLUSIVE})",
-                "status": "inconclusive", "value": None, "half": None, "at_chance": True}
+                "status": "not_learned", "value": None, "half": None, "at_chance": True}
     metric = c.get("metric", "")
     what = what or metric.replace("_", " ")
     if metric in POINTS:  # scores already on a 0-1 or 0-100 scale: differences in points
@@ -80,7 +91,7 @@ def pick(rows: list[dict], **tags) -> dict | None:
 
 def ci_text(values: list[float], fmt: str = "{:.3g}", unit: str = "") -> str:
     """``mean ± half`` over seeds (``mean`` alone, with the seed count, if only one)."""
-    m = S.mean_ci(values)
+    m = mean_ci(values)
     if not m["n"]:
         return "n/a"
     if not _ok(m["half"]):
@@ -88,23 +99,17 @@ def ci_text(values: list[float], fmt: str = "{:.3g}", unit: str = "") -> str:
     return f"{fmt.format(m['mean'])}{unit} ± {fmt.format(m['half'])}{unit}"
 
 
-def chance_of(task: str, profile: str | None) -> float | None:
-    """Guessing accuracy of a task at a profile's options (None for tasks without one)."""
-    from qkvlab.data import get_task
-    from qkvlab.experiments.registry import TASK_OPTIONS
-
-    if profile is None:
-        return None
-    opts = TASK_OPTIONS.get(profile, {}).get(task, {})
-    return getattr(get_task(task, **opts), "chance", None)
+def rows_of(data: StudyData, *experiments: str) -> list[dict]:
+    """Comparison rows of some experiments as dicts (what the sentences read)."""
+    return data.compared(experiments).to_dict("records")
 
 
 def _task_effects(rows: list[dict], design: str, task: str, lower: bool,
-                  profile: str | None = None) -> tuple[dict, dict]:
+                  data: StudyData | None = None) -> tuple[dict, dict]:
     metric = "accuracy" if not lower else "val_loss"
-    chance = None if lower else chance_of(task, profile)
-    eq = effect(pick(rows, design=design, task=task, arm="equal", metric=metric), lower, chance=chance)
-    mt = effect(pick(rows, design=design, task=task, arm="matched", metric=metric), lower, chance=chance)
+    ch = None if lower or data is None else chance(task, data.profile)
+    eq = effect(pick(rows, design=design, task=task, arm="equal", metric=metric), lower, chance=ch)
+    mt = effect(pick(rows, design=design, task=task, arm="matched", metric=metric), lower, chance=ch)
     return eq, mt
 
 
@@ -126,15 +131,19 @@ def probe_at(probe: list[dict], stat: str, step: int | None = None) -> dict[tupl
     return out
 
 
-def verdict_q1(data: dict) -> dict[str, Any]:
-    q = data["q1"]
-    eq, mt = _task_effects(q["loss"], "alt", "lm", True)
-    teq, tmt = _task_effects(q["loss"], "alt", "translate", True)
+def records(df) -> list[dict]:
+    return [] if df is None or df.empty else df.to_dict("records")
+
+
+def verdict_q1(data: StudyData) -> Verdict:
+    rows = rows_of(data, "alt_vs_standard")
+    eq, mt = _task_effects(rows, "alt", "lm", True)
+    teq, tmt = _task_effects(rows, "alt", "translate", True)
     headline = (f"alt (4th matrix, outer 1/√d_k) vs standard: {eq['text']} on lm at equal width, "
                 f"{mt['text']} parameter-matched; on translate {teq['text']} at equal width, "
                 f"{tmt['text']} parameter-matched.")
     details = []
-    fold = q["fold"]
+    fold = records(data.measure("fold_alt"))
     if fold:
         d64 = max(f["max_abs_diff_fp64"] for f in fold)
         d32 = max(f["max_abs_diff_fp32"] for f in fold)
@@ -146,7 +155,7 @@ def verdict_q1(data: dict) -> dict[str, Any]:
              f"fewer parameters; the folded model runs at {speed} alt's speed")
         exact = d64 <= 1e-9 * max(scale, 1.0)
         not_better = eq["status"] != "better" and mt["status"] != "better"
-        faster = S.mean_ci([f["speed_folded_vs_alt"] for f in fold])["mean"] > 1.0
+        faster = mean_ci([f["speed_folded_vs_alt"] for f in fold])["mean"] > 1.0
         cost = "parameters and time" if faster else "parameters"
         if exact and not_better:
             s += f": the 4th matrix adds {cost}, not expressivity."
@@ -155,10 +164,11 @@ def verdict_q1(data: dict) -> dict[str, Any]:
         else:
             s += "."
         details.append(s)
-    details.append(_scale_sentence(q["probe"]))
-    conv = {d: [r["outside_share"] for r in q["convex"] if r["design"] == d]
+    details.append(_scale_sentence(records(data.probe)))
+    convex = records(data.measure("convex_range"))
+    conv = {d: [r["outside_share"] for r in convex if r["design"] == d]
             for d in ("standard", "alt")}
-    ratio = {d: [r["range_ratio"] for r in q["convex"] if r["design"] == d]
+    ratio = {d: [r["range_ratio"] for r in convex if r["design"] == d]
              for d in ("standard", "alt")}
     if conv["standard"] and conv["alt"]:
         details.append(
@@ -167,7 +177,7 @@ def verdict_q1(data: dict) -> dict[str, Any]:
             f"head's in {ci_text([100 * v for v in conv['alt']], '{:.1f}', '%')} (output range / "
             f"value range: {ci_text(ratio['standard'], '{:.2f}')} vs "
             f"{ci_text(ratio['alt'], '{:.2f}')}).")
-    return {"headline": headline, "details": [d for d in details if d]}
+    return Verdict(headline, tuple(d for d in details if d))
 
 
 def _scale_sentence(probe: list[dict]) -> str:
@@ -186,8 +196,8 @@ def _scale_sentence(probe: list[dict]) -> str:
                          f"{ci_text(ent.get((scale, dk), []), '{:.2f}')}, ‖∇W_Q‖ "
                          f"{ci_text(grad.get((scale, dk), []), '{:.2g}')}")
     s = (f"Scale placement at init (unit-variance q, k; d_k = {dk}): " + "; ".join(parts) + ".")
-    sat_m = {k: S.mean_ci(sat.get((k, dk), []))["mean"] for k in ("inside", "outside", "none")}
-    g_m = {k: S.mean_ci(grad.get((k, dk), []))["mean"] for k in ("inside", "none")}
+    sat_m = {k: mean_ci(sat.get((k, dk), []))["mean"] for k in ("inside", "outside", "none")}
+    g_m = {k: mean_ci(grad.get((k, dk), []))["mean"] for k in ("inside", "none")}
     if _ok(sat_m["inside"]) and _ok(sat_m["none"]):
         if sat_m["none"] > sat_m["inside"] + 0.05:
             s += " Without 1/√d_k inside the softmax the rows saturate"
@@ -203,20 +213,20 @@ def _scale_sentence(probe: list[dict]) -> str:
 
 
 # ---- Q2 --------------------------------------------------------------------------------------
-def verdict_q2(data: dict) -> dict[str, Any]:
-    q = data["q2"]
+def verdict_q2(data: StudyData) -> Verdict:
+    rows = rows_of(data, "tied_qk_qkv")
     head, parts = [], []
     for design, label in (("tied_qk", "tied Q=K"), ("tied_qkv", "one matrix Q=K=V")):
         for task in ("lm", "mlm", "mqar", "relation"):
             lower = task in ("lm", "mlm")
-            eq, mt = _task_effects(q["tasks"], design, task, lower, data.get("meta", {}).get("profile"))
+            eq, mt = _task_effects(rows, design, task, lower, data)
             if eq["status"] != "missing":
                 s = (f"{label} on {task}: {eq['text']} at equal width, {mt['text']} "
                      f"parameter-matched")
                 (head if task in ("lm", "relation") else parts).append(s)
     headline = "; ".join(head) + "." if head else "No tied Q=K runs finished."
     details = ["; ".join(parts) + "."] if parts else []
-    own = q["own"]
+    own = records(data.measure("own_position"))
     if own:
         def ow(design, task="lm"):
             return [r["own_weight"] for r in own if r["design"] == design and r["task"] == task]
@@ -227,37 +237,44 @@ def verdict_q2(data: dict) -> dict[str, Any]:
             f"{ci_text(ow('tied_qk'), '{:.2f}')}, tied Q=K with the self-mask "
             f"{ci_text(ow('tied_qk_selfmask'), '{:.2f}')}, Q=K=V {ci_text(ow('tied_qkv'), '{:.2f}')}.")
     pre = []
-    for r in q["pretrained"]:
-        for role in ("encoder", "decoder", "cross"):
-            k, kl = f"summary/{role}/symmetry", f"summary/{role}/symmetry_layer"
-            if f"{k}/mean" in r:
-                # Saponati et al. score the whole layer's W_QK (heads summed): compare that one.
-                layer = (f"whole layer {r[kl + '/mean']:.2f} (null {r[kl + '/null_mean']:+.3f}), "
-                         if f"{kl}/mean" in r else "")
-                pre.append(f"{r['source']} {role}: {layer}per head {r[k + '/mean']:.2f} (random "
-                           f"null {r[k + '/null_mean']:+.3f} ± {r[k + '/null_std']:.3f} sd)")
+    pt = data.measure("pretrained")
+    if not pt.empty:
+        summ = pt[(pt.level == "summary")]
+        for (source, role), g in summ.groupby(["spec.source", "role"], sort=False):
+            by = g.set_index("measure")
+            if "symmetry" not in by.index:
+                continue
+            s, layer = by.loc["symmetry"], by.loc["symmetry_layer"] if "symmetry_layer" in \
+                by.index else None
+            # Saponati et al. score the whole layer's W_QK (heads summed): compare that one.
+            whole = (f"whole layer {layer['mean']:.2f} (null {layer['null_mean']:+.3f}), "
+                     if layer is not None else "")
+            pre.append(f"{source} {role}: {whole}per head {s['mean']:.2f} (random null "
+                       f"{s['null_mean']:+.3f} ± {s['null_std']:.3f} sd)")
     if pre:
-        pub = q["published"]
+        pub = data.published
         ref = ", ".join(f"{k} {v:.2f}" for k, v in pub.items() if k in ("BERT-base", "GPT-2"))
         details.append("Symmetry s of W_QK in pretrained models: " + "; ".join(pre)
                        + f". Published reference values for whole layers (not measured here): "
-                       f"{ref} ({q['published_source']}).")
-    details.append(_emergence_sentence(q["emergence"]))
-    return {"headline": headline, "details": [d for d in details if d]}
+                       f"{ref} ({data.published_source}).")
+    details.append(_emergence_sentence(data))
+    return Verdict(headline, tuple(d for d in details if d))
 
 
-def emergence_series(rows: list[dict]) -> dict[str, dict[int, list[float]]]:
+def emergence_series(data: StudyData) -> dict[str, dict[int, list[float]]]:
     """``{kind: {step: [symmetry over seeds]}}`` of the encoder/decoder self-attention."""
+    sym = data.measure("symmetry_steps")
     out: dict[str, dict[int, list[float]]] = {}
-    for r in rows:
-        for k, v in r.items():
-            if "/step" in k and k.split("/")[0] in ("encoder", "decoder"):
-                out.setdefault(r["kind"], {}).setdefault(int(k.split("/step")[1]), []).append(v)
+    if sym.empty:
+        return out
+    own = sym[sym.role == sym.kind]  # the encoder's encoder layers, the decoder's decoder layers
+    for (kind, step), g in own.groupby(["kind", "step"]):
+        out.setdefault(kind, {})[int(step)] = g.sort_values("seed").symmetry.tolist()
     return out
 
 
-def _emergence_sentence(rows: list[dict]) -> str:
-    ser = emergence_series(rows)
+def _emergence_sentence(data: StudyData) -> str:
+    ser = emergence_series(data)
     if "encoder" not in ser or "decoder" not in ser:
         return ""
     last = max(set(ser["encoder"]) & set(ser["decoder"]))
@@ -265,7 +282,7 @@ def _emergence_sentence(rows: list[dict]) -> str:
     s = (f"Trained from the same initial weights for {last} steps, qkvlab's encoder (mlm) "
          f"reaches symmetry {ci_text(enc, '{:.3f}')} and its decoder (lm) {ci_text(dec, '{:.3f}')}")
     if len(enc) == len(dec) and len(enc) >= 2:
-        d = S.paired(enc, dec)
+        d = paired(enc, dec)
         if d["diff_lo"] > 0:
             s += f": the encoder is more symmetric (difference {d['diff']:+.3f} ± {d['diff_half']:.3f})."
         elif d["diff_hi"] < 0:
@@ -289,23 +306,23 @@ def ppl_text(c: dict | None) -> str:
     return f"{m:+.1f}% perplexity (95% CI {lo:+.1f}% … {hi:+.1f}%)"
 
 
-def bind_gap(rows: list[dict], arm: str = "equal", profile: str | None = None) -> list[tuple[int, dict]]:
+def bind_gap(data: StudyData, arm: str = "equal") -> list[tuple[int, dict]]:
     """(d_head, effect) of tied_kv vs standard bind accuracy, by d_head."""
-    chance = chance_of("bind", profile)
-    return sorted((r["d_head"], effect(r, lower_is_better=False, chance=chance)) for r in rows
-                  if r["design"] == "tied_kv" and r.get("arm") == arm
-                  and r.get("metric") == "accuracy")
+    ch = chance("bind", data.profile)
+    rows = data.compared("bind_vs_dhead", design="tied_kv", arm=arm, metric="accuracy")
+    return sorted((int(r["d_head"]), effect(r, lower_is_better=False, chance=ch))
+                  for r in records(rows))
 
 
-def verdict_q3(data: dict) -> dict[str, Any]:
-    q = data["q3"]
-    eq, mt = _task_effects(q["lm"], "tied_kv", "lm", True)
-    c_eq = pick(q["lm"], design="tied_kv", task="lm", arm="equal", metric="val_loss")
+def verdict_q3(data: StudyData) -> Verdict:
+    lm = rows_of(data, "lm_tied_kv", "lm_gqa")
+    eq, mt = _task_effects(lm, "tied_kv", "lm", True)
+    c_eq = pick(lm, design="tied_kv", task="lm", arm="equal", metric="val_loss")
     headline = (f"tied K=V: {eq['text']} on lm at equal width ({ppl_text(c_eq)}; published "
                 f"reference ≈ +{REF_KV_PPL_PCT}% perplexity at 300M–1.2B parameters, "
                 f"{REF_KV_CITE}); {mt['text']} parameter-matched.")
     details = []
-    gaps = bind_gap(q["bind"], profile=data.get("meta", {}).get("profile"))
+    gaps = bind_gap(data)
     if gaps and all(e.get("at_chance") for _, e in gaps):
         details.append("Bind was not learned by either design at any d_head tried (accuracy at "
                        "chance), so this profile cannot say where a K=V gap closes: "
@@ -323,26 +340,27 @@ def verdict_q3(data: dict) -> dict[str, Any]:
             s += (f"Tied K=V is significantly worse up to d_head = {gaps[last_worse][0]}; from "
                   f"d_head = {gaps[last_worse + 1][0]} on the gap is no longer significant.")
         details.append(s)
-    teq, tmt = _task_effects(q["translate"], "tied_kv_cross", "translate", True)
-    chrf = effect(pick(q["translate"], design="tied_kv_cross", arm="equal", metric="chrf"),
+    tr = rows_of(data, "kv_translate")
+    teq, tmt = _task_effects(tr, "tied_kv_cross", "translate", True)
+    chrf = effect(pick(tr, design="tied_kv_cross", arm="equal", metric="chrf"),
                   lower_is_better=False, what="chrF")
     if teq["status"] != "missing":
         details.append(f"Translation with tied K=V in cross-attention (the thread's 'for "
                        f"translation K should be the same with V'): {teq['text']} at equal width, "
                        f"{tmt['text']} parameter-matched; {chrf['text']}.")
-    dec = q["decode"]
-    if dec.get("standard/cache_bytes_per_token"):
-        b = dec["standard/cache_bytes_per_token"]
-        g = pick(q["lm"], design="gqa_half", task="lm", arm="equal", metric="val_loss")
+    dec = data.measure("decode_speed")
+    if not dec.empty and {"standard", "tied_kv", "gqa_half"} <= set(dec.design):
+        d = dec.set_index("design")
+        cache = d.cache_bytes_per_token / d.cache_bytes_per_token["standard"]
+        speed = d.decode_tokens_per_s / d.decode_tokens_per_s["standard"]
+        g = pick(lm, design="gqa_half", task="lm", arm="equal", metric="val_loss")
         details.append(
-            f"KV cache per token: tied K=V {dec['tied_kv/cache_bytes_per_token'] / b:.2f}× "
-            f"standard's, GQA (n_kv_heads = n_heads/2) {dec['gqa_half/cache_bytes_per_token'] / b:.2f}×;"
-            f" batch-1 decode speed {dec['tied_kv/decode_tokens_per_s'] / dec['standard/decode_tokens_per_s']:.2f}× "
-            f"and {dec['gqa_half/decode_tokens_per_s'] / dec['standard/decode_tokens_per_s']:.2f}× "
-            f"standard's. At that equal cache size GQA costs {effect(g)['text']} on lm, tied K=V "
-            f"{eq['text']}.")
-    return {"headline": headline, "details": details}
+            f"KV cache per token: tied K=V {cache['tied_kv']:.2f}× standard's, GQA (n_kv_heads = "
+            f"n_heads/2) {cache['gqa_half']:.2f}×; batch-1 decode speed {speed['tied_kv']:.2f}× "
+            f"and {speed['gqa_half']:.2f}× standard's. At that equal cache size GQA costs "
+            f"{effect(g)['text']} on lm, tied K=V {eq['text']}.")
+    return Verdict(headline, tuple(details))
 
 
-def all_verdicts(data: dict) -> dict[str, dict[str, Any]]:
+def all_verdicts(data: StudyData) -> dict[str, Verdict]:
     return {"q1": verdict_q1(data), "q2": verdict_q2(data), "q3": verdict_q3(data)}

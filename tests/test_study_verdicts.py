@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from qkvlab.env import environment
 from qkvlab.experiments.store import Store
-from qkvlab.report import collect, study, verdicts
-from qkvlab.report import sources as S
+from qkvlab.studies.qkv import page, results, study, verdicts
 
 T975_DF2 = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom
 STD = [2.00, 2.10, 2.20]
@@ -21,7 +21,7 @@ TIED = [2.20, 2.30, 2.45]
 def _fill(store: Store, experiment: str, task: str, values: dict[tuple[str, str], list[float]],
           metric: str = "val_loss", extra_tags: dict | None = None) -> None:
     """Register and finish one run per (design, arm, seed) with ``metric`` = the given value."""
-    env = S.environment()
+    env = environment()
     for (design, arm), vals in values.items():
         for seed, v in enumerate(vals):
             spec = {"task": task, "model": {"design": design, "arm": arm}, "seed": seed,
@@ -64,24 +64,25 @@ def test_q3_verdict_and_summary_from_store(tmp_path):
         _fill(store, "lm_tied_kv", "lm", {("standard", "equal"): STD, ("standard", "matched"): STD,
                                           ("tied_kv", "equal"): TIED,
                                           ("tied_kv", "matched"): [2.0, 2.2, 2.1]})
-        data = collect.collect(store, "smoke", {})
+        data = results.load(store, "smoke")
     mean, half = _expected_rel(TIED, STD)
     mmean, mhalf = _expected_rel([2.0, 2.2, 2.1], STD)
     d = np.array(TIED) - np.array(STD)
     dm, dh = d.mean(), T975_DF2 * d.std(ddof=1) / np.sqrt(3)
     ppl = (100 * (np.exp(dm) - 1), 100 * (np.exp(dm - dh) - 1), 100 * (np.exp(dm + dh) - 1))
     v = verdicts.verdict_q3(data)
-    assert v["headline"] == (
+    assert v.headline == (
         f"tied K=V: {mean:+.1f}% ± {half:.1f}% val loss (worse) on lm at equal width "
         f"({ppl[0]:+.1f}% perplexity (95% CI {ppl[1]:+.1f}% … {ppl[2]:+.1f}%); published "
         f"reference ≈ +3.1% perplexity at 300M–1.2B parameters, Kayyam et al. 2026, arXiv "
         f"2606.04032); {mmean:+.1f}% ± {mhalf:.1f}% val loss (inconclusive at this scale: the "
         f"CI straddles zero) parameter-matched.")
-    (row,) = data["summary"]
-    assert row["design"] == "tied_kv"
-    assert row["attention_params_ratio"] == pytest.approx(0.75)
-    q = row["quality"]["lm"]
-    assert (q["rel_pct"], q["rel_half"]) == (pytest.approx(mean), pytest.approx(half))
+    table = page.summary_table(data)
+    assert table.headers[:5] == ("design", "attention params ×", "attention layer time ×",
+                                 "KV cache ×", "decode tokens/s ×")
+    assert table.rows == (("tied K=V", "0.75", "—", "—", "—",
+                           f"worse {mean:+.1f}% ± {half:.1f}"),)
+    assert "undecided: the CI straddles zero" in table.legend
 
 
 def test_bind_gap_closes_where_ci_includes_zero(tmp_path):
@@ -90,14 +91,14 @@ def test_bind_gap_closes_where_ci_includes_zero(tmp_path):
             _fill(store, "bind_vs_dhead", "bind",
                   {("standard", "equal"): [0.60, 0.62, 0.58], ("tied_kv", "equal"): tied},
                   metric="accuracy", extra_tags={"d_head": dh})
-        data = collect.collect(store, "smoke", {})
-    gaps = verdicts.bind_gap(data["q3"]["bind"])
+        data = results.load(store, "smoke")
+    gaps = verdicts.bind_gap(data)
     assert [g[0] for g in gaps] == [2, 8]
     assert [g[1]["status"] for g in gaps] == ["worse", "inconclusive"]
     d2 = 100 * (np.array([0.30, 0.32, 0.31]) - np.array([0.60, 0.62, 0.58]))
     assert gaps[0][1]["value"] == pytest.approx(d2.mean())
     assert gaps[0][1]["half"] == pytest.approx(T975_DF2 * d2.std(ddof=1) / np.sqrt(3))
-    text = verdicts.verdict_q3(data)["details"][0]
+    text = verdicts.verdict_q3(data).details[0]
     assert text.endswith("Tied K=V is significantly worse up to d_head = 2; from d_head = 8 on "
                          "the gap is no longer significant.")
 
@@ -108,8 +109,8 @@ def _bind_text(tmp_path, tied_by_dhead: dict[int, list[float]]) -> tuple[list, s
             _fill(store, "bind_vs_dhead", "bind",
                   {("standard", "equal"): [1.0, 1.0, 1.0], ("tied_kv", "equal"): tied},
                   metric="accuracy", extra_tags={"d_head": dh})
-        data = collect.collect(store, "smoke", {})
-    return verdicts.bind_gap(data["q3"]["bind"]), verdicts.verdict_q3(data)["details"][0]
+        data = results.load(store, "smoke")
+    return verdicts.bind_gap(data), verdicts.verdict_q3(data).details[0]
 
 
 def test_bind_equal_scores_read_same_and_a_late_gap_does_not_close(tmp_path):
@@ -136,28 +137,6 @@ def test_bad_input_gives_clear_errors():
         study.StudyConfig(profile="smoke", pretrained=("gpt5",))
 
 
-def test_measure_is_stored_and_reused(tmp_path):
-    calls = []
-
-    def fn():
-        calls.append(1)
-        return {"x": 1.5, "y": 2.0}
-
-    with Store(tmp_path / "r.db") as store:
-        a = S.measure(store, "smoke", "demo", {"k": 1}, {"design": "standard"}, fn)
-        b = S.measure(store, "smoke", "demo", {"k": 1}, {"design": "standard"}, fn)
-        c = S.measure(store, "smoke", "demo", {"k": 2}, {"design": "standard"}, fn)
-        rows = store.runs(S.STUDY_EXPERIMENT, "smoke")
-    assert a == b == c == {"x": 1.5, "y": 2.0}
-    assert len(calls) == 2  # the second call with the same inputs read the store
-    assert sorted(r["tags"]["measure"] for r in rows) == ["demo", "demo"]
-    with Store(tmp_path / "r.db") as store:
-        with pytest.raises(ValueError, match="measure boom failed: ZeroDivisionError"):
-            S.measure(store, "smoke", "boom", {}, {}, lambda: {"x": 1 / 0})
-        status = {r["tags"]["measure"]: r["status"] for r in store.runs(S.STUDY_EXPERIMENT, "smoke")}
-    assert status == {"demo": "done", "boom": "failed"}
-
-
 def test_comparison_between_two_guessers_is_not_a_verdict():
     """Accuracy differences where neither design beats chance read as 'not learned'."""
     from qkvlab.data import get_task
@@ -167,7 +146,8 @@ def test_comparison_between_two_guessers_is_not_a_verdict():
     row = {"metric": "accuracy", "diff": -0.007, "diff_half": 0.005, "rel_pct": -11.0,
            "rel_half": 8.0, "n_pairs": 3, "mean": 0.055, "baseline_mean": 0.062}
     guessed = verdicts.effect(row, lower_is_better=False, chance=relation.chance)
-    assert guessed["status"] == "inconclusive" and guessed.get("at_chance") is True
+    assert guessed["status"] == "not_learned" and guessed.get("at_chance") is True
+    assert verdicts.WORDS[guessed["status"]] == "not learned"
     assert "chance 6.2%" in guessed["text"] and "not learned" in guessed["text"]
     learned = verdicts.effect({**row, "mean": 0.5, "baseline_mean": 0.6}, lower_is_better=False,
                               chance=relation.chance)

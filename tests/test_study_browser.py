@@ -11,8 +11,8 @@ import shutil
 import pytest
 
 from qkvlab.report import browser
-from qkvlab.report.render import SECTION_IDS
-from qkvlab.report.study import StudyConfig, run_study
+from qkvlab.studies.qkv.page import SECTION_IDS
+from qkvlab.studies.qkv.study import StudyConfig, run_study
 
 
 def test_smoke_study_opens_in_chromium(tmp_path):

@@ -1,0 +1,43 @@
+"""``qkvlab study``: ``configure(parser)`` and ``run(args) -> int``, found by ``qkvlab.cli``
+through the ``qkvlab.studies`` entry point.
+
+    qkvlab study [--profile smoke|quick|full] [--db results/qkvlab.db] [--out reports]
+                 [--workers N] [--no-pretrained] [--no-progress]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from qkvlab.experiments.registry import profile_names
+from qkvlab.experiments.store import DEFAULT_DB
+
+HELP = "run everything behind the three questions and write the report"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", default="quick", choices=profile_names(),
+                        help="smoke (CI, ~3 min), quick (2-core CPU, ≤15 min), full (GPU)")
+    parser.add_argument("--db", default=str(DEFAULT_DB), help="results store (SQLite)")
+    parser.add_argument("--out", default="reports", help="the report goes to OUT/PROFILE/")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                        help="worker processes for the training runs")
+    parser.add_argument("--no-pretrained", action="store_true",
+                        help="skip the analysis of MiniLM, Whisper tiny and SmolLM2")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    # imported here, not at the top: the registry imports this study to list its experiments,
+    # and sweeps should not pay for matplotlib and the report to do that
+    from qkvlab.studies.qkv.study import PRETRAINED, StudyConfig, run_study
+
+    cfg = StudyConfig(profile=args.profile, db=args.db, out=args.out, workers=args.workers,
+                      progress=not args.no_progress,
+                      pretrained=() if args.no_pretrained else PRETRAINED,
+                      log=lambda m: print(m, file=sys.stderr))
+    index = run_study(cfg)
+    print(index.resolve())
+    return 0

@@ -1,0 +1,188 @@
+"""The three questions' experiments and profiles (registered on import).
+
+Each experiment maps a claim from the threads in ``../shared/seeds/`` to runs; ``report`` in
+this package reads their results back. Profiles: ``smoke`` (every experiment end to end in CI),
+``quick`` (the report's numbers on a 2-core CPU in minutes, 3 seeds), ``full`` (GPU scale).
+Any change to a profile's sizes changes the run ids, so stored results of the old settings are
+simply not reused. Before changing a quick setting, check that standard attention still learns
+the synthetic tasks well above chance over several seeds and that ``make report`` stays within
+15 minutes on a 2-core CPU (DEVELOPERS.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from qkvlab.experiments.registry import (
+    Profile,
+    Run,
+    base_model,
+    design_arms,
+    experiment,
+    make_run,
+    register_profile,
+    task_info,
+)
+from qkvlab.train import InitConfig, ProbeConfig
+
+
+@dataclass(frozen=True)
+class QKVProfile(Profile):
+    """A profile with this study's extra sizes: the scale probe's head widths, steps and
+    seeds, bind's head widths and seeds (empty: the profile's), and the measures' sizes
+    (evaluation batch, speed rounds, decode length, null sample of the pretrained analysis and
+    whether it runs the models on text for CKA)."""
+
+    probe_d_heads: tuple[int, ...] = ()
+    probe_steps: int = 4
+    probe_seeds: tuple[int, ...] = (0,)
+    bind_d_heads: tuple[int, ...] = ()
+    bind_seeds: tuple[int, ...] = ()
+    measure_batch: int = 8
+    rounds: int = 3
+    decode_tokens: int = 16
+    n_null: int = 32
+    cka: bool = False
+
+
+# Task options per profile: short contexts and small vocabularies keep CPU runs in seconds.
+# At quick sizes bind and relation are learned to ~100% by standard attention (measured over
+# seeds; bigger key sets or a context that is the whole vocabulary stay at chance for
+# thousands of steps), so a tied design's shortfall is a cost of the tie, not of the budget.
+TASK_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
+    "smoke": {"lm": {"seq_len": 32}, "mlm": {"seq_len": 32},
+              "translate": {"seq_len": 48, "vocab_size": 1000, "n_decode": 8, "decode_batch": 8},
+              "mqar": {"seq_len": 32, "vocab": 64, "n_pairs": 4},
+              "bind": {"n_keys": 16, "n_values": 8, "group_size": 4, "n_items": 8, "n_queries": 2},
+              "relation": {"vocab": 16, "n_context": 16, "n_queries": 8}},
+    "quick": {"lm": {"seq_len": 64}, "mlm": {"seq_len": 64},
+              "translate": {"seq_len": 48, "vocab_size": 1000, "n_decode": 32, "decode_batch": 32},
+              "mqar": {"seq_len": 32, "vocab": 64, "n_pairs": 4},
+              "bind": {"n_keys": 8, "n_values": 8, "group_size": 2, "n_items": 8, "n_queries": 4},
+              "relation": {"vocab": 32, "n_context": 12, "n_queries": 11}},
+    "full": {"lm": {"seq_len": 256}, "mlm": {"seq_len": 128}, "translate": {"seq_len": 128},
+             "mqar": {"seq_len": 128, "n_pairs": 16},
+             "bind": {"n_keys": 64, "n_items": 32, "n_queries": 8},
+             "relation": {"n_context": 64, "n_queries": 32}},
+}
+
+# Training per task and profile (TrainConfig fields), over the profile's steps/lr/batch_size.
+# Quick: bind's plateau is broken by large batches (128: 100% in <1000 steps; 32: ~35% after
+# 1000); relation (induction) needs lr 1e-3 (at 3e-3 it stays at chance); translate needs 300
+# steps before the decoder leaves unigram statistics (chrF ~10 vs 0.3 at 100 steps), and
+# evaluates (greedy decoding for chrF) at half time and at the end only.
+TASK_TRAIN: dict[str, dict[str, dict[str, Any]]] = {
+    "smoke": {"translate": {"steps": 4}, "mqar": {"lr": 1e-2}, "bind": {"lr": 1e-2},
+              "relation": {"lr": 1e-2}},
+    "quick": {"translate": {"steps": 300, "eval_every": 150},
+              "mqar": {"steps": 300, "lr": 1e-2, "batch_size": 32},
+              "bind": {"steps": 800, "lr": 3e-3, "batch_size": 128},
+              "relation": {"steps": 600, "lr": 1e-3, "batch_size": 32}},
+    "full": {"mqar": {"steps": 3000}, "bind": {"steps": 3000}, "relation": {"steps": 3000}},
+}
+
+PROFILES = {p.name: register_profile(p) for p in (
+    QKVProfile("smoke", seeds=(0,), d_model=32, n_layers=1, n_heads=2, batch_size=8, steps=6,
+               lr=3e-3, eval_batches=1, task_options=TASK_OPTIONS["smoke"],
+               task_train=TASK_TRAIN["smoke"], probe_d_heads=(16, 64), probe_steps=4,
+               probe_seeds=(0,), bind_d_heads=(4,), measure_batch=8, rounds=3,
+               decode_tokens=16, n_null=32, cka=False),
+    # quick: the whole study in about 12 minutes on the 2-core CPU (see the README)
+    QKVProfile("quick", seeds=(0, 1, 2), d_model=64, n_layers=2, n_heads=4, batch_size=16,
+               steps=200, lr=3e-3, eval_batches=8, task_options=TASK_OPTIONS["quick"],
+               task_train=TASK_TRAIN["quick"], probe_d_heads=(16, 32, 64, 128, 256),
+               probe_steps=60, probe_seeds=(0,), bind_d_heads=(1, 2, 4),
+               bind_seeds=(0, 1, 2, 3, 4), measure_batch=16, rounds=5, decode_tokens=48,
+               n_null=128, cka=True),
+    QKVProfile("full", seeds=(0, 1, 2, 3, 4), d_model=384, n_layers=6, n_heads=6, batch_size=64,
+               steps=5000, lr=1e-3, eval_batches=50, task_options=TASK_OPTIONS["full"],
+               task_train=TASK_TRAIN["full"], probe_d_heads=(16, 32, 64, 128, 256),
+               probe_steps=1000, probe_seeds=(0, 1, 2), bind_d_heads=(2, 4, 8, 16, 32, 64),
+               measure_batch=32, rounds=7, decode_tokens=128, n_null=256, cka=True),
+)}
+
+# The experiments behind the three questions, in the order the study runs them (cheapest
+# first, so a smoke study fails fast on a broken set-up).
+ORDER = ("scale_probe", "alt_vs_standard", "lm_tied_kv", "lm_gqa", "tied_qk_qkv",
+         "symmetry_emergence", "bind_vs_dhead", "kv_translate")
+
+
+@experiment("alt_vs_standard", "Q1: does AttentionAlt's extra per-head matrix and outer scale help?")
+def alt_vs_standard(p: QKVProfile) -> list[Run]:
+    return [r for t in ("lm", "translate") for r in design_arms(t, p, {"alt": {"design": "alt"}})]
+
+
+@experiment("scale_probe", "Q1: where must 1/sqrt(d_k) sit? entropy, saturation, grads vs d_k")
+def scale_probe(p: QKVProfile) -> list[Run]:
+    n = p.probe_steps
+    at = sorted({0, max(1, n // 10), n // 4, n // 2, n - 1})
+    runs = []
+    for seed in p.probe_seeds:
+        for d_head in p.probe_d_heads:
+            for scale in ("inside", "outside", "both", "none"):
+                model = base_model(p, n_heads=2, d_head=d_head, scale=scale)
+                runs.append(make_run("lm", model, p, seed,
+                                     {"design": scale, "scale": scale, "d_head": d_head,
+                                      "init": "unit"},
+                                     steps=n, probe=ProbeConfig(steps=tuple(at)),
+                                     init=InitConfig(qk="unit"),
+                                     train={"eval_every": 0, "checkpoint_every": 0}))
+    return runs
+
+
+TIED_QK = {"tied_qk": {"design": "tied_qk"},
+           "tied_qk_selfmask": {"design": "tied_qk", "self_mask": True},
+           "tied_qkv": {"design": "tied_qkv"}}
+
+
+@experiment("tied_qk_qkv", "Q2: what does one matrix W = W_Q = W_K (= W_V) cost?")
+def tied_qk_qkv(p: QKVProfile) -> list[Run]:
+    return [r for t in ("lm", "mlm", "mqar", "relation") for r in design_arms(t, p, TIED_QK)]
+
+
+@experiment("symmetry_emergence", "Q2: do encoders learn a more symmetric W_QK than decoders?")
+def symmetry_emergence(p: QKVProfile) -> list[Run]:
+    # Same model options and seed -> identical initial weights in both kinds: the build order
+    # is the same and lm and mlm share one tokenizer, hence one d_vocab (checked in the tests).
+    n = p.steps
+    keep = sorted({0, n // 4, n // 2, n})
+    model = base_model(p)
+    return [make_run(t, model, p, seed, {"design": "standard", "kind": task_info(t)[1]},
+                     train={"keep_at": keep})
+            for seed in p.seeds for t in ("mlm", "lm")]
+
+
+@experiment("bind_vs_dhead", "Q3: does K = V lose the capacity binding needs, and where does "
+                             "the gap close as d_head grows?")
+def bind_vs_dhead(p: QKVProfile) -> list[Run]:
+    runs = []
+    for d_head in p.bind_d_heads:
+        # Equal width only: the d_head sweep is itself the capacity axis. One layer: a query
+        # matching a key and reading its value is one head's job, and a second layer could
+        # route around a tied head's limits (it would also learn more slowly).
+        for spec, tags in design_arms("bind", p, {"tied_kv": {"design": "tied_kv"}},
+                                      arms=("equal",), seeds=p.bind_seeds, d_head=d_head,
+                                      n_layers=1):
+            runs.append((spec, {**tags, "d_head": d_head}))
+    return runs
+
+
+@experiment("kv_translate", "Q3: 'for translation K should equal V': tied K=V in cross-attention")
+def kv_translate(p: QKVProfile) -> list[Run]:
+    return design_arms("translate", p, {"tied_kv_cross": {"roles": {"cross": {"design": "tied_kv"}}}})
+
+
+@experiment("lm_tied_kv", "Q3: the LM loss penalty of tied K = V (cf. ~3.1% ppl at 300M-1.2B)")
+def lm_tied_kv(p: QKVProfile) -> list[Run]:
+    return design_arms("lm", p, {"tied_kv": {"design": "tied_kv"}})
+
+
+@experiment("lm_gqa", "Q3: GQA (n_kv_heads = n_heads/2), same KV cache as tied K=V, on lm")
+def lm_gqa(p: QKVProfile) -> list[Run]:
+    # Its KV cache per token equals tied K=V's (one buffer of H heads vs two of H/2); the
+    # baseline runs are lm_tied_kv's (same spec, same id), so this costs one run per seed.
+    return design_arms("lm", p, {"gqa_half": {"n_kv_heads": max(1, p.n_heads // 2)}},
+                       arms=("equal",))
+
+

@@ -1,0 +1,165 @@
+"""The study's figures: one forest plot per question, then the per-question figures.
+
+``all_figures(data, out)`` draws every figure of ``FIGURES`` from a ``results.StudyData`` into
+``out`` (PNG + SVG + the CSV of exactly the numbers drawn) and returns per question the
+``blocks.Figure`` records of those that had data. The look (``PALETTE``, ``LABELS``,
+``STYLE``) and the per-question figures are in ``figures_q.py``; this module re-exports them.
+
+A forest plot shows each design's paired difference to ``standard`` (same seeds) per task:
+loss tasks in % of standard's val loss, accuracy tasks in percentage points, with the 95% CI
+as a horizontal bar (none with one seed), equal width filled, parameter-matched open.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.lines import Line2D
+
+from qkvlab.report.blocks import Figure
+from qkvlab.studies.qkv.figures_q import (  # noqa: F401
+    ARMS,
+    LABELS,
+    PALETTE,
+    REF_KV_CITE,
+    REF_KV_PPL_PCT,
+    STYLE,
+    TIED_QK,
+    _save,
+    color,
+    diffs,
+    fig_q1_convex,
+    fig_q1_loss,
+    fig_q1_scale,
+    fig_q2_emergence,
+    fig_q2_own,
+    fig_q2_pretrained,
+    fig_q3_bind,
+    fig_q3_kv,
+    label,
+    q3_lm,
+)
+from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, select
+
+# Per question, the rows of its forest plot: (experiments, design, task), top to bottom.
+FOREST = {
+    "q1": [("alt_vs_standard", "alt", t) for t in ("lm", "translate")],
+    "q2": [("tied_qk_qkv", d, t) for d in TIED_QK for t in ("lm", "mlm", "mqar", "relation")],
+    "q3": [(("lm_tied_kv", "lm_gqa"), "tied_kv", "lm"), (("lm_tied_kv", "lm_gqa"), "gqa_half", "lm"),
+           ("kv_translate", "tied_kv_cross", "translate"), ("bind_vs_dhead", "tied_kv", "bind")],
+}
+FOREST_TITLES = {"q1": "Q1: the 4th matrix (alt) vs standard",
+                 "q2": "Q2: one matrix (tied Q=K, Q=K=V) vs standard",
+                 "q3": "Q3: K = V (and GQA, same KV cache) vs standard"}
+PANELS = {"loss": "val loss vs standard (%)\n< 0 better · > 0 worse",
+          "accuracy": "accuracy − standard (points)\n< 0 worse · > 0 better"}
+
+
+def forest_frame(data: StudyData, question: str) -> pd.DataFrame:
+    """The rows of a question's forest plot: panel, design, task, arm, d_head, value, half.
+
+    value ± half is the paired difference to standard: ``rel_pct ± rel_half`` for loss tasks,
+    ``100·diff ± 100·diff_half`` for accuracy tasks. bind is shown at its widest d_head.
+    """
+    rows = []
+    for exps, design, task in FOREST[question]:
+        metric, _ = TASK_METRIC[task]
+        cmp = q3_lm(data) if exps == ("lm_tied_kv", "lm_gqa") else data.compared(exps)
+        c = diffs(select(cmp, design=design, task=task, metric=metric))
+        if c.empty:
+            continue
+        if task == "bind" and "d_head" in c:
+            c = c[c.d_head == c.d_head.max()]
+        for r in c.itertuples():
+            acc = metric == "accuracy"
+            rows.append({"panel": "accuracy" if acc else "loss", "design": design, "task": task,
+                         "arm": getattr(r, "arm", "equal"),
+                         "d_head": getattr(r, "d_head", None) if task == "bind" else None,
+                         "value": 100 * r.diff if acc else r.rel_pct,
+                         "half": 100 * r.diff_half if acc else r.rel_half,
+                         "unit": "points" if acc else "% of val loss"})
+    df = pd.DataFrame(rows, columns=["panel", "design", "task", "arm", "d_head", "value", "half",
+                                     "unit"]).astype({"d_head": "Int64"})
+    order = {(d, t): i for i, (_, d, t) in enumerate(FOREST[question])}
+    df["_o"] = [order[(d, t)] for d, t in zip(df.design, df.task)]
+    arm_o = {a: i for i, a in enumerate(ARMS)}
+    df["_a"] = df.arm.map(arm_o)
+    return df.sort_values(["_o", "_a"]).drop(columns=["_o", "_a"]).reset_index(drop=True)
+
+
+def _row_label(design: str, task: str, d_head) -> str:
+    t = f"{task} (d_head {int(d_head)})" if d_head is not None and not pd.isna(d_head) else task
+    return f"{label(design)} · {t}"
+
+
+def _forest_panel(ax, df: pd.DataFrame, panel: str, n_rows: int) -> None:
+    """One panel: a row per (design, task), a marker ± CI bar per arm, a line at 0; ``n_rows``
+    rows of space (the most of any panel, so that rows are spaced alike side by side)."""
+    keys = list(dict.fromkeys(zip(df.design, df.task)))
+    labels = []
+    for y, (d, t) in enumerate(keys):
+        sub = df[(df.design == d) & (df.task == t)]
+        labels.append(_row_label(d, t, sub.d_head.iloc[0]))
+        for r in sub.itertuples():
+            dy = 0.0 if len(sub) == 1 else (-0.16 if r.arm == "equal" else 0.16)
+            xerr = r.half if math.isfinite(r.half) else None
+            ax.errorbar(r.value, y + dy, xerr=xerr, fmt="o" if r.arm == "equal" else "s",
+                        color=color(d), mfc=color(d) if r.arm == "equal" else "white",
+                        mew=1.5, ms=7, capsize=4, elinewidth=1.6)
+    ax.axvline(0, color=color("standard"), lw=1)
+    ax.set_yticks(range(len(keys)), labels)
+    ax.set_ylim(n_rows - 0.5, -0.5)  # first row on top
+    ax.grid(False, axis="y")
+    ax.set_xlabel(PANELS[panel])
+
+
+def fig_forest(data: StudyData, out: Path, question: str) -> Figure | None:
+    """Forest plot of one question: each design vs standard per task, both arms."""
+    df = forest_frame(data, question)
+    if df.empty:
+        return None
+    panels = [p for p in PANELS if p in set(df.panel)]
+    n_rows = [df[df.panel == p][["design", "task"]].drop_duplicates().shape[0] for p in panels]
+    fig, axes = plt.subplots(1, len(panels), squeeze=False,
+                             figsize=(6 + 4.5 * (len(panels) - 1), 1.5 + 0.5 * max(n_rows)))
+    for ax, p in zip(axes[0], panels):
+        _forest_panel(ax, df[df.panel == p], p, max(n_rows))
+    arms = [a for a in ARMS if a in set(df.arm)]
+    handles = [Line2D([], [], ls="none", marker="o" if a == "equal" else "s", ms=7, mew=1.5,
+                      color="#555555", mfc="#555555" if a == "equal" else "white")
+               for a in arms]
+    fig.legend(handles, [ARMS[a] for a in arms], frameon=False, ncol=len(arms),
+               loc="outside lower center", title="marker: arm · bar: 95% CI over seeds",
+               title_fontsize=9)
+    name = f"forest_{question}"
+    return _save(fig, df, out, name, FOREST_TITLES[question],
+                 "Paired difference to standard over seeds (same seeds) ± 95% CI; loss tasks in "
+                 "% of standard's validation loss, accuracy tasks in percentage points. Filled: "
+                 "equal width; open: parameter-matched; no bar: one seed.")
+
+
+def fig_forest_q1(data: StudyData, out: Path) -> Figure | None:
+    return fig_forest(data, out, "q1")
+
+
+def fig_forest_q2(data: StudyData, out: Path) -> Figure | None:
+    return fig_forest(data, out, "q2")
+
+
+def fig_forest_q3(data: StudyData, out: Path) -> Figure | None:
+    return fig_forest(data, out, "q3")
+
+
+FIGURES = {"q1": [fig_forest_q1, fig_q1_loss, fig_q1_scale, fig_q1_convex],
+           "q2": [fig_forest_q2, fig_q2_own, fig_q2_pretrained, fig_q2_emergence],
+           "q3": [fig_forest_q3, fig_q3_bind, fig_q3_kv]}
+
+
+def all_figures(data: StudyData, out: Path) -> dict[str, list[Figure]]:
+    """Draw every figure into ``out``; per question the figures that had data."""
+    with plt.rc_context(STYLE):
+        return {q: [f for f in (fn(data, out) for fn in fns) if f is not None]
+                for q, fns in FIGURES.items()}

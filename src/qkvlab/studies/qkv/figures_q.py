@@ -1,0 +1,365 @@
+"""The study's look (colours, labels, style) and its per-question figures, one function each.
+
+Every ``fig_*(data, out)`` reads a ``results.StudyData`` (tidy DataFrames; no key is parsed),
+draws one figure into ``out`` as PNG + SVG + the CSV of exactly the numbers drawn, and returns
+a ``blocks.Figure`` record, or None when its data is absent. One colour per design everywhere
+(``PALETTE``), mean ± 95% CI (Student t over seeds) as error bars or bands, axes labelled with
+units, sized for a laptop screen. The forest plots, ``FIGURES`` and ``all_figures`` are in
+``figures.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display (CI, headless machines)
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from qkvlab.experiments.stats import mean_ci
+from qkvlab.report.blocks import Figure
+from qkvlab.studies.qkv.results import StudyData, select
+from qkvlab.studies.qkv.verdicts import REF_KV_CITE, REF_KV_PPL_PCT  # published reference
+
+# Okabe-Ito colours (readable by colour-blind readers); one per design, scale placement, role.
+PALETTE = {
+    "standard": "#000000", "alt": "#D55E00", "tied_qk": "#0072B2",
+    "tied_qk_selfmask": "#56B4E9", "tied_qkv": "#CC79A7", "tied_kv": "#009E73",
+    "tied_kv_cross": "#009E73", "gqa_half": "#E69F00",
+    "inside": "#0072B2", "outside": "#D55E00", "both": "#009E73", "none": "#CC79A7",
+    "encoder": "#0072B2", "decoder": "#D55E00", "cross": "#009E73",
+}
+LABELS = {"standard": "standard", "alt": "alt (4th matrix)", "tied_qk": "tied Q=K",
+          "tied_qk_selfmask": "tied Q=K + self-mask", "tied_qkv": "Q=K=V",
+          "tied_kv": "tied K=V", "tied_kv_cross": "tied K=V (cross)",
+          "gqa_half": "GQA (n_kv = n_heads/2)"}
+ARMS = {"equal": "equal width", "matched": "parameter-matched"}
+# The report's style, applied while its figures are drawn (not to matplotlib's global state,
+# which other modules, e.g. the analysis figures with their fixed margins, also use).
+STYLE = {"font.size": 10, "figure.constrained_layout.use": True, "axes.spines.top": False,
+         "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
+         "svg.fonttype": "none", "svg.hashsalt": "qkvlab"}  # deterministic SVG ids
+KV_DESIGNS = ("standard", "tied_kv", "gqa_half")  # decode_speed's designs, in drawing order
+
+
+def color(key: str) -> str:
+    return PALETTE.get(key, "#777777")
+
+
+def label(design: str) -> str:
+    return LABELS.get(design, design)
+
+
+def _save(fig, df: pd.DataFrame, out: Path, name: str, title: str, caption: str) -> Figure:
+    out.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out / f"{name}.png", dpi=110)
+    fig.savefig(out / f"{name}.svg", metadata={"Date": None})
+    plt.close(fig)
+    df.to_csv(out / f"{name}.csv", index=False)
+    return Figure(name, title, caption, f"{name}.png", f"{name}.svg", f"{name}.csv")
+
+
+def _half(x) -> float:
+    """A CI half-width to draw: 0 (no bar) where there is none (one seed)."""
+    return 0.0 if x is None or not math.isfinite(x) else float(x)
+
+
+def _ci_rows(df: pd.DataFrame, by: list[str], col: str, factor: float = 1.0) -> pd.DataFrame:
+    """mean ± 95% CI of ``factor * col`` over the rows of each group of ``by``."""
+    rows = [{**dict(zip(by, key)), **mean_ci((factor * g[col]).tolist())}
+            for key, g in df.groupby(by, sort=True)]
+    return pd.DataFrame(rows)[[*by, "n", "mean", "half"]]
+
+
+def diffs(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a comparison frame that have a paired difference to standard."""
+    if df.empty or "diff" not in df:
+        return df.iloc[0:0]
+    return df[(df.design != "standard") & df["diff"].notna()]
+
+
+def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The non-empty frames one under the other (an empty frame if none)."""
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _bars(ax, df: pd.DataFrame, groups: list[str], designs: list[str], ylabel: str) -> None:
+    """Grouped bars: mean ± CI per (group, design) from columns group/design/mean/half."""
+    w = 0.8 / max(1, len(designs))
+    for j, d in enumerate(designs):
+        sub = df[df.design == d].set_index("group")
+        xs = [i + (j - (len(designs) - 1) / 2) * w for i, g in enumerate(groups) if g in sub.index]
+        ys = [sub.loc[g, "mean"] for g in groups if g in sub.index]
+        es = [_half(sub.loc[g, "half"]) for g in groups if g in sub.index]
+        if xs:
+            ax.bar(xs, ys, w, yerr=es, capsize=3, color=color(d), label=label(d), alpha=0.85)
+    ax.set_xticks(range(len(groups)), [g.replace(" · ", "\n") for g in groups])
+    ax.set_ylabel(ylabel)
+
+
+def _band(ax, x, mean, half, key: str, lbl: str, fmt: str = "o-", clip=None) -> None:
+    """A line of means with a shaded 95% CI band (no band where the CI is NaN)."""
+    h = half.fillna(0)
+    lo, hi = mean - h, mean + h
+    if clip is not None:
+        lo, hi = lo.clip(*clip), hi.clip(*clip)
+    ax.plot(x, mean, fmt, color=color(key), label=lbl, ms=4)
+    ax.fill_between(x, lo, hi, color=color(key), alpha=0.18, lw=0)
+
+
+# ---- Q1 --------------------------------------------------------------------------------------
+def fig_q1_loss(data: StudyData, out: Path) -> Figure | None:
+    """alt vs standard: val loss on lm and translate and chrF on translate, mean ± CI over
+    seeds, equal width and parameter-matched."""
+    cols = ["metric", "task", "arm", "design", "group", "n", "mean", "half"]
+    cmp = data.compared("alt_vs_standard")
+    parts = [select(cmp, metric=m) for m in ("val_loss", "chrf")]
+    parts = [p.dropna(subset=["mean"]) if not p.empty else p for p in parts]
+    if parts[0].empty and parts[1].empty:
+        return None
+    loss, chrf = (p.assign(group=p.task + " · " + p.arm) if not p.empty else p for p in parts)
+    panels = [(p, y) for p, y in ((loss, "validation loss (nats/token)"),
+                                  (chrf, "translate chrF (0–100)")) if not p.empty]
+    fig, axes = plt.subplots(1, len(panels), figsize=(9, 3.6), squeeze=False,
+                             width_ratios=[max(1, p.group.nunique()) for p, _ in panels])
+    for ax, (p, ylabel) in zip(axes[0], panels):
+        _bars(ax, p, sorted(p.group.unique()), ["standard", "alt"], ylabel)
+        if p is loss:
+            lo = (p["mean"] - p["half"].fillna(0)).min()
+            ax.set_ylim(max(0, lo * 0.9), None)
+    axes[0][0].legend(frameon=False, fontsize=8)
+    df = concat([p[cols] for p, _ in panels])
+    return _save(fig, df, out, "q1_alt_loss", "alt vs standard: validation loss and chrF",
+                 "Mean ± 95% CI over seeds. 'matched': alt narrowed to standard's parameter "
+                 "count. chrF: greedy translations of the validation set.")
+
+
+def fig_q1_scale(data: StudyData, out: Path) -> Figure | None:
+    """Scale probe: saturation, entropy and ‖∇W_Q‖ at init and the final val loss vs d_k, per
+    placement of 1/√d_k."""
+    pr = data.probe
+    if pr.empty:
+        return None
+    init = pr[(pr.step == 0) & (pr.stat != "val_loss")].assign(when="init")
+    end = pr[pr.stat == "val_loss"].assign(when="end")
+    df = _ci_rows(concat([init, end]), ["when", "stat", "scale", "d_head"], "value")
+    panels = [("saturated", "saturated rows at init (share)"),
+              ("norm_entropy", "softmax entropy / log(#keys) at init"),
+              ("grad_WQ", "‖∇W_Q‖ at init (Frobenius)"), ("val_loss", "final val loss (nats)")]
+    fig, axes = plt.subplots(1, 4, figsize=(12, 3.4))
+    for ax, (stat, ylabel) in zip(axes, panels):
+        for scale in ("inside", "outside", "both", "none"):
+            g = df[(df.stat == stat) & (df.scale == scale)].sort_values("d_head")
+            if not g.empty:
+                _band(ax, g.d_head, g["mean"], g["half"], scale, scale)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("d_k (head width)")
+        ax.set_ylabel(ylabel)
+        if stat == "grad_WQ" and (df[df.stat == stat]["mean"] > 0).all():
+            ax.set_yscale("log")
+    axes[0].legend(title="1/√d_k placed", frameon=False, fontsize=8)
+    return _save(fig, df, out, "q1_scale_probe", "Where must 1/√d_k sit?",
+                 "Unit-variance q, k at init (the regime of the 1/√d_k argument). Bands: 95% CI "
+                 "over probe seeds (none with one seed).")
+
+
+def fig_q1_convex(data: StudyData, out: Path) -> Figure | None:
+    """Head outputs outside the range of the values: standard (convex) vs alt."""
+    cv = data.measure("convex_range")
+    if cv.empty:
+        return None
+    share = _ci_rows(cv, ["design"], "outside_share", 100.0)
+    share["group"] = "outside the values' range (%)"
+    ratio = _ci_rows(cv, ["design"], "range_ratio")
+    ratio["group"] = "output range / value range"
+    df = concat([share, ratio])[["group", "design", "n", "mean", "half"]]
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+    for ax, grp in zip(axes, df.group.unique()):
+        _bars(ax, df[df.group == grp], [grp], ["standard", "alt"], grp)
+        ax.set_xticks([])
+    axes[0].legend(frameon=False)
+    return _save(fig, df, out, "q1_convex", "Convex combination of the values",
+                 "Trained lm models, one validation batch; mean ± 95% CI over seeds.")
+
+
+# ---- Q2 --------------------------------------------------------------------------------------
+TIED_QK = ("tied_qk", "tied_qk_selfmask", "tied_qkv")
+
+
+def fig_q2_own(data: StudyData, out: Path) -> Figure | None:
+    """Attention weight on a token's own position, per design and task."""
+    ow = data.measure("own_position")
+    if ow.empty:
+        return None
+    df = _ci_rows(ow, ["design", "task"], "own_weight").rename(columns={"task": "group"})
+    df = df.merge(ow.groupby("task", as_index=False).uniform.mean()
+                  .rename(columns={"task": "group"}), on="group")
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    designs = [d for d in ("standard", *TIED_QK) if d in set(df.design)]
+    groups = sorted(df.group.unique())
+    _bars(ax, df, groups, designs, "weight on own position")
+    for i, g in enumerate(groups):
+        ax.hlines(df[df.group == g].uniform.iloc[0], i - 0.45, i + 0.45, colors="#777777",
+                  linestyles="dashed", label="uniform over visible keys" if i == 0 else None)
+    ax.legend(frameon=False, fontsize=8)
+    return _save(fig, df, out, "q2_own_position", "How much a head attends to itself",
+                 "Mean attention weight on the query's own position (causal rows 1…T−1), "
+                 "trained models, mean ± 95% CI over seeds.")
+
+
+def fig_q2_pretrained(data: StudyData, out: Path) -> Figure | None:
+    """Symmetry of W_QK per layer in pretrained models, against the random null and the
+    published values."""
+    pt = data.measure("pretrained")
+    if pt.empty or "level" not in pt:
+        return None
+    pt = pt.rename(columns={"spec.source": "model"})
+    lay = select(pt, level="layer", measure="symmetry")
+    if lay.empty:
+        return None
+    null = select(pt, level="summary", measure="symmetry")[["model", "role", "null_lo", "null_hi"]]
+    df = lay[["model", "role", "layer", "value"]].rename(columns={"value": "symmetry"})
+    df = df.astype({"layer": int}).merge(null, on=["model", "role"], how="left")
+    last = df.groupby(["model", "role"]).layer.transform("max").clip(lower=1)
+    df = df.assign(rel_depth=df.layer / last).sort_values(["model", "role", "layer"])
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    styles = {"minilm": "o-", "whisper-tiny": "s--", "smollm2": "^:"}
+    for (m, role), g in df.groupby(["model", "role"]):
+        ax.plot(g.rel_depth, g.symmetry, styles.get(m, "o-"), color=color(role),
+                label=f"{m} · {role}", ms=4)
+    if df.null_lo.notna().any():
+        ax.axhspan(df.null_lo.min(), df.null_hi.max(), color="#999999", alpha=0.25,
+                   label="random null (95% of heads)")
+    for name in ("BERT-base", "GPT-2"):
+        if name in data.published:
+            v = data.published[name]
+            ax.axhline(v, color="#555555", lw=0.8, ls="-.")
+            ax.text(1.01, v, f"{name} {v:.2f} (published)", fontsize=8, va="center",
+                    transform=ax.get_yaxis_transform())
+    ax.set_xlabel("relative depth (layer / last layer)")
+    ax.set_ylabel("symmetry s of W_QK (mean over heads)")
+    fig.legend(frameon=False, fontsize=8, ncol=4, loc="outside lower center")
+    return _save(fig, df.reset_index(drop=True), out, "q2_pretrained_symmetry",
+                 "Symmetry of W_QK in pretrained models",
+                 f"s = 1 for tied Q=K, ≈0 for independent random W_Q, W_K. Published values: "
+                 f"{data.published_source} (reference, not measured here).")
+
+
+def fig_q2_emergence(data: StudyData, out: Path) -> Figure | None:
+    """Symmetry of W_QK during training: encoder (mlm) vs decoder (lm) from the same init."""
+    se = data.measure("symmetry_steps")
+    if se.empty or "kind" not in se:
+        return None
+    # self-attention of each kind: the encoder's in an encoder, the decoder's in a decoder
+    se = se[se.role == se.kind]
+    if se.empty:
+        return None
+    df = _ci_rows(se, ["kind", "step"], "symmetry")
+    tasks = se.groupby("kind").task.first() if "task" in se else pd.Series(dtype=object)
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for kind, g in df.groupby("kind"):
+        g = g.sort_values("step")
+        _band(ax, g.step, g["mean"], g["half"], kind,
+              f"{kind} ({tasks[kind]})" if kind in tasks else kind)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("symmetry s of W_QK")
+    ax.legend(frameon=False)
+    return _save(fig, df, out, "q2_symmetry_emergence", "Does symmetry emerge in encoders?",
+                 "qkvlab models trained as encoder and decoder from identical initial weights; "
+                 "mean ± 95% CI over seeds.")
+
+
+# ---- Q3 --------------------------------------------------------------------------------------
+def q3_lm(data: StudyData) -> pd.DataFrame:
+    """lm comparisons of lm_tied_kv and lm_gqa; lm_gqa's standard rows (the same runs as
+    lm_tied_kv's) dropped."""
+    df = data.compared(("lm_tied_kv", "lm_gqa"))
+    if df.empty:
+        return df
+    keys = [c for c in ("task", "arm", "d_head", "design", "metric") if c in df]
+    dup = df.duplicated(subset=keys) & (df.design == "standard")
+    return df[~dup]
+
+
+def fig_q3_bind(data: StudyData, out: Path) -> Figure | None:
+    """bind accuracy vs d_head, tied K=V vs standard (equal width)."""
+    df = select(data.compared("bind_vs_dhead"), metric="accuracy")
+    if df.empty:
+        return None
+    df = df[["design", "arm", "d_head", "n", "mean", "half"]].astype({"d_head": int})
+    df = df.sort_values(["design", "arm", "d_head"]).reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for (d, arm), g in df.groupby(["design", "arm"]):
+        # a t-interval over a few seeds can pass 100%; accuracy cannot (the CSV keeps it raw)
+        _band(ax, g.d_head, 100 * g["mean"], 100 * g["half"], d, f"{label(d)} · {ARMS[arm]}",
+              "o-" if arm == "equal" else "o--", clip=(0, 100))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(df.d_head.unique()), [str(x) for x in sorted(df.d_head.unique())])
+    ax.set_xlabel("d_head")
+    ax.set_ylabel("bind accuracy (%)")
+    ax.legend(frameon=False, fontsize=8)
+    return _save(fig, df, out, "q3_bind", "Binding: does K = V lose capacity?",
+                 "Mean ± 95% CI over seeds (the CSV holds fractions; the plot shows %).")
+
+
+def _decode(data: StudyData) -> pd.DataFrame:
+    """Cache bytes/token and decode tokens/s relative to standard, from one decode_speed
+    measure (the first, if the store holds several at this profile)."""
+    dec = data.measure("decode_speed")
+    if dec.empty or "design" not in dec:
+        return pd.DataFrame()
+    dec = dec[dec.measure_id == dec.measure_id.iloc[0]].set_index("design")
+    if "standard" not in dec.index:
+        return pd.DataFrame()
+    base = dec.loc["standard"]
+    return pd.DataFrame([{"design": d,
+                          "cache_vs_standard": dec.loc[d, "cache_bytes_per_token"]
+                          / base.cache_bytes_per_token,
+                          "decode_vs_standard": dec.loc[d, "decode_tokens_per_s"]
+                          / base.decode_tokens_per_s}
+                         for d in KV_DESIGNS if d in dec.index])
+
+
+def fig_q3_kv(data: StudyData, out: Path) -> Figure | None:
+    """K=V quality (perplexity change vs standard) and its payoff (cache bytes, decode speed)."""
+    q = concat([diffs(select(q3_lm(data), metric="val_loss")),
+                diffs(select(data.compared("kv_translate"), metric="val_loss"))])
+    perf = _decode(data)
+    if q.empty and perf.empty:
+        return None
+    rows = pd.DataFrame()
+    if not q.empty:
+        h = q["diff_half"].fillna(0)
+        rows = pd.DataFrame({"design": q.design, "arm": q.arm, "task": q.task,
+                             "ppl_pct": 100 * np.expm1(q["diff"]),
+                             "lo": 100 * np.expm1(q["diff"] - h),
+                             "hi": 100 * np.expm1(q["diff"] + h)}).reset_index(drop=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for i, r in rows.iterrows():
+        axes[0].errorbar(i, r.ppl_pct, yerr=[[r.ppl_pct - r.lo], [r.hi - r.ppl_pct]],
+                         fmt="o" if r.arm == "equal" else "s", color=color(r.design),
+                         mfc=color(r.design) if r.arm == "equal" else "white", capsize=3)
+    axes[0].set_xticks(range(len(rows)), [f"{label(r.design)}\n{r.task} · {r.arm}"
+                                          for r in rows.itertuples()], fontsize=7)
+    axes[0].axhline(0, color=color("standard"), lw=1)
+    axes[0].axhline(REF_KV_PPL_PCT, color="#555555", ls="-.", lw=0.8)
+    axes[0].text(0.99, REF_KV_PPL_PCT, f"+{REF_KV_PPL_PCT}% published (300M–1.2B)", fontsize=7,
+                 ha="right", va="bottom", transform=axes[0].get_yaxis_transform())
+    axes[0].set_ylabel("perplexity vs standard (%)")
+    for j, r in perf.iterrows():
+        axes[1].bar([j - 0.2], [r.cache_vs_standard], 0.4, color=color(r.design), alpha=0.85)
+        axes[1].bar([j + 0.2], [r.decode_vs_standard], 0.4, color=color(r.design), alpha=0.45,
+                    hatch="//")
+    axes[1].set_xticks(range(len(perf)), [label(d) for d in perf.get("design", [])], fontsize=8)
+    axes[1].set_ylabel("relative to standard (×)")
+    axes[1].set_title("solid: KV-cache bytes/token · hatched: decode tokens/s", fontsize=9)
+    df = concat([rows.assign(panel="quality"), perf.assign(panel="cost")])
+    return _save(fig, df, out, "q3_kv", "K = V: what it costs and what it saves",
+                 f"Left: exp(Δ val loss) − 1, ± 95% CI over seeds (filled: equal width, open: "
+                 f"parameter-matched); dash-dot: published reference ({REF_KV_CITE}). Right: one "
+                 f"interleaved measurement, batch-1 greedy decoding.")

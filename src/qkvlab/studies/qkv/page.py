@@ -1,0 +1,275 @@
+"""The study's page: typed blocks (``qkvlab.report.blocks``) built from ``results.StudyData``.
+
+Every number comes from the store through ``StudyData``: nothing is typed in here. The summary
+is a forest plot per question and one compact table whose cells are short verdict words
+(``verdicts.WORDS``, explained once in ``verdicts.LEGEND``) with the paired difference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from qkvlab.fileio import atomic_write_text
+from qkvlab.report.blocks import (
+    Block,
+    Figure,
+    Meta,
+    Para,
+    Quote,
+    Quotes,
+    Section,
+    Table,
+    Title,
+    Verdict,
+    write_page,
+)
+from qkvlab.report.blocks import Heading as H
+from qkvlab.studies.qkv import claims as C
+from qkvlab.studies.qkv import figures as F
+from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, chance, select
+from qkvlab.studies.qkv.verdicts import LEGEND, WORDS, all_verdicts, effect
+
+SECTION_IDS = ("summary", "q1", "q2", "q3", "setup")
+# comparisons in the summary table: (experiments, design) rows, equal width
+SUMMARY_SOURCES = ("alt_vs_standard", "tied_qk_qkv", "lm_tied_kv", "lm_gqa", "kv_translate")
+
+
+def num(x, digits: int = 3) -> str:
+    """A number for a table cell: 3 significant digits, thousands separators, '—' if absent."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "—"
+    if isinstance(x, int) or (isinstance(x, float) and x.is_integer() and abs(x) >= 1000):
+        return f"{int(x):,}"
+    return f"{x:.{digits}g}"
+
+
+def pm(mean, half, digits: int = 3) -> str:
+    return num(mean, digits) if half is None or not math.isfinite(half) else \
+        f"{num(mean, digits)} ± {num(half, 2)}"
+
+
+def _lower(metric: str) -> bool:
+    return metric not in ("accuracy", "chrf", "tokens_per_s")
+
+
+def compare_table(df: pd.DataFrame, caption: str, metrics: tuple[str, ...] = ()) -> Table:
+    """A table of comparison rows: group, design, params, mean ± CI, paired Δ vs standard."""
+    if metrics and not df.empty:
+        df = df[df.metric.isin(metrics)]
+    rows = [] if df.empty else df.to_dict("records")
+    with_dh = any(isinstance(r.get("d_head"), (int, float)) and math.isfinite(r["d_head"])
+                  for r in rows)
+    headers = ("task", "arm", *(("d_head",) if with_dh else ()), "design", "seeds", "params",
+               "metric", "mean ± 95% CI", "vs standard", "p")
+    body = []
+    for r in rows:
+        eff = effect(r, _lower(r["metric"]))["text"] if r["design"] != "standard" else ""
+        body.append((str(r.get("task", "")), str(r.get("arm", "")),
+                     *((num(r.get("d_head")),) if with_dh else ()),
+                     F.LABELS.get(r["design"], r["design"]), str(r["n"]), num(r.get("n_params")),
+                     r["metric"], pm(r["mean"], r["half"], 4), eff, num(r.get("p"), 2)))
+    return Table(caption, headers, tuple(body))
+
+
+def _quality(data: StudyData) -> dict[str, dict[str, dict]]:
+    """``{design: {task label: comparison row}}`` at equal width, each task's own metric; bind
+    at the widest d_head tried, where a capacity gap should have closed."""
+    out: dict[str, dict[str, dict]] = {}
+    for exp in SUMMARY_SOURCES:
+        for r in data.compared(exp, arm="equal").to_dict("records"):
+            if r["design"] != "standard" and r["metric"] == TASK_METRIC[r["task"]][0]:
+                out.setdefault(r["design"], {})[r["task"]] = r
+    bind = data.compared("bind_vs_dhead", arm="equal", metric="accuracy")
+    if not bind.empty:
+        widest = int(bind.d_head.max())
+        for r in select(bind, d_head=widest).to_dict("records"):
+            if r["design"] != "standard":
+                out.setdefault(r["design"], {})[f"bind (d_head {widest})"] = r
+    return out
+
+
+def _cost_ratios(data: StudyData) -> dict[str, dict[str, float]]:
+    """Attention parameters, layer time, KV cache and decode speed of each design / standard's."""
+    out: dict[str, dict[str, float]] = {}
+    runs = data.runs
+    if not runs.empty and "params.attention" in runs:
+        eq = runs[(runs.arm == "equal") & runs["params.attention"].notna()]
+        keys = [c for c in ("experiment", "task", "seed", "d_head") if c in eq]
+        base = eq[eq.design == "standard"][keys + ["params.attention"]]
+        both = eq[eq.design != "standard"].merge(base, on=keys, suffixes=("", "_std"))
+        for d, g in both.groupby("design"):
+            out.setdefault(d, {})["params"] = float((g["params.attention"]
+                                                     / g["params.attention_std"]).iloc[0])
+    speed = data.measure("attention_speed")
+    for r in speed.to_dict("records"):
+        out.setdefault(r["design"], {})["time"] = r["time_vs_standard"]
+    dec = data.measure("decode_speed")
+    if not dec.empty and "standard" in set(dec.design):
+        d = dec.set_index("design")
+        for k in d.index:
+            out.setdefault(k, {}).update(
+                cache=d.cache_bytes_per_token[k] / d.cache_bytes_per_token["standard"],
+                decode=d.decode_tokens_per_s[k] / d.decode_tokens_per_s["standard"])
+    out.pop("standard", None)
+    return out
+
+
+def summary_table(data: StudyData) -> Table:
+    quality, cost = _quality(data), _cost_ratios(data)
+    tasks = sorted({t for q in quality.values() for t in q})
+    headers = ("design", "attention params ×", "attention layer time ×", "KV cache ×",
+               "decode tokens/s ×",
+               *(f"{t} ({TASK_METRIC[t.split(' ')[0]][0]})" for t in tasks))
+    body = []
+    for design in sorted(set(quality) | (set(cost) & set(quality))):
+        cells = []
+        for t in tasks:
+            r = quality[design].get(t)
+            if r is None:
+                cells.append("—")
+                continue
+            lower = TASK_METRIC[t.split(" ")[0]][1]
+            e = effect(r, lower, chance=None if lower else chance(t.split(" ")[0], data.profile))
+            unit = "%" if lower else " pp"
+            val = "" if e["value"] is None else (
+                f" {e['value']:+.1f}{unit}" + ("" if e["half"] is None else f" ± {e['half']:.1f}"))
+            cells.append(WORDS[e["status"]] + val)
+        c = cost.get(design, {})
+        body.append((F.LABELS.get(design, design), num(c.get("params")), num(c.get("time")),
+                     num(c.get("cache")), num(c.get("decode")), *cells))
+    caption = ("Each design relative to standard (× = ratio to standard; quality: paired "
+               "difference at equal width, mean ± 95% CI over seeds: % of val loss, or "
+               "percentage points of accuracy).")
+    return Table(caption, headers, tuple(body), legend=LEGEND)
+
+
+def meta_items(data: StudyData) -> tuple[tuple[str, str], ...]:
+    m, p = data.meta, data.profile
+    env = m.get("environment", {})
+    hw, versions = env.get("hardware", {}), env.get("versions", {})
+    steps = ", ".join(f"{k} {v:.0f} s" for k, v in m.get("step_s", {}).items())
+    counts = "; ".join(f"{k}: " + ", ".join(f"{s} {n}" for s, n in v.items())
+                       for k, v in m.get("counts", {}).items())
+    sizes = {k: getattr(p, k) for k in ("d_model", "n_layers", "n_heads", "batch_size", "steps",
+                                        "lr", "eval_batches")}
+    return (("profile", p.name), ("seeds", ", ".join(map(str, p.seeds))),
+            ("scale-probe seeds", ", ".join(map(str, p.probe_seeds))),
+            ("model sizes", json.dumps(sizes)),
+            ("training per task", json.dumps({k: dict(v) for k, v in p.task_train.items()})),
+            ("hardware", (f"{hw.get('cpu_model') or hw.get('machine')}, {hw.get('cpu_count')} "
+                          f"cores, {hw.get('torch_threads')} torch threads, GPU: {hw.get('cuda')}")),
+            ("versions", ", ".join(f"{k} {v}" for k, v in versions.items())),
+            ("git revision", str(env.get("git_rev"))), ("platform", str(env.get("platform"))),
+            ("results store", str(m.get("db"))),
+            ("total time", f"{m.get('total_s', float('nan')):.0f} s ({steps})"),
+            ("runs per experiment", counts or "—"))
+
+
+def q1_blocks(data: StudyData) -> list[Block]:
+    out: list[Block] = [compare_table(data.compared("alt_vs_standard"),
+                                      "alt vs standard (tokens/s: training throughput)")]
+    fold = data.measure("fold_alt")
+    if not fold.empty:
+        out.append(Table("fold_alt on each trained alt lm model (one row per seed)",
+                         ("seed", "max |Δlogit| fp32", "max |Δlogit| fp64", "max |logit|",
+                          "params alt", "params folded", "speed folded / alt"),
+                         tuple((str(f["seed"]), num(f["max_abs_diff_fp32"]),
+                                num(f["max_abs_diff_fp64"]), num(f["max_abs_logit"]),
+                                num(f["params_alt"]), num(f["params_folded"]),
+                                num(f["speed_folded_vs_alt"]))
+                               for f in fold.sort_values("seed").to_dict("records"))))
+    return out
+
+
+def q2_blocks(data: StudyData) -> list[Block]:
+    out: list[Block] = [compare_table(data.compared("tied_qk_qkv"), "tied Q=K, tied Q=K + "
+                                      "self-mask and Q=K=V vs standard", ("val_loss", "accuracy"))]
+    pt = data.measure("pretrained")
+    if pt.empty:
+        return out
+    summ = pt[pt.level == "summary"]
+    rows = []
+    for (source, role), g in summ.groupby(["spec.source", "role"], sort=False):
+        by = g.set_index("measure")
+        if "symmetry" not in by.index:
+            continue
+        cells = [f"{num(by.loc[m, 'mean'])} (null {pm(by.loc[m, 'null_mean'], by.loc[m, 'null_std'])})"
+                 if m in by.index else "—"
+                 for m in ("symmetry", "overlap_qk", "overlap_kv", "overlap_qv")]
+        rows.append((source, role, num(by.loc["symmetry", "n_heads"]), *cells))
+    pub = "; ".join(f"{k} {v:.2f}" for k, v in data.published.items())
+    out.append(Table(f"Pretrained models: mean over heads (null: random heads of the same shapes, "
+                     f"mean ± sd). Published symmetry, reference only: {pub} "
+                     f"({data.published_source}).",
+                     ("model", "role", "heads", "symmetry s", "overlap Q–K", "overlap K–V",
+                      "overlap Q–V"), tuple(rows)))
+    return out
+
+
+def q3_blocks(data: StudyData) -> list[Block]:
+    lm = data.compared(("lm_tied_kv", "lm_gqa"))
+    if not lm.empty:  # lm_gqa's baseline runs are lm_tied_kv's: show them once
+        lm = lm.drop_duplicates(["task", "arm", "design", "metric"])
+    out: list[Block] = [
+        compare_table(pd.concat([lm, data.compared("kv_translate")], ignore_index=True),
+                      "tied K=V (self) and GQA on lm; tied K=V in cross-attention on translate",
+                      ("val_loss", "chrf")),
+        compare_table(data.compared("bind_vs_dhead"), "bind accuracy by d_head", ("accuracy",))]
+    dec = data.measure("decode_speed")
+    if not dec.empty:
+        out.append(Table("KV cache and batch-1 greedy decoding (untrained weights, same sizes)",
+                         ("design", "KV-cache bytes/token", "decode tokens/s"),
+                         tuple((F.LABELS.get(r["design"], r["design"]),
+                                num(r["cache_bytes_per_token"]), num(r["decode_tokens_per_s"]))
+                               for r in dec.sort_values("design").to_dict("records"))))
+    return out
+
+
+def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Verdict]
+          ) -> list[Block]:
+    """The report as blocks."""
+    claims, claims_note = C.resolved_claims()
+    m, p = data.meta, data.profile
+    cores = m.get("environment", {}).get("hardware", {}).get("cpu_count")
+    blocks: list[Block] = [
+        Title("qkvlab study: why attention is softmax(QKᵀ/√d_k)·V with three projections"),
+        Para(f"Profile {p.name}, seeds {', '.join(map(str, p.seeds))}, total time "
+             f"{m.get('total_s', float('nan')):.0f} s on {cores} CPU cores for this invocation "
+             f"(runs reused from the store are not re-run). Every number below is read from the "
+             f"results store {m.get('db')}; published numbers appear only as labelled reference "
+             f"values."),
+        Section("summary", "Summary: each design against standard"), summary_table(data)]
+    forest = {q: [f for f in figs.get(q, []) if f.name.startswith("forest_")] for q in figs}
+    blocks += [f for q in ("q1", "q2", "q3") for f in forest.get(q, [])]
+    for q in ("q1", "q2", "q3"):
+        title, question = C.QUESTIONS[q]
+        blocks += [Section(q, title), Para(question), verdicts[q],
+                   H("Claims in the thread and the experiment that tests each"),
+                   Quotes(tuple(Quote(c["quote"], c["thread"] + ("" if c["verified"]
+                                                                 else " [shipped copy]"),
+                                      f"tested by: {c['tested_by']}") for c in claims[q])),
+                   H("Evidence"), *(f for f in figs.get(q, []) if f not in forest[q])]
+        blocks += {"q1": q1_blocks, "q2": q2_blocks, "q3": q3_blocks}[q](data)
+    blocks += [Section("setup", "Set-up: profile, seeds, hardware, versions, time"),
+               Meta(meta_items(data)), Para(claims_note)]
+    blocks += [Para(n, note=True) for n in m.get("notes", [])]
+    return blocks
+
+
+def write_report(data: StudyData, report_dir: Path) -> Path:
+    """Figures, ``index.html``, ``report.md``, ``verdicts.json`` and the comparisons as CSV in
+    ``report_dir``; returns the path of ``index.html``."""
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    figs = F.all_figures(data, report_dir / "figures")
+    verdicts = all_verdicts(data)
+    index = write_page(build(data, figs, verdicts), report_dir)
+    atomic_write_text(report_dir / "verdicts.json", json.dumps(
+        {q: {"headline": v.headline, "details": list(v.details)} for q, v in verdicts.items()},
+        indent=1, ensure_ascii=False))
+    atomic_write_text(report_dir / "comparisons.csv", data.comparisons.to_csv(index=False))
+    return index

@@ -1,0 +1,160 @@
+"""The study's results, read back from the store as tidy DataFrames (``StudyData``).
+
+Nothing here is typed in: every value is a stored run, a stored measure, or a statistic of them.
+Figures, verdicts and the page select columns of these frames; none of them parses a key.
+
+``StudyData`` holds:
+    runs         ``qkvlab.experiments.frames.runs_frame`` of the study's experiments
+    comparisons  one row per (experiment, task, arm, d_head, design, metric): mean ± 95% CI over
+                 seeds and the paired difference to ``standard`` (``stats.compare`` columns)
+    probe        the scale probe's statistics: scale, d_head, seed, step, stat, value
+    measures     per measure name, its records joined with the tags of the run it read
+                 (design, task, seed, ...), see ``measures.py`` for each one's columns
+    published    published symmetry values (reference only) and their citation
+    meta         profile, sizes, hardware, versions, timings and notes
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from qkvlab.analysis.measures import PUBLISHED_SOURCE, PUBLISHED_SYMMETRY
+from qkvlab.data import get_task
+from qkvlab.experiments.frames import measures_frame, metrics_frame, runs_frame
+from qkvlab.experiments.registry import get_profile
+from qkvlab.experiments.stats import compare_frame
+from qkvlab.experiments.store import Store
+from qkvlab.studies.qkv.experiments import ORDER, QKVProfile
+
+# task -> (metric, lower is better). Real-text tasks are judged on val loss, synthetic ones
+# on accuracy at the queried positions (chance-level loss says little there).
+TASK_METRIC = {"lm": ("val_loss", True), "mlm": ("val_loss", True),
+               "translate": ("val_loss", True), "mqar": ("accuracy", False),
+               "relation": ("accuracy", False), "bind": ("accuracy", False)}
+# extra metrics compared per experiment, besides each task's own
+EXTRA_METRICS = {"alt_vs_standard": ("tokens_per_s", "chrf"), "tied_qk_qkv": ("tokens_per_s",),
+                 "lm_tied_kv": ("tokens_per_s",), "lm_gqa": ("tokens_per_s",),
+                 "kv_translate": ("chrf",)}
+GROUP_BY = ("task", "arm", "d_head")  # tags that tell comparisons apart (besides design, seed)
+PROBE_STATS = ("norm_entropy", "saturated", "grad_WQ", "grad_WK")
+RUN_TAGS = ("experiment", "design", "task", "arm", "seed", "kind")
+
+
+@dataclass
+class StudyData:
+    profile: QKVProfile
+    runs: pd.DataFrame
+    comparisons: pd.DataFrame
+    probe: pd.DataFrame
+    measures: dict[str, pd.DataFrame]
+    published: dict[str, float] = field(default_factory=lambda: dict(PUBLISHED_SYMMETRY))
+    published_source: str = PUBLISHED_SOURCE
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def measure(self, name: str) -> pd.DataFrame:
+        """The records of one measure (an empty frame when it has none)."""
+        return self.measures.get(name, pd.DataFrame())
+
+    def compared(self, experiment: str | tuple[str, ...], **where) -> pd.DataFrame:
+        """Comparison rows of some experiments whose columns equal ``where``."""
+        exps = (experiment,) if isinstance(experiment, str) else experiment
+        df = self.comparisons
+        if df.empty:
+            return df
+        df = df[df.experiment.isin(exps)]
+        return select(df, **where)
+
+
+def select(df: pd.DataFrame, **where) -> pd.DataFrame:
+    """Rows whose columns equal the given values (a missing column matches nothing)."""
+    for k, v in where.items():
+        if k not in df:
+            return df.iloc[0:0]
+        df = df[df[k] == v]
+    return df
+
+
+def first(df: pd.DataFrame, **where) -> dict | None:
+    """The first matching row as a dict (None if none): what a verdict sentence reads."""
+    sub = select(df, **where)
+    return None if sub.empty else {k: _py(v) for k, v in sub.iloc[0].items()}
+
+
+def _py(v):
+    """NaN -> None for optional fields; numpy scalars -> Python numbers."""
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v.item() if hasattr(v, "item") else v
+
+
+def chance(task: str, profile: QKVProfile) -> float | None:
+    """Guessing accuracy of a task at a profile's options (None for tasks without one)."""
+    return getattr(get_task(task, **profile.task_options.get(task, {})), "chance", None)
+
+
+def comparisons(runs: pd.DataFrame) -> pd.DataFrame:
+    """``stats.compare_frame`` per experiment and task, for the task's metric and the extras."""
+    parts = []
+    if runs.empty:
+        return pd.DataFrame()
+    for exp, df in runs.groupby("experiment", sort=False):
+        if exp not in ORDER or exp in ("scale_probe", "symmetry_emergence"):
+            continue
+        by = [c for c in GROUP_BY if c in df and df[c].notna().any()]
+        for task, sub in df.groupby("task", sort=True):
+            metrics = [TASK_METRIC.get(task, ("val_loss", True))[0], *EXTRA_METRICS.get(exp, ())]
+            for metric in dict.fromkeys(metrics):
+                if metric not in sub or sub[metric].isna().all():
+                    continue
+                c = compare_frame(sub, metric, by)
+                parts.append(c.assign(experiment=exp, metric=metric))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def probe(store: Store, runs: pd.DataFrame) -> pd.DataFrame:
+    """Scale-probe statistics per run and probed step, and each run's final val loss."""
+    cols = ["scale", "d_head", "seed", "step", "stat", "value"]
+    pr = runs[(runs.experiment == "scale_probe") & (runs.status == "done")] if not runs.empty \
+        else runs
+    if pr.empty:
+        return pd.DataFrame(columns=cols)
+    tags = pr[["run_id", "scale", "d_head", "seed"]]
+    m = metrics_frame(store, pr.run_id)
+    m = m[m.name.isin([f"probe/{s}" for s in PROBE_STATS])]
+    m = m.assign(stat=m.name.str.removeprefix("probe/")).merge(tags, on="run_id")
+    end = pr.assign(stat="val_loss", value=pr.val_loss)[["scale", "d_head", "seed", "step",
+                                                           "stat", "value"]]
+    out = pd.concat([m[cols], end], ignore_index=True)
+    return out.astype({"d_head": int, "seed": int, "step": int})
+
+
+def measures(store: Store, runs: pd.DataFrame, profile: str) -> dict[str, pd.DataFrame]:
+    """Each measure's records at this profile, with the tags of the run it read, if any."""
+    tags = runs[[c for c in RUN_TAGS if c in runs] + ["run_id"]].drop_duplicates("run_id") \
+        if not runs.empty else pd.DataFrame(columns=["run_id"])
+    out = {}
+    for name in store.measure_names():
+        df = measures_frame(store, name)
+        if df.empty:
+            continue
+        df = df[df["spec.profile"] == profile]
+        if df.empty:
+            continue
+        if df.run_id.notna().any():
+            df = df.drop(columns=[c for c in RUN_TAGS if c in df]).merge(tags, on="run_id",
+                                                                      how="left")
+        out[name] = df.reset_index(drop=True)
+    return out
+
+
+def load(store: Store, profile: str, meta: dict[str, Any] | None = None) -> StudyData:
+    """Everything the report shows, from the store."""
+    p = get_profile(profile)
+    runs = pd.concat([runs_frame(store, e, profile) for e in ORDER], ignore_index=True)
+    return StudyData(profile=p, runs=runs, comparisons=comparisons(runs),
+                     probe=probe(store, runs), measures=measures(store, runs, profile),
+                     meta=dict(meta or {}))

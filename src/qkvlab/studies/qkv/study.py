@@ -1,0 +1,192 @@
+"""``qkvlab study``: run (or reuse) everything behind the three questions, then write the report.
+
+Steps, each reused from the results store when already done:
+    1. the named experiments (``experiments.ORDER``), swept at the profile;
+    2. the measures on the trained models and on the designs (``measures.py``), stored as
+       measures (``Store.measure``) next to the run each one reads;
+    3. the pretrained-weight analysis of MiniLM, Whisper tiny and SmolLM2;
+then ``results.load`` reads it all back from the store and ``page.write_report`` writes the
+figures, verdicts, HTML and Markdown to ``<out>/<profile>/``.
+
+Adding a measure is one place: a function in ``measures.py`` returning records, one
+``rec(...)`` call below, and its use in a figure, verdict or table (DEVELOPERS.md).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from qkvlab.env import environment
+from qkvlab.experiments.frames import runs_frame
+from qkvlab.experiments.registry import get_profile
+from qkvlab.experiments.runner import first_failure, sweep
+from qkvlab.experiments.store import DEFAULT_DB, Store
+from qkvlab.models import load_model
+from qkvlab.studies.qkv import measures as M
+from qkvlab.studies.qkv import page, results
+from qkvlab.studies.qkv.experiments import ORDER, QKVProfile
+from qkvlab.train import RunSpec, make_task
+
+PRETRAINED = ("minilm", "whisper-tiny", "smollm2")
+# Bump when a measure's code changes meaning: old stored values are then recomputed.
+MEASURE_VERSION = 2
+# Designs compared by speed and cache size: labels as in the experiments' tags.
+SPEED_VARIANTS = {"alt": {"design": "alt"}, "tied_qk": {"design": "tied_qk"},
+                  "tied_qk_selfmask": {"design": "tied_qk", "self_mask": True},
+                  "tied_qkv": {"design": "tied_qkv"}, "tied_kv": {"design": "tied_kv"}}
+
+
+@dataclass
+class StudyConfig:
+    """What ``qkvlab study`` does. ``out`` is the reports root; the report goes to out/profile."""
+
+    profile: str = "quick"
+    db: str = str(DEFAULT_DB)
+    out: str = "reports"
+    workers: int = 1
+    progress: bool = True
+    pretrained: tuple[str, ...] = PRETRAINED
+    log: Callable[[str], None] = field(default=print, repr=False)
+
+    def __post_init__(self) -> None:
+        get_profile(self.profile)  # ValueError naming the allowed profiles
+        if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1:
+            raise ValueError(f"workers: {self.workers!r} must be a positive integer")
+        bad = sorted(set(self.pretrained) - set(PRETRAINED))
+        if bad:
+            raise ValueError(f"pretrained: {bad[0]!r} is not one of {list(PRETRAINED)}")
+
+    @property
+    def report_dir(self) -> Path:
+        return Path(self.out) / self.profile
+
+
+class Recorder:
+    """Runs measures through the store; one that cannot run (a missing trained model, a weights
+    package not installed) becomes a note in the report, not a crash."""
+
+    def __init__(self, store: Store, profile: str):
+        self.store, self.profile, self.notes = store, profile, []
+        self.env = environment()
+
+    def __call__(self, name: str, spec: dict, fn: Callable[[], Any], run: str | None = None) -> None:
+        full = {**spec, "profile": self.profile, "version": MEASURE_VERSION}
+        try:
+            self.store.measure(name, full, fn, run=run, env=self.env)
+        except ValueError as e:
+            self.notes.append(f"{name} ({run or spec}): {e}")
+
+
+def run_study(cfg: StudyConfig) -> Path:
+    """Run the study and write the report; returns the path of ``index.html``."""
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    counts: dict[str, dict[str, int]] = {}
+    steps = [*ORDER, "measures", "pretrained"]
+    bar = tqdm(steps, desc=f"study [{cfg.profile}]", disable=not cfg.progress, unit="step",
+               dynamic_ncols=True)
+    with Store(cfg.db) as store:
+        rec = Recorder(store, cfg.profile)
+        for step in bar:
+            bar.set_postfix_str(step)
+            t = time.perf_counter()
+            if step == "measures":
+                run_measures(rec, cfg)
+            elif step == "pretrained":
+                run_pretrained(rec, cfg)
+            else:
+                counts[step] = sweep(step, cfg.profile, db=cfg.db, workers=cfg.workers,
+                                     progress=cfg.progress)
+                if counts[step].get("failed"):
+                    why = first_failure(store, step, cfg.profile)
+                    rec.notes.append(f"{step}: {counts[step]['failed']} run(s) failed; first: "
+                                     f"{why}")
+                    cfg.log(f"study: {step}: {counts[step]['failed']} run(s) failed; {why}")
+            timings[step] = time.perf_counter() - t
+        bar.close()
+        meta = {"total_s": time.perf_counter() - t0, "step_s": timings, "counts": counts,
+                "notes": rec.notes, "db": str(cfg.db), "workers": cfg.workers,
+                "environment": environment()}
+        data = results.load(store, cfg.profile, meta)
+    index = page.write_report(data, cfg.report_dir)
+    cfg.log(f"study [{cfg.profile}] done in {time.perf_counter() - t0:.0f} s: {index}")
+    return index
+
+
+# ---- measures on trained models -------------------------------------------------------------
+def _done(runs: pd.DataFrame, **tags) -> pd.DataFrame:
+    """Finished runs whose tags match, one row per run."""
+    df = results.select(runs[runs.status == "done"], **tags)
+    return df.drop_duplicates("run_id")
+
+
+def run_measures(rec: Recorder, cfg: StudyConfig) -> None:
+    """Every measure the report needs, recorded through ``rec``."""
+    store, p = rec.store, get_profile(cfg.profile)
+    assert isinstance(p, QKVProfile)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    runs = {e: runs_frame(store, e, cfg.profile) for e in ORDER}
+
+    def on_model(name: str, row, fn) -> None:
+        def compute():
+            spec = RunSpec.from_dict(store.runs_spec(row.run_id))
+            idx = M.first_batch(make_task(spec.task, spec.task_options), "val",
+                                p.measure_batch)["idx"]
+            path = store.runs_dir / row.run_id / "model.safetensors"
+            if not path.is_file():
+                raise ValueError(f"{path} is missing; re-run experiment {row.experiment}")
+            return fn(load_model(path).eval(), idx)
+        rec(name, {"run": row.run_id, "batch": p.measure_batch}, compute, run=row.run_id)
+
+    alt = runs["alt_vs_standard"]
+    if not alt.empty:
+        for row in _done(alt, task="lm", arm="equal", design="alt").itertuples():
+            on_model("fold_alt", row, lambda m, idx: M.fold_check(m, idx, p.rounds))
+        for design in ("standard", "alt"):
+            for row in _done(alt, task="lm", arm="equal", design=design).itertuples():
+                on_model("convex_range", row, M.convex_range)
+    qk = runs["tied_qk_qkv"]
+    if not qk.empty:
+        for design in ("standard", "tied_qk", "tied_qk_selfmask", "tied_qkv"):
+            for task in ("lm", "relation"):
+                for row in _done(qk, task=task, arm="equal", design=design).itertuples():
+                    on_model("own_position", row, M.own_position_weight)
+    sym = runs["symmetry_emergence"]
+    if not sym.empty:
+        for row in _done(sym).itertuples():
+            folder = store.runs_dir / row.run_id
+            files = {int(f.stem.removeprefix("model_step")): f
+                     for f in sorted(folder.glob("model_step*.safetensors"))}
+            rec("symmetry_steps", {"run": row.run_id},
+                lambda files=files: M.symmetry_steps(dict(sorted(files.items()))), run=row.run_id)
+
+    seq = int(p.task_options.get("lm", {}).get("seq_len", 64))
+    dims = {"d_model": p.d_model, "n_heads": p.n_heads}
+    variants = {**SPEED_VARIANTS, "gqa_half": {"n_kv_heads": max(1, p.n_heads // 2)}}
+    rec("attention_speed", {**dims, "T": seq, "B": p.batch_size, "rounds": p.rounds,
+                            "variants": variants},
+        lambda: M.attention_speed(p.d_model, p.n_heads, seq, p.batch_size, variants,
+                                  rounds=p.rounds))
+    dec = {"standard": {}, **{k: v for k, v in variants.items() if k != "tied_qk_selfmask"}}
+    n_ctx = 8 + p.decode_tokens
+    rec("decode_speed", {**dims, "n_layers": p.n_layers, "n_ctx": n_ctx, "new": p.decode_tokens,
+                         "variants": dec, "rounds": p.rounds},
+        lambda: M.decode_speed(M.variant_configs(p.d_model, p.n_layers, p.n_heads, n_ctx, dec),
+                               p.decode_tokens, p.rounds))
+
+
+def run_pretrained(rec: Recorder, cfg: StudyConfig) -> None:
+    """Symmetry and subspace overlaps of the built-in pretrained models, against the null."""
+    p = get_profile(cfg.profile)
+    for source in cfg.pretrained:
+        rec("pretrained", {"source": source, "n_null": p.n_null, "cka": p.cka},
+            lambda source=source: M.pretrained(source, p.n_null, p.cka))

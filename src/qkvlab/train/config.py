@@ -1,0 +1,152 @@
+"""What one training run is: ``TrainConfig`` (optimization) inside ``RunSpec`` (everything).
+
+A ``RunSpec`` determines a run's result: the task and its options, the model options, the
+training options, and the optional scale probe and re-initialization. The results store hashes
+its canonical dict (``spec.to_dict()``) into the run id, so equal specs share one run.
+Round trip through plain dicts (JSON in the store, spec files for ``torchrun``)::
+
+    spec = RunSpec.from_dict({"task": "lm", "model": {"design": "tied_kv"}, "train": {"steps": 50}})
+    spec.to_dict()   # every field, defaults included: the canonical form
+    RunSpec.from_dict({"task": "lm", "trian": {}})   # ValueError: trian: unknown key; allowed: [...]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from qkvlab import typed
+from qkvlab.data.base import MODEL_KINDS
+from qkvlab.models import ModelConfig
+
+PRECISIONS = ("fp32", "bf16")
+INITS = ("gpt2", "unit")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimization and bookkeeping of one run.
+
+    ``eval_every=0`` evaluates only at the end; ``checkpoint_every=0`` never checkpoints;
+    ``keep_at`` lists steps whose model weights are kept as ``model_step{N}.safetensors``
+    (for analyses of how weights evolve). ``lr`` is the peak after ``warmup`` linear steps;
+    it then follows a cosine down to ``min_lr_ratio * lr`` at ``steps``.
+    """
+
+    steps: int = 200
+    batch_size: int = 16
+    lr: float = 3e-3
+    warmup: int = 20
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 0
+    eval_batches: int = 4
+    eval_batch_size: int = 32
+    log_every: int = 10
+    checkpoint_every: int = 0
+    keep_at: tuple[int, ...] = ()
+    precision: str = "fp32"
+    compile: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "eval_batches", "eval_batch_size", "log_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"train.{name}: {v!r} must be a positive integer")
+        for name in ("warmup", "eval_every", "checkpoint_every", "seed"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"train.{name}: {v!r} must be a non-negative integer")
+        for name in ("lr", "weight_decay", "grad_clip", "min_lr_ratio", "beta1", "beta2"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"train.{name}: {v!r} must be a finite number >= 0")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"train.precision: {self.precision!r} is not one of {list(PRECISIONS)}")
+        object.__setattr__(self, "keep_at", tuple(int(s) for s in self.keep_at))
+
+    def to_dict(self) -> dict[str, Any]:
+        return typed.to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrainConfig:
+        return typed.from_dict(cls, d, "train")
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """The scale probe (``qkvlab.experiments.probe``): statistics at ``steps``; a row counts as
+    saturated when its largest attention weight exceeds ``sat``."""
+
+    steps: tuple[int, ...] = (0,)
+    sat: float = 0.99
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "steps", tuple(int(s) for s in self.steps))
+        if not 0.0 < self.sat < 1.0:
+            raise ValueError(f"probe.sat: {self.sat!r} must be in (0, 1)")
+
+
+@dataclass(frozen=True)
+class InitConfig:
+    """Re-initialization of the attention input projections (``apply_init``): ``qk="unit"``
+    draws them from N(0, 1/d_model), the regime of the 1/√d_k argument; ``gpt2`` keeps the
+    model's own init (std 0.02)."""
+
+    qk: str = "gpt2"
+
+    def __post_init__(self) -> None:
+        if self.qk not in INITS:
+            raise ValueError(f"init.qk: {self.qk!r} is not one of {list(INITS)}")
+
+
+MODEL_KEYS = frozenset(typed.field_names(ModelConfig))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything that determines one training run's result.
+
+    ``model`` holds ``ModelConfig`` options; ``d_vocab`` and ``n_ctx`` come from the task when
+    absent. ``task_version`` is the task's data version (bumped when its data changes), so runs
+    on old data are not reused. ``kind`` (decoder, encoder, encdec) defaults to the task's.
+    """
+
+    task: str
+    task_version: int = 0
+    task_options: Mapping[str, Any] = field(default_factory=dict)
+    kind: str | None = None
+    model: Mapping[str, Any] = field(default_factory=dict)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    probe: ProbeConfig | None = None
+    init: InitConfig | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.task, str) or not self.task:
+            raise ValueError(f"task: {self.task!r} must be a task name such as 'lm'")
+        if self.kind is not None and self.kind not in MODEL_KINDS:
+            raise ValueError(f"kind: {self.kind!r} is not one of {list(MODEL_KINDS)}")
+        for name in ("task_options", "model"):
+            if not isinstance(getattr(self, name), Mapping):
+                raise ValueError(f"{name}: {getattr(self, name)!r} must be a mapping")
+        typed.check_keys(self.model, MODEL_KEYS, "model")
+        object.__setattr__(self, "task_options", dict(self.task_options))
+        object.__setattr__(self, "model", dict(self.model))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The canonical dict: every field, defaults included (what the run id hashes)."""
+        return typed.to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | RunSpec) -> RunSpec:
+        """Raises ValueError naming an unknown key or a bad value as ``section.key``."""
+        return typed.from_dict(cls, d)
+
+    def replace(self, **changes) -> RunSpec:
+        return typed.replace(self, **changes)
