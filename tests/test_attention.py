@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load, save
 from torch.testing import assert_close
 
-from qkvlab.attention import DESIGNS, SCALES, AttentionConfig, build_attention
+from qkvlab.attention import DESIGNS, SCALES, AttentionConfig, build_attention, repeat_kv
 from reference import reference_attention
 
 QK_TIED = {"tied_qk", "tied_qkv"}
@@ -161,3 +161,18 @@ def test_torch_save_round_trip_weights_only(tmp_path):
     fresh = make("tied_qk", seed=3)
     fresh.load_state_dict(torch.load(buf, weights_only=True))
     assert_close(fresh.W_in, att.W_in, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("G", [1, 2, 4])
+@pytest.mark.parametrize("dim", [0, 1])
+def test_repeat_kv_gives_query_head_h_the_group_h_over_H_by_G(G, dim):
+    H = 4
+    shape = (G, 3, 5) if dim == 0 else (3, G, 5)  # a per-head weight or (B, G, Tk)
+    t = torch.randn(shape, dtype=torch.float64)
+    expected = torch.stack([t.select(dim, h // (H // G)) for h in range(H)], dim=dim)
+    assert_close(repeat_kv(t, H, dim=dim), expected, rtol=0, atol=0)
+
+
+def test_repeat_kv_rejects_a_group_count_that_does_not_divide():
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        repeat_kv(torch.zeros(3, 2), 4, dim=0)

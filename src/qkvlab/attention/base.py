@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from qkvlab.attention.circuits import FactoredMatrix
 from qkvlab.attention.config import AttentionConfig
-from qkvlab.attention.core import KVCache, attend, build_mask
+from qkvlab.attention.core import KVCache, attend, build_mask, repeat_kv
 
 Rope = Callable[[Tensor, int], Tensor]  # (x (B, n, T, d), position of x[..., 0, :]) -> rotated x
 
@@ -193,19 +193,16 @@ class Attention(nn.Module):
     def _head_weight(self, role: str) -> Tensor:
         seg = self.segment_of(role)
         n, d = self._shape[seg]
-        w = self.W_in[self._slices[seg]].view(n, d, self.cfg.d_model).transpose(1, 2)
-        return self._expand(w)
+        w = self.W_in[self._slices[seg]].view(n, d, self.cfg.d_model).transpose(1, 2)  # (n, D, d)
+        return repeat_kv(w, self.cfg.n_heads, dim=0)  # (H, D, d)
 
     def _head_bias(self, role: str) -> Tensor | None:
         if self.b_in is None:
             return None
         seg = self.segment_of(role)
         n, d = self._shape[seg]
-        return self._expand(self.b_in[self._slices[seg]].view(n, d))
-
-    def _expand(self, w: Tensor) -> Tensor:
-        H = self.cfg.n_heads
-        return w if w.shape[0] == H else w.repeat_interleave(H // w.shape[0], dim=0)
+        b = self.b_in[self._slices[seg]].view(n, d)  # (n, d), n = H or G
+        return repeat_kv(b, self.cfg.n_heads, dim=0)  # (H, d)
 
     @property
     def W_Q(self) -> Tensor:
