@@ -9,6 +9,3 @@ from qkvlab.attention import designs as _designs  # noqa: F401  (registers the d
 
 __all__ = ["Attention", "AttentionConfig", "DESIGNS", "FactoredMatrix", "KVCache", "SCALES",
            "build_attention", "register", "repeat_kv"]
-from qkvlab.attention.fold import fold_alt, fold_attention  # noqa: E402
-
-__all__ += ["fold_alt", "fold_attention"]
