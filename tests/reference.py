@@ -1,88 +1,122 @@
-"""Slow float64 oracle: attention computed head by head, query by query, from raw parameters.
+"""Slow float64 oracle: attention head by head, query by query, from the public per-head view.
 
-Independent of the production code path: it re-derives each design's weight layout from
-the design name, loops over heads and builds masks element by element.
+It reads only what analysis reads, the per-head view of ``qkvlab.attention.Attention``:
+
+    q_h = x @ W_Q[h] + b_Q[h]       W_Q (H, D, dk)   b_Q (H, dk)
+    k_h = s @ W_K[h] + b_K[h]       W_K (H, D, dk)   b_K (H, dk)    GQA already expanded
+    v_h = s @ W_V[h] + b_V[h]       W_V (H, D, dv)   b_V (H, dv)    GQA already expanded
+    z_h = softmax(inner · q_h k_hᵀ + mask) v_h
+    out = Σ_h z_h @ W_O[h] + b_O    W_O (H, dv, D)   b_O (D,)
+
+and from the config only the inner scale (``scale``: 1/√dk inside the softmax for ``inside`` and
+``both``) and ``self_mask``. By its contract ``W_O`` is each head's *effective* output map: it
+already holds what a design applies between the softmax and W_O (``alt``'s W_hᵀ, the outer
+1/√dk of ``outside`` and ``both``), so the oracle reads no ``W_mix`` and applies no outer scale.
+
+Nothing here knows how a design stores its weights: a wrong slice in a view, a K/V head paired
+with the wrong query heads or a W_O that misses ``alt``'s matrix fails the common suite, and a
+new design needs nothing here. Dropout must be off (``eval()`` or ``dropout=0``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
 
 import torch
+from torch import Tensor
 
-# Order of the fused projection's blocks per design (which roles share a block).
-LAYOUT = {
-    "standard": ("q", "k", "v"),
-    "alt": ("q", "k", "v"),
-    "tied_qk": ("qk", "v"),
-    "tied_kv": ("q", "kv"),
-    "tied_qkv": ("qkv",),
-}
+NAMES = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
 
 
-def _blocks(cfg):
-    """role -> (start row, rows per head, n heads) in W_in."""
-    out, start = {}, 0
-    for block in LAYOUT[cfg.design]:
-        n = cfg.n_heads if "q" in block else cfg.n_kv_heads
-        d = cfg.d_v if block == "v" else cfg.d_head
-        for role in block:
-            out[role] = (start, d, n)
-        start += n * d
-    return out
+@dataclass(frozen=True)
+class HeadView:
+    """The public per-head view of one attention layer in float64 (a bias is None if absent)."""
+
+    W_Q: Tensor  # (H, D, dk)
+    W_K: Tensor  # (H, D, dk)
+    W_V: Tensor  # (H, D, dv)
+    W_O: Tensor  # (H, dv, D)
+    b_Q: Tensor | None  # (H, dk)
+    b_K: Tensor | None  # (H, dk)
+    b_V: Tensor | None  # (H, dv)
+    b_O: Tensor | None  # (D,)
+
+    @classmethod
+    def of(cls, att, *, detach: bool = True) -> "HeadView":
+        """A float64 copy of ``att``'s view (not an alias: a later optimizer step leaves it
+        alone); ``detach=False`` keeps the graph back to ``att``'s parameters instead."""
+        def f64(t: Tensor | None) -> Tensor | None:
+            if t is None:
+                return None
+            return t.detach().double().clone() if detach else t.double()
+        return cls(**{n: f64(getattr(att, n)) for n in NAMES})
+
+    def leaves(self) -> "HeadView":
+        """Independent copies that require grad: an *untied* layer with the same weights."""
+        return HeadView(**{f.name: None if getattr(self, f.name) is None
+                           else getattr(self, f.name).detach().clone().requires_grad_()
+                           for f in fields(self)})
+
+    def check(self, cfg) -> None:
+        """Shapes as documented, from the config (not from the view itself)."""
+        H, D, dk, dv = cfg.n_heads, cfg.d_model, cfg.d_head, cfg.d_v
+        want = dict(W_Q=(H, D, dk), W_K=(H, D, dk), W_V=(H, D, dv), W_O=(H, dv, D),
+                    b_Q=(H, dk), b_K=(H, dk), b_V=(H, dv), b_O=(D,))
+        for name, shape in want.items():
+            t = getattr(self, name)
+            assert t is None or tuple(t.shape) == shape, f"{name}: {tuple(t.shape)} != {shape}"
+
+
+def _proj(inp: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+    """(T, D) @ (D, d) (+ (d,)) -> (T, d)."""
+    y = inp @ W
+    return y if b is None else y + b
 
 
 def reference_attention(att, x, source=None, *, causal=False, allowed=None, additive=None,
-                        q_offset=0):
-    """Output (B, Tq, D) in float64.
+                        q_offset=0, view: HeadView | None = None, need_weights=False):
+    """Output (B, Tq, D) in float64, and with ``need_weights`` the weights (B, H, Tq, Tk).
 
     ``allowed``: bool (B, Tq, Tk) or None; ``additive``: float (B, Tq, Tk) or None.
+    ``view``: the weights to use, by default ``HeadView.of(att)``; pass ``HeadView.leaves()``
+    to get each role's gradient, or ``HeadView.of(att, detach=False)`` to backpropagate
+    through the view into ``att``'s parameters. Only ``att.cfg`` is read besides.
     """
     cfg = att.cfg
+    assert not (att.training and cfg.dropout > 0), "the oracle has no dropout"
+    view = HeadView.of(att) if view is None else view
+    view.check(cfg)
     x = x.double()
     src = x if source is None else source.double()
-    W = att.W_in.detach().double()
-    b = None if att.b_in is None else att.b_in.detach().double()
-    Wo = att.out_proj.weight.detach().double()
-    bo = None if att.out_proj.bias is None else att.out_proj.bias.detach().double()
-    blocks = _blocks(cfg)
-    B, Tq, D = x.shape
+    B, Tq, _ = x.shape
     Tk = src.shape[1]
-    H, G = cfg.n_heads, cfg.n_kv_heads
     inner = 1 / math.sqrt(cfg.d_head) if cfg.scale in ("inside", "both") else 1.0
-    outer = 1 / math.sqrt(cfg.d_head) if cfg.scale in ("outside", "both") else 1.0
-    out = torch.zeros(B, Tq, D, dtype=torch.float64)
-
-    def proj(role, h, inp):
-        start, d, n = blocks[role]
-        hh = h if n == H else h // (H // G)
-        rows = slice(start + hh * d, start + (hh + 1) * d)
-        y = inp @ W[rows].T
-        return y if b is None else y + b[rows]
-
+    outs, weights = [], []
     for bi in range(B):
-        for h in range(H):
-            q, k, v = proj("q", h, x[bi]), proj("k", h, src[bi]), proj("v", h, src[bi])
-            z = torch.zeros(Tq, cfg.d_v, dtype=torch.float64)
+        out = torch.zeros(cfg.d_model, dtype=torch.float64) if view.b_O is None else view.b_O
+        w_b = []
+        for h in range(cfg.n_heads):
+            q = _proj(x[bi], view.W_Q[h], None if view.b_Q is None else view.b_Q[h])  # (Tq, dk)
+            k = _proj(src[bi], view.W_K[h], None if view.b_K is None else view.b_K[h])  # (Tk, dk)
+            v = _proj(src[bi], view.W_V[h], None if view.b_V is None else view.b_V[h])  # (Tk, dv)
+            rows = []
             for i in range(Tq):
-                scores = torch.empty(Tk, dtype=torch.float64)
                 ok = torch.ones(Tk, dtype=torch.bool)
-                for j in range(Tk):
-                    scores[j] = (q[i] @ k[j]) * inner
-                    if causal and j > q_offset + i:
-                        ok[j] = False
-                    if allowed is not None and not allowed[bi, i, j]:
-                        ok[j] = False
-                    if additive is not None:
-                        scores[j] += additive[bi, i, j]
-                if cfg.self_mask and source is None and ok.sum() > 1 and ok[q_offset + i]:
+                if causal:
+                    ok &= torch.arange(Tk) <= q_offset + i
+                if allowed is not None:
+                    ok &= allowed[bi, i]
+                if cfg.self_mask and source is None and ok.sum() > 1:
                     ok[q_offset + i] = False  # Reformer: own position only as a last resort
-                p = torch.softmax(scores.masked_fill(~ok, float("-inf")), dim=0)
-                z[i] = p @ v
-            if cfg.design == "alt":
-                z = z @ att.W_mix.detach().double()[h].T
-            z = z * outer
-            out[bi] += z @ Wo[:, h * cfg.d_v:(h + 1) * cfg.d_v].T
-        if bo is not None:
-            out[bi] += bo
-    return out
+                scores = (k @ q[i]) * inner  # (Tk,)
+                if additive is not None:
+                    scores = scores + additive[bi, i]
+                rows.append(torch.softmax(scores.masked_fill(~ok, float("-inf")), dim=0))
+            p = torch.stack(rows)  # (Tq, Tk)
+            out = out + (p @ v) @ view.W_O[h]  # (Tq, dv) @ (dv, D)
+            w_b.append(p)
+        outs.append(out)
+        weights.append(torch.stack(w_b))  # (H, Tq, Tk)
+    out = torch.stack(outs)  # (B, Tq, D)
+    return (out, torch.stack(weights)) if need_weights else out

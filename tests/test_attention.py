@@ -1,4 +1,9 @@
-"""Common suite over every registered design, and each design against the float64 oracle."""
+"""Common suite over every registered design, and each design against the float64 oracle.
+
+The oracle (``tests/reference.py``) reads only the public per-head view, so these tests check
+the view against the forward pass too. Which options a design takes is read from its declared
+``segments``: a new design gets the whole suite without a table here.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,27 @@ import torch
 from safetensors.torch import load, save
 from torch.testing import assert_close
 
-from qkvlab.attention import DESIGNS, SCALES, AttentionConfig, build_attention
-from reference import reference_attention
+from qkvlab.attention import DESIGNS, SCALES, AttentionConfig, build_attention, repeat_kv
+from reference import HeadView, reference_attention
 
-QK_TIED = {"tied_qk", "tied_qkv"}
-KV_TIED = {"tied_kv", "tied_qkv"}
+ROLES = ("q", "k", "v")
+
+
+def tied(design: str, a: str, b: str) -> bool:
+    """Whether ``design`` stores roles ``a`` and ``b`` in one weight block."""
+    return DESIGNS[design].segment_of(a) == DESIGNS[design].segment_of(b)
+
+
+def everything(design: str) -> dict:
+    """Every option the design takes at once: biases, GQA, d_v != d_head, the self-mask."""
+    opts = dict(bias=True)
+    if not tied(design, "q", "k"):
+        opts["n_kv_heads"] = 2
+    if not tied(design, "k", "v"):
+        opts["d_v"] = 5
+    if tied(design, "q", "k"):
+        opts["self_mask"] = True
+    return opts
 
 
 def variants():
@@ -21,13 +42,14 @@ def variants():
     out = []
     for d in DESIGNS:
         out.append((d, dict(bias=True)))
-        if d not in QK_TIED:
+        if not tied(d, "q", "k"):
             out.append((d, dict(n_kv_heads=2)))
             out.append((d, dict(n_kv_heads=1)))
-        if d not in KV_TIED:
+        if not tied(d, "k", "v"):
             out.append((d, dict(d_v=5)))
-        if d in QK_TIED:
+        if tied(d, "q", "k"):
             out.append((d, dict(self_mask=True)))
+        out.append((d, everything(d)))
     return out
 
 
@@ -36,9 +58,28 @@ IDS = [f"{d}-{'-'.join(f'{k}={v}' for k, v in o.items())}" for d, o in VARIANTS]
 
 
 def make(design, seed=0, dtype=torch.float64, **opts):
+    """A layer whose every parameter is random: biases start at zero, where a bias read from
+    the wrong slice would go unnoticed."""
     torch.manual_seed(seed)
     cfg = AttentionConfig(d_model=16, n_heads=4, design=design, **opts)
-    return build_attention(cfg).to(dtype)
+    att = build_attention(cfg).to(dtype)
+    with torch.no_grad():
+        for p in att.parameters():
+            if not p.any():
+                p.normal_(std=0.5)
+    return att
+
+
+def cross_inputs(seed=1):
+    """Queries (2, 4, 16), a source (2, 7, 16), a key-padding mask and a boolean mask (4, 7)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 4, 16, generator=g, dtype=torch.float64)
+    src = torch.randn(2, 7, 16, generator=g, dtype=torch.float64)
+    kpm = torch.ones(2, 7, dtype=torch.bool)
+    kpm[0, 5:] = False
+    bool_mask = torch.rand(4, 7, generator=g) > 0.3
+    bool_mask[:, 0] = True
+    return x, src, kpm, bool_mask
 
 
 @pytest.mark.parametrize("design,opts", VARIANTS, ids=IDS)
@@ -46,50 +87,99 @@ def make(design, seed=0, dtype=torch.float64, **opts):
 def test_matches_oracle_self_attention(design, opts, causal):
     att = make(design, **opts)
     x = torch.randn(2, 6, 16, dtype=torch.float64)
-    ref = reference_attention(att, x, causal=causal)
-    assert_close(att(x, is_causal=causal), ref, rtol=1e-12, atol=1e-12)
-    out, w = att(x, is_causal=causal, need_weights=True)
+    ref, ref_w = reference_attention(att, x, causal=causal, need_weights=True)
+    assert_close(att(x, is_causal=causal), ref, rtol=1e-12, atol=1e-12)  # fused SDPA
+    out, w = att(x, is_causal=causal, need_weights=True)  # explicit path
     assert_close(out, ref, rtol=1e-12, atol=1e-12)
-    assert w.shape == (2, 4, 6, 6)
-    assert_close(w.sum(-1), torch.ones(2, 4, 6, dtype=torch.float64))
+    assert_close(w, ref_w, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("design,opts", VARIANTS, ids=IDS)
 def test_matches_oracle_cross_attention_with_masks(design, opts):
     att = make(design, **opts)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 4, 16, generator=g, dtype=torch.float64)
-    src = torch.randn(2, 7, 16, generator=g, dtype=torch.float64)
-    kpm = torch.ones(2, 7, dtype=torch.bool)
-    kpm[0, 5:] = False
-    bool_mask = torch.rand(4, 7, generator=g) > 0.3
-    bool_mask[:, 0] = True
+    x, src, kpm, bool_mask = cross_inputs()
     allowed = kpm[:, None, :] & bool_mask[None]
-    ref = reference_attention(att, x, src, allowed=allowed)
+    ref, ref_w = reference_attention(att, x, src, allowed=allowed, need_weights=True)
     out = att(x, src, key_padding_mask=kpm, attn_mask=bool_mask)
     assert_close(out, ref, rtol=1e-12, atol=1e-12)
-    additive = torch.randn(2, 4, 7, generator=g, dtype=torch.float64)
+    out, w = att(x, src, key_padding_mask=kpm, attn_mask=bool_mask, need_weights=True)
+    assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    assert_close(w, ref_w, rtol=1e-12, atol=1e-12)
+    additive = torch.randn(2, 4, 7, generator=torch.Generator().manual_seed(2),
+                           dtype=torch.float64)
     ref = reference_attention(att, x, src, allowed=kpm[:, None, :].expand(2, 4, 7), additive=additive)
     assert_close(att(x, src, key_padding_mask=kpm, attn_mask=additive), ref, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("design", list(DESIGNS))
 @pytest.mark.parametrize("scale", SCALES)
-def test_every_scale_placement_matches_oracle(design, scale):
-    att = make(design, scale=scale)
+@pytest.mark.parametrize("extra", [False, True], ids=["plain", "everything"])
+def test_every_scale_placement_matches_oracle(design, scale, extra):
+    """The outer scale is 1/√d_head (not 1/√d_v) and lives in W_O, the inner one in the oracle."""
+    att = make(design, scale=scale, **(everything(design) if extra else {}))
     x = torch.randn(1, 5, 16, dtype=torch.float64)
     assert_close(att(x, is_causal=True), reference_attention(att, x, causal=True),
+                 rtol=1e-12, atol=1e-12)
+    x, src, kpm, bool_mask = cross_inputs()
+    assert_close(att(x, src, key_padding_mask=kpm, attn_mask=bool_mask),
+                 reference_attention(att, x, src, allowed=kpm[:, None, :] & bool_mask[None]),
                  rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("design,opts", VARIANTS, ids=IDS)
-def test_gradients_reach_every_parameter(design, opts):
+def test_gradients_match_the_oracle_through_the_view(design, opts):
+    """Backpropagating the oracle through the public view gives every parameter (and the input)
+    the module's gradient; ``autograd.grad`` raises if a parameter reaches neither."""
     att = make(design, **opts)
     x = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
-    att(x, is_causal=True).pow(2).sum().backward()
-    for name, p in att.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
-    assert x.grad.abs().sum() > 0
+    w = torch.randn(2, 5, 16, dtype=torch.float64)  # a random linear loss
+    names, params = zip(*att.named_parameters())
+    got = torch.autograd.grad((att(x, is_causal=True) * w).sum(), (x, *params))
+    ref = reference_attention(att, x, causal=True, view=HeadView.of(att, detach=False))
+    want = torch.autograd.grad((ref * w).sum(), (x, *params))
+    for name, a, b in zip(("x", *names), got, want):
+        assert_close(a, b, rtol=1e-10, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("design,opts", VARIANTS, ids=IDS)
+def test_a_step_moves_each_role_by_the_summed_gradients_of_the_roles_it_shares(design, opts):
+    """Tying is one block used in several roles: an SGD step moves W_Q, W_K, W_V (and b_Q, b_K,
+    b_V) by the sum of the gradients an *untied* float64 layer gives the roles stored in that
+    block, summed over the query heads of a GQA group too (the adjoint of ``repeat_kv``)."""
+    att = make(design, **opts)
+    H = att.cfg.n_heads
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    w = torch.randn(2, 5, 16, dtype=torch.float64)
+    (att(x, is_causal=True) * w).sum().backward()
+    untied = HeadView.of(att).leaves()
+    (reference_attention(att, x, causal=True, view=untied) * w).sum().backward()
+    before = HeadView.of(att)
+    torch.optim.SGD(att.parameters(), lr=1.0).step()
+    after = HeadView.of(att)
+
+    def stored(name: str, role: str) -> torch.Tensor:
+        """The untied gradient of ``name`` (W or b) for ``role``, summed onto stored heads."""
+        g = getattr(untied, f"{name}_{role.upper()}").grad  # (H, ...)
+        n = H if "q" in DESIGNS[design].segment_of(role) else att.cfg.n_kv_heads
+        return g.reshape(n, H // n, *g.shape[1:]).sum(1)  # (n, ...)
+
+    for name in ("W", "b") if opts.get("bias") else ("W",):
+        for role in ROLES:
+            shared = sum(stored(name, r) for r in ROLES if tied(design, r, role))
+            want = shared.repeat_interleave(H // shared.shape[0], 0)  # back to (H, ...)
+            key = f"{name}_{role.upper()}"
+            assert_close(getattr(before, key) - getattr(after, key), want,
+                         rtol=1e-10, atol=1e-12, msg=lambda m, key=key: f"{key}: {m}")
+
+
+@pytest.mark.parametrize("design,opts", VARIANTS, ids=IDS)
+def test_tied_roles_are_one_tensor(design, opts):
+    att = make(design, **opts)
+    x = torch.randn(1, 5, 16, dtype=torch.float64)
+    for q, k, v in (att.project(x), att.project(x, torch.randn(1, 3, 16, dtype=torch.float64))):
+        assert (k is v) == tied(design, "k", "v")
+    q, k, _ = att.project(x)
+    assert (q is k) == tied(design, "q", "k")
 
 
 @pytest.mark.parametrize("design,opts", VARIANTS, ids=IDS)
@@ -119,7 +209,7 @@ def test_kv_cache_decode_equals_full_forward(design, opts):
     cache = att.new_cache(2, 9)
     parts = [att(x[:, a:b], is_causal=True, cache=cache) for a, b in [(0, 4), (4, 5), (5, 7), (7, 9)]]
     assert_close(torch.cat(parts, dim=1), full, rtol=1e-12, atol=1e-12)
-    shared = design in KV_TIED
+    shared = tied(design, "k", "v")
     assert cache.shared is shared and (cache.k is cache.v) is shared
     per = 2 * att.cfg.n_kv_heads * 9 * 8  # B * G * T * (elements per head, bytes 8 for fp64)
     expected = per * att.cfg.d_head + (0 if shared else per * att.cfg.d_v)
@@ -127,24 +217,23 @@ def test_kv_cache_decode_equals_full_forward(design, opts):
 
 
 @pytest.mark.parametrize("design,opts", VARIANTS, ids=IDS)
-def test_state_dict_round_trip_keeps_ties(design, opts):
+def test_state_dict_round_trip_stores_each_tied_block_once(design, opts):
     att = make(design, **opts)
     blob = save({k: v.contiguous() for k, v in att.state_dict().items()})
     fresh = make(design, seed=99, **opts)
     fresh.load_state_dict(load(blob))
     x = torch.randn(1, 5, 16, dtype=torch.float64)
     assert_close(fresh(x), att(x), rtol=0, atol=0)
-    # Tying is one parameter used twice: a gradient step keeps the views identical.
-    opt = torch.optim.SGD(fresh.parameters(), lr=0.1)
-    fresh(x).sum().backward()
-    opt.step()
-    if design in QK_TIED:
-        assert_close(fresh.W_Q, fresh.W_K, rtol=0, atol=0)
-    if design in KV_TIED:
-        assert_close(fresh.W_K, fresh.W_V, rtol=0, atol=0)
-    keys = set(fresh.state_dict())
-    assert keys == {"W_in", "out_proj.weight"} | ({"b_in", "out_proj.bias"} if opts.get("bias") else set()) \
+    state = fresh.state_dict()
+    assert set(state) == {"W_in", "out_proj.weight"} \
+        | ({"b_in", "out_proj.bias"} if opts.get("bias") else set()) \
         | ({"W_mix"} if design == "alt" else set())
+    # W_in holds one block per distinct segment: n heads (H with q, else G) of width d each
+    c = att.cfg
+    blocks = {DESIGNS[design].segment_of(r): r for r in ROLES}  # segment -> a role it serves
+    rows = sum((c.n_heads if "q" in seg else c.n_kv_heads) * (c.d_v if r == "v" else c.d_head)
+               for seg, r in blocks.items())
+    assert tuple(state["W_in"].shape) == (rows, c.d_model)
 
 
 def test_tied_kv_cache_is_half_of_standard():
@@ -154,10 +243,28 @@ def test_tied_kv_cache_is_half_of_standard():
 
 
 def test_torch_save_round_trip_weights_only(tmp_path):
-    att = make("tied_qk")
+    att = make("tied_qk", bias=True)
     buf = io.BytesIO()
     torch.save(att.state_dict(), buf)
     buf.seek(0)
-    fresh = make("tied_qk", seed=3)
+    fresh = make("tied_qk", seed=3, bias=True)
     fresh.load_state_dict(torch.load(buf, weights_only=True))
-    assert_close(fresh.W_in, att.W_in, rtol=0, atol=0)
+    for key, value in att.state_dict().items():
+        assert_close(fresh.state_dict()[key], value, rtol=0, atol=0, msg=key)
+    x = torch.randn(1, 5, 16, dtype=torch.float64)
+    assert_close(fresh(x), att(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("G", [1, 2, 4])
+@pytest.mark.parametrize("dim", [0, 1])
+def test_repeat_kv_gives_query_head_h_the_group_h_over_H_by_G(G, dim):
+    H = 4
+    shape = (G, 3, 5) if dim == 0 else (3, G, 5)  # a per-head weight or (B, G, Tk)
+    t = torch.randn(shape, dtype=torch.float64)
+    expected = torch.stack([t.select(dim, h // (H // G)) for h in range(H)], dim=dim)
+    assert_close(repeat_kv(t, H, dim=dim), expected, rtol=0, atol=0)
+
+
+def test_repeat_kv_rejects_a_group_count_that_does_not_divide():
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        repeat_kv(torch.zeros(3, 2), 4, dim=0)

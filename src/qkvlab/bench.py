@@ -9,6 +9,7 @@ noise hits all contenders alike.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import statistics
 import time
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from qkvlab.attention import DESIGNS, AttentionConfig, build_attention
-from qkvlab.models import DecoderLM, ModelConfig
+from qkvlab.models import DecoderLM, ModelConfig, count_params, fold_alt
 
 VOCAB = 65  # character-level, as nanoGPT's Shakespeare benchmark
 
@@ -284,11 +285,6 @@ def fold_compare(alt, idx: torch.Tensor, rounds: int = 5) -> dict[str, float]:
     Max |logit difference| in fp32 and in fp64 (where what is left is the algebra, not
     rounding), both parameter counts, and forward tokens/s of each, interleaved.
     """
-    import copy
-
-    from qkvlab.attention import fold_alt
-    from qkvlab.models import count_params
-
     folded = fold_alt(alt).eval()
     ref = alt(idx)
     diff32 = (folded(idx) - ref).abs().max().item()

@@ -2,7 +2,7 @@
 
 Shape legend: H query heads, G stored key/value heads (GQA), D d_model, dk d_head, dv d_v,
 N tokens. Per layer, in float64 and with GQA expanded (head h reads kv head h // (H/G), as
-HF's ``repeat_kv`` and qkvlab's ``Attention._expand``):
+HF's ``repeat_kv`` and ``qkvlab.attention.repeat_kv``):
 
     q_h = x @ W_Q[h] + b_Q[h]        W_Q (H, D, dk)   b_Q (H, dk)
     k_h = s @ W_K[h] + b_K[h]        W_K (H, D, dk)   b_K (H, dk)

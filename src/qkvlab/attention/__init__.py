@@ -3,12 +3,9 @@
 from qkvlab.attention.base import Attention
 from qkvlab.attention.circuits import FactoredMatrix
 from qkvlab.attention.config import SCALES, AttentionConfig
-from qkvlab.attention.core import KVCache
+from qkvlab.attention.core import KVCache, repeat_kv
 from qkvlab.attention.registry import DESIGNS, build_attention, register
 from qkvlab.attention import designs as _designs  # noqa: F401  (registers the designs)
 
 __all__ = ["Attention", "AttentionConfig", "DESIGNS", "FactoredMatrix", "KVCache", "SCALES",
-           "build_attention", "register"]
-from qkvlab.attention.fold import fold_alt, fold_attention  # noqa: E402
-
-__all__ += ["fold_alt", "fold_attention"]
+           "build_attention", "register", "repeat_kv"]

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from qkvlab.attention.circuits import FactoredMatrix
 from qkvlab.attention.config import AttentionConfig
-from qkvlab.attention.core import KVCache, attend, build_mask
+from qkvlab.attention.core import KVCache, attend, build_mask, repeat_kv
 
 Rope = Callable[[Tensor, int], Tensor]  # (x (B, n, T, d), position of x[..., 0, :]) -> rotated x
 
@@ -99,7 +99,8 @@ class Attention(nn.Module):
         sq, sk, sv = (self.segment_of(r) for r in ("q", "k", "v"))
         if source is None:
             y = self._linear(x, slice(0, self.W_in.shape[0]))  # one GEMM for all segments
-            return self._heads(y, sq), self._heads(y, sk), self._heads(y, sv)
+            heads = {s: self._heads(y, s) for s in self.segments}  # one tensor per segment
+            return heads[sq], heads[sk], heads[sv]
         q = self._heads(self._linear(x, self._slices[sq]), sq, self._slices[sq].start)
         k, v = self.project_source(source)
         return q, k, v
@@ -108,8 +109,9 @@ class Attention(nn.Module):
         """Keys and values of a source sequence, one GEMM."""
         span = self._src_span
         y = self._linear(source, span)
-        return (self._heads(y, self.segment_of("k"), span.start),
-                self._heads(y, self.segment_of("v"), span.start))
+        sk, sv = self.segment_of("k"), self.segment_of("v")
+        k = self._heads(y, sk, span.start)
+        return k, (k if sv == sk else self._heads(y, sv, span.start))
 
     def mix(self, z: Tensor) -> Tensor:
         """Per-head linear map applied after attention, (B, H, Tq, dv); identity by default."""
@@ -193,19 +195,16 @@ class Attention(nn.Module):
     def _head_weight(self, role: str) -> Tensor:
         seg = self.segment_of(role)
         n, d = self._shape[seg]
-        w = self.W_in[self._slices[seg]].view(n, d, self.cfg.d_model).transpose(1, 2)
-        return self._expand(w)
+        w = self.W_in[self._slices[seg]].view(n, d, self.cfg.d_model).transpose(1, 2)  # (n, D, d)
+        return repeat_kv(w, self.cfg.n_heads, dim=0)  # (H, D, d)
 
     def _head_bias(self, role: str) -> Tensor | None:
         if self.b_in is None:
             return None
         seg = self.segment_of(role)
         n, d = self._shape[seg]
-        return self._expand(self.b_in[self._slices[seg]].view(n, d))
-
-    def _expand(self, w: Tensor) -> Tensor:
-        H = self.cfg.n_heads
-        return w if w.shape[0] == H else w.repeat_interleave(H // w.shape[0], dim=0)
+        b = self.b_in[self._slices[seg]].view(n, d)  # (n, d), n = H or G
+        return repeat_kv(b, self.cfg.n_heads, dim=0)  # (H, d)
 
     @property
     def W_Q(self) -> Tensor:

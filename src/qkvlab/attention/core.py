@@ -12,6 +12,29 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+def repeat_kv(t: Tensor, n_heads: int, dim: int) -> Tensor:
+    """Expand G key/value heads to ``n_heads`` query heads along ``dim`` (GQA, MQA at G = 1).
+
+    ``t`` has G = ``t.shape[dim]`` heads there, e.g. k (B, G, Tk, dk) with ``dim=1`` or a
+    per-head weight (G, D, dk) with ``dim=0``; the result has ``n_heads`` there, other sizes
+    unchanged. Returns ``t`` itself when G = ``n_heads``.
+
+    Query head h reads kv head h // (n_heads // G): the H/G query heads of one group are
+    contiguous, as in SDPA's ``enable_gqa`` and HF's ``repeat_kv``. That is
+    ``repeat_interleave`` (0 0 1 1), not ``repeat``/``expand`` of the whole block (0 1 0 1),
+    which would pair query heads with the wrong keys.
+
+    Raises:
+        ValueError: if G does not divide ``n_heads``.
+    """
+    G = t.shape[dim]
+    if G == n_heads:
+        return t
+    if n_heads % G:
+        raise ValueError(f"n_kv_heads: {G} does not divide n_heads={n_heads}")
+    return t.repeat_interleave(n_heads // G, dim=dim)
+
+
 def check_mask(attn_mask: Tensor, B: int, H: int, Tq: int, Tk: int) -> Tensor:
     """Validate a user mask and return it as (B|1, H|1, Tq, Tk).
 
@@ -128,9 +151,7 @@ def attend(
             enable_gqa=G != H,
         )
         return out, None
-    if G != H:  # head h reads kv head h // (H // G), as SDPA's enable_gqa does
-        k = k.repeat_interleave(H // G, dim=1)
-        v = v.repeat_interleave(H // G, dim=1)
+    k, v = repeat_kv(k, H, dim=1), repeat_kv(v, H, dim=1)  # (B, H, Tk, dk|dv), as enable_gqa
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, Tq, Tk)
     if is_causal:
         Tq, Tk = scores.shape[-2:]

@@ -20,8 +20,8 @@ import copy
 import torch
 from torch import nn
 
-from qkvlab.attention.base import Attention
-from qkvlab.attention.registry import build_attention
+from qkvlab.attention import Attention, build_attention
+from qkvlab.models.config import ROLES
 
 
 def _folded_config(cfg):
@@ -66,8 +66,6 @@ def fold_alt(model: nn.Module) -> nn.Module:
 
 def _fold_model_config(cfg):
     """Every role gets its folded design and scale explicitly (simple, and exact)."""
-    from qkvlab.models.config import ROLES
-
     folded = {r: _folded_config(cfg.attention(r)) for r in ROLES}
     roles = {r: {**cfg.roles.get(r, {}), "design": f.design, "scale": f.scale}
              for r, f in folded.items()}
