@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
+
+from qkvlab.fileio import atomic_open
 
 # command -> (module, configure function, run function, one-line help)
 DELEGATED = {
@@ -41,11 +41,8 @@ def _table(headers: list[str], rows: list[list]) -> str:
 
 
 def _write_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
+    with atomic_open(path, "w") as f:
         json.dump(data, f, indent=1)
-    os.replace(tmp, path)
 
 
 def cmd_designs(args) -> int:

@@ -12,7 +12,6 @@ import csv
 import json
 import os
 import platform
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from tqdm import tqdm
 
 from qkvlab.analysis import measures as M
 from qkvlab.analysis.heads import ModelView
+from qkvlab.fileio import atomic_open
 
 ROW_FIELDS = ("model", "name", "role", "layer", "head", "measure", "value", "null_mean",
               "null_std", "null_lo", "null_hi", "z")
@@ -198,10 +198,8 @@ def _jsonable(v) -> bool:
 
 
 def _atomic_json(path: Path, data) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
+    with atomic_open(path, "w") as f:
         json.dump(data, f, indent=1, allow_nan=True)
-    os.replace(tmp, path)
 
 
 def _write_csv(path: Path, fields, rows) -> None:
