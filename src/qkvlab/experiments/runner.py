@@ -18,9 +18,7 @@ import ctypes
 import functools
 import multiprocessing as mp
 import os
-import platform
 import signal
-import subprocess
 import sys
 import time
 import traceback
@@ -30,39 +28,10 @@ from typing import Any, Mapping
 import torch
 from tqdm.auto import tqdm
 
+from qkvlab.env import environment, git_revision  # noqa: F401  (re-exported: runner.environment)
 from qkvlab.experiments.store import DEFAULT_DB, FINISHED, Store, canonical
 
 BACKENDS = ("local", "ray")
-
-
-@functools.lru_cache(maxsize=1)
-def git_revision() -> str | None:
-    """HEAD of the checkout qkvlab runs from, with ``+dirty`` if it has changes; None if not git."""
-    here = Path(__file__).resolve().parent
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (rev + ("+dirty" if dirty else "")) or None
-
-
-def environment() -> dict[str, Any]:
-    """Versions and hardware recorded with every run."""
-    import numpy
-    import safetensors
-
-    import qkvlab
-
-    versions = {"qkvlab": qkvlab.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
-                "safetensors": safetensors.__version__, "python": platform.python_version()}
-    hw = {"machine": platform.machine(), "processor": platform.processor() or None,
-          "system": platform.system(), "cpu_count": os.cpu_count(),
-          "torch_threads": torch.get_num_threads(),
-          "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-    return {"versions": versions, "hardware": hw, "git_rev": git_revision()}
 
 
 def execute(spec: Mapping[str, Any], run_dir: Path, *, on_log=None, progress: bool = False,
