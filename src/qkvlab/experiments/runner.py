@@ -18,18 +18,19 @@ import ctypes
 import functools
 import multiprocessing as mp
 import os
+import shlex
 import signal
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 from tqdm.auto import tqdm
 
 from qkvlab.env import environment, git_revision  # noqa: F401  (re-exported: runner.environment)
-from qkvlab.experiments.store import DEFAULT_DB, FINISHED, Store, canonical
+from qkvlab.experiments.store import DEFAULT_DB, FINISHED, Store, canonical, run_id
 
 BACKENDS = ("local", "ray")
 
@@ -124,6 +125,83 @@ def work(db: str, ids: list[str], threads: int, parent: int | None = None,
     return ran
 
 
+def experiment_names(name: str) -> list[str]:
+    """The experiments ``name`` stands for: every registered one for ``all``, else itself.
+
+    Raises:
+        ValueError: ``name`` is not a registered experiment nor ``all``.
+    """
+    from qkvlab.experiments.registry import EXPERIMENTS
+
+    if name == "all":
+        return sorted(EXPERIMENTS)
+    if name not in EXPERIMENTS:
+        raise ValueError(f"experiment: unknown {name!r}; allowed: {sorted(EXPERIMENTS)} or 'all'")
+    return [name]
+
+
+def sweep_plan(name: str, profile: str, *, workers: int = 1,
+               backend: str = "local") -> list[tuple[str, list]]:
+    """Check a sweep's arguments and list its runs, before anything is written anywhere.
+
+    Returns:
+        ``[(experiment, [(spec, tags), ...]), ...]`` in the order the sweep registers them.
+
+    Raises:
+        ValueError: unknown experiment, profile or backend, or a worker count below 1.
+    """
+    from qkvlab.experiments.registry import runs_of
+
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: {backend!r} is not one of {list(BACKENDS)}")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers: {workers!r} must be a positive integer")
+    return [(n, runs_of(n, profile)) for n in experiment_names(name)]
+
+
+def sweep_ids(name: str, profile: str) -> list[str]:
+    """The run ids of experiment ``name`` (or ``all``) at ``profile``, in sweep order.
+
+    Raises:
+        ValueError: unknown experiment or profile.
+    """
+    ids: list[str] = []
+    for _, runs in sweep_plan(name, profile):
+        ids += [i for i in (run_id(spec) for spec, _ in runs) if i not in ids]
+    return ids
+
+
+def first_failure(store: Store, ids: Iterable[str]) -> str | None:
+    """``"run <id>: <exception line>"`` for the first of ``ids`` whose status is ``failed``
+    (the last line of the traceback the store keeps for it), or None if none failed."""
+    for rid in ids:
+        if store.status(rid) == "failed":
+            lines = [ln.strip() for ln in (store.error(rid) or "").splitlines() if ln.strip()]
+            return f"run {rid}: {lines[-1] if lines else '(no traceback recorded)'}"
+    return None
+
+
+def errors_command(name: str, profile: str, db: str | os.PathLike = DEFAULT_DB) -> str:
+    """The command that prints the full traceback of every failed run of a sweep."""
+    cmd = ["qkvlab", "results", name, "--profile", profile, "--errors"]
+    if Path(db) != Path(DEFAULT_DB):
+        cmd += ["--db", str(db)]
+    return shlex.join(cmd)
+
+
+def failure_report(store: Store, name: str, profile: str) -> str | None:
+    """Why a sweep's runs failed, in two lines: the first failure's exception and the command
+    that prints every traceback; None if no run of ``name`` at ``profile`` failed.
+
+    Raises:
+        ValueError: unknown experiment or profile.
+    """
+    first = first_failure(store, sweep_ids(name, profile))
+    if first is None:
+        return None
+    return f"first failure: {first}\nfull tracebacks: {errors_command(name, profile, store.path)}"
+
+
 def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str = "local",
           db: str | os.PathLike = DEFAULT_DB, progress: bool = True,
           threads: int | None = None, tensorboard: str | os.PathLike | None = None
@@ -133,7 +211,10 @@ def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str =
     Finished runs (done/diverged) are skipped; failed and orphaned ones are retried; a run
     that another live sweep holds is waited for, not repeated. ``tensorboard``: a folder
     where every run this sweep trains also logs its metrics for TensorBoard
-    (``qkvlab.experiments.tensorboard``).
+    (``qkvlab.experiments.tensorboard``). Every argument is checked before the store is
+    opened, so a bad one creates no database file. Runs that fail leave their traceback in
+    the store: :func:`failure_report` (or :func:`first_failure` with :func:`sweep_ids`) says
+    why, and ``qkvlab results NAME --profile P --errors`` prints them all.
 
     Returns:
         counts per status over this experiment's runs.
@@ -141,27 +222,21 @@ def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str =
     Raises:
         ValueError: unknown experiment, profile, backend or worker count.
     """
-    from qkvlab.experiments.registry import EXPERIMENTS, get_profile, runs_of
-
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: {backend!r} is not one of {list(BACKENDS)}")
-    if not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers: {workers!r} must be a positive integer")
+    plan = sweep_plan(name, profile, workers=workers, backend=backend)
+    profile = getattr(profile, "name", profile)  # a registry Profile or its name
     if tensorboard is not None:
         from qkvlab.experiments.tensorboard import check_available
 
         check_available()  # one clear error now, not one failed run per config
         tensorboard = str(tensorboard)
-    names = sorted(EXPERIMENTS) if name == "all" else [name]
-    prof = get_profile(profile)
     with Store(db) as store:
         ids: list[str] = []
-        for n in names:
-            for i in store.add(n, prof.name, runs_of(n, prof)):
+        for n, runs in plan:
+            for i in store.add(n, profile, runs):
                 if i not in ids:  # one run may be listed twice (a baseline in both arms)
                     ids.append(i)
         threads = threads or max(1, (os.cpu_count() or 1) // workers)
-        bar = tqdm(total=len(ids), desc=f"sweep {name} [{prof.name}]", disable=not progress,
+        bar = tqdm(total=len(ids), desc=f"sweep {name} [{profile}]", disable=not progress,
                    dynamic_ncols=True)
         tried: set[str] = set()
         while True:

@@ -198,6 +198,11 @@ class Store:
         row = self.conn.execute("SELECT status FROM runs WHERE id=?", (rid,)).fetchone()
         return row["status"] if row else None
 
+    def error(self, rid: str) -> str | None:
+        """The traceback a failed run left (its last 4000 characters), or None."""
+        row = self.conn.execute("SELECT error FROM runs WHERE id=?", (rid,)).fetchone()
+        return row["error"] if row else None
+
     def runs_spec(self, rid: str) -> dict[str, Any]:
         row = self.conn.execute("SELECT spec FROM runs WHERE id=?", (rid,)).fetchone()
         if row is None:
