@@ -166,18 +166,3 @@ def format_stats(rows: list[dict], metric: str) -> str:
         lines.append(s)
     return "\n".join(lines)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m qkvlab.experiments.cli CMD ...``) until qkvlab.cli wires it."""
-    parser = argparse.ArgumentParser(prog="python -m qkvlab.experiments.cli")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    for cmd in ("sweep", "experiments", "results"):
-        sp = sub.add_parser(cmd)
-        globals()[f"configure_{cmd}"](sp)
-        sp.set_defaults(func=globals()[f"run_{cmd}"])
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,7 +20,6 @@ import multiprocessing as mp
 import os
 import shlex
 import signal
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -329,6 +328,3 @@ def _ray_task(spec: Mapping[str, Any], rid: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:  # checkpoints live on the Ray node
         return execute(spec, Path(d) / rid)
 
-
-if __name__ == "__main__":  # pragma: no cover - convenience: python -m qkvlab.experiments.runner
-    print(sweep(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "smoke"))
