@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch import Tensor
 
 
@@ -86,8 +87,6 @@ def read_tensors(files: list[Path]) -> dict[str, Tensor]:
 
 def read_safetensors(path: Path) -> dict[str, Tensor]:
     """All tensors of one safetensors file; a truncated or corrupt file raises CheckpointError."""
-    from safetensors import safe_open
-
     path = require_file(path)
     try:
         with safe_open(str(path), framework="pt") as f:

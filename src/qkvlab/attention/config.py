@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
+from qkvlab.attention.registry import DESIGNS
+
 SCALES = ("inside", "outside", "both", "none")
 
 
@@ -47,8 +49,6 @@ class AttentionConfig:
     self_mask: bool = False
 
     def __post_init__(self) -> None:
-        from qkvlab.attention.registry import DESIGNS  # late: the registry imports this module
-
         for name in ("d_model", "n_heads"):
             _positive_int(name, getattr(self, name))
         for name in ("d_head", "d_v", "n_kv_heads"):

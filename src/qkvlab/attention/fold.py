@@ -66,6 +66,7 @@ def fold_alt(model: nn.Module) -> nn.Module:
 
 def _fold_model_config(cfg):
     """Every role gets its folded design and scale explicitly (simple, and exact)."""
+    # late, a real cycle: qkvlab.models imports qkvlab.attention, whose __init__ imports this
     from qkvlab.models.config import ROLES
 
     folded = {r: _folded_config(cfg.attention(r)) for r in ROLES}

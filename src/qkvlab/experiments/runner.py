@@ -20,6 +20,7 @@ import multiprocessing as mp
 import os
 import shlex
 import signal
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -29,7 +30,9 @@ import torch
 from tqdm.auto import tqdm
 
 from qkvlab.env import environment, git_revision  # noqa: F401  (re-exported: runner.environment)
+from qkvlab.experiments.registry import EXPERIMENTS, runs_of
 from qkvlab.experiments.store import DEFAULT_DB, FINISHED, Store, canonical, run_id
+from qkvlab.experiments.tensorboard import RunLogger, check_available
 
 BACKENDS = ("local", "ray")
 
@@ -87,8 +90,6 @@ def _logger(store: Store, rid: str, spec: Mapping[str, Any], tensorboard: str | 
     to_store = functools.partial(store.log, rid)
     if not tensorboard:
         return to_store, lambda: None
-    from qkvlab.experiments.tensorboard import RunLogger
-
     tb = RunLogger(tensorboard, rid, spec)
 
     def on_log(step: int, metrics: Mapping[str, float]) -> None:
@@ -130,8 +131,6 @@ def experiment_names(name: str) -> list[str]:
     Raises:
         ValueError: ``name`` is not a registered experiment nor ``all``.
     """
-    from qkvlab.experiments.registry import EXPERIMENTS
-
     if name == "all":
         return sorted(EXPERIMENTS)
     if name not in EXPERIMENTS:
@@ -149,8 +148,6 @@ def sweep_plan(name: str, profile: str, *, workers: int = 1,
     Raises:
         ValueError: unknown experiment, profile or backend, or a worker count below 1.
     """
-    from qkvlab.experiments.registry import runs_of
-
     if backend not in BACKENDS:
         raise ValueError(f"backend: {backend!r} is not one of {list(BACKENDS)}")
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
@@ -224,8 +221,6 @@ def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str =
     plan = sweep_plan(name, profile, workers=workers, backend=backend)
     profile = getattr(profile, "name", profile)  # a registry Profile or its name
     if tensorboard is not None:
-        from qkvlab.experiments.tensorboard import check_available
-
         check_available()  # one clear error now, not one failed run per config
         tensorboard = str(tensorboard)
     with Store(db) as store:
@@ -294,7 +289,7 @@ def _local_pool(db: str, todo: list[str], workers: int, threads: int, bar, store
 
 def _ray(store: Store, todo: list[str], progress, tensorboard: str | None = None) -> None:
     try:
-        import ray
+        import ray  # lazy: optional extra [ray]
     except ImportError:
         raise ValueError("backend: 'ray' needs Ray (pip install 'ray[default]'), which is not "
                          "installed; use --backend local") from None
@@ -323,8 +318,6 @@ def _ray(store: Store, todo: list[str], progress, tensorboard: str | None = None
 
 
 def _ray_task(spec: Mapping[str, Any], rid: str) -> dict[str, Any]:
-    import tempfile
-
     with tempfile.TemporaryDirectory() as d:  # checkpoints live on the Ray node
         return execute(spec, Path(d) / rid)
 

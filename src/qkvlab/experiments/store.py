@@ -241,7 +241,7 @@ class Store:
 
 def frame(rows: list[dict[str, Any]]):
     """A pandas DataFrame, one row per (run, tags): tags, status, timings, params, final metrics."""
-    import pandas as pd
+    import pandas as pd  # lazy: optional extra [report]; the store itself needs only sqlite3
 
     flat = []
     for r in rows:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,6 @@ def wrap(model: nn.Module, info: DistInfo) -> nn.Module:
     """``model`` wrapped in DDP when there is more than one process, else unchanged."""
     if info.world == 1:
         return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     ids = [info.local_rank] if info.device.startswith("cuda") else None
     return DDP(model, device_ids=ids)
 

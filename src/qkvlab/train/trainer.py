@@ -24,6 +24,8 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from qkvlab.data import get_task
+from qkvlab.models import build_model, save_model
 from qkvlab.train.checkpoints import load_checkpoint, save_checkpoint
 from qkvlab.train.distributed import DistInfo, mean_across, shard, wrap
 
@@ -150,8 +152,6 @@ def make_task(name: str, options: Mapping[str, Any] | None = None):
         except (ImportError, AttributeError) as e:
             raise ValueError(f"task: cannot import {name!r} ({e})") from None
     else:
-        from qkvlab.data import get_task
-
         task = get_task(name, **options)
     task.prepare()
     return task
@@ -234,8 +234,6 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
                             state={"history": history, "tokens": tokens, "train_s": train_s})
 
     if start == 0 and 0 in cfg.keep_at and run_dir is not None and info.main:
-        from qkvlab.models import save_model
-
         save_model(model, run_dir / "model_step0.safetensors")  # the initial weights
     bar = tqdm(total=cfg.steps, initial=start, desc=desc, leave=False,
                disable=not (progress and info.main), dynamic_ncols=True)
@@ -276,8 +274,6 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
             if metrics:
                 log(done, metrics)
             if done in cfg.keep_at and run_dir is not None and info.main:
-                from qkvlab.models import save_model
-
                 save_model(model, run_dir / f"model_step{done}.safetensors")
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
                 checkpoint(done)
@@ -303,8 +299,6 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
 def build_seeded(model_cfg, kind: str, seed: int) -> nn.Module:
     """The model of ``model_cfg`` initialized from ``seed`` (same seed, same weights; an
     encoder and a decoder of one config get identical initial weights)."""
-    from qkvlab.models import build_model
-
     torch.manual_seed(seed)
     return build_model(model_cfg, kind)
 
