@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from qkvlab.analysis import CheckpointError, resolve
+from qkvlab.analysis._files import torch_load_safe
 from qkvlab.analysis.load_whisper import read_ct2
 
 transformers = pytest.importorskip("transformers")
@@ -102,11 +103,29 @@ def test_pickle_with_code_is_refused_and_not_run(tmp_path, fmt):
         torch.save(obj, d / "pytorch_model.bin")
     else:
         (d / "pytorch_model.bin").write_bytes(pickle.dumps(obj, protocol=2))
-    with pytest.raises(CheckpointError, match="refused by torch.load\\(weights_only=True\\)"):
+    with pytest.raises(CheckpointError, match="pickled Python objects") as err:
         resolve(str(d))
+    msg = str(err.value)
+    assert str(d / "pytorch_model.bin") in msg and "arbitrary code" in msg and "safetensors" in msg
+    assert "(such as getattr)" in msg  # the first global the safe unpickler refused is named
+    # our own words, never torch's advice to turn the safety off
+    assert "weights_only` set to `False" not in msg and "Re-running" not in msg
     with pytest.raises(CheckpointError, match="refused"):  # a bare file too
         resolve(str(d / "pytorch_model.bin"))
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("cut", ["torch-zip", "legacy-pickle"])
+def test_truncated_pytorch_checkpoint_is_named_corrupt(tmp_path, cut):
+    f = tmp_path / "w.bin"
+    if cut == "torch-zip":
+        torch.save({"w": torch.zeros(100)}, f)
+    else:
+        f.write_bytes(pickle.dumps({"w": list(range(100))}, protocol=2))
+    f.write_bytes(f.read_bytes()[:60])
+    with pytest.raises(CheckpointError, match="corrupt or truncated") as err:
+        torch_load_safe(f)
+    assert str(f) in str(err.value) and "Re-running" not in str(err.value)
 
 
 def test_plain_state_dict_pickle_is_loaded_weights_only(tmp_path):

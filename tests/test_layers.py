@@ -1,5 +1,6 @@
 """Imports flow down the layers of DEVELOPERS.md: attention, models, data, train, experiments,
-analysis, report, then cli. A module may import its own layer or a lower one, never a higher
+analysis, report, the studies, then cli. The library never imports a study: ``qkvlab`` finds
+installed studies through the ``qkvlab.studies`` entry points. A module may import its own layer or a lower one, never a higher
 one (``fold_alt`` rewrites model configs, so it lives in ``models``, not ``attention``).
 ``bench.py`` sits above models: it times them, and the report reuses its timing."""
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ORDER = ("attention", "models", "bench", "data", "train", "experiments", "analysis", "report",
-         "cli")
+         "studies", "cli")
 LAYERS = [m for m in ORDER if m not in ("bench", "cli")]  # the folders
 SRC = Path(__file__).resolve().parents[1] / "src" / "qkvlab"
 
@@ -32,4 +33,10 @@ def test_imports_flow_down_the_layers(layer):
     above = set(ORDER[ORDER.index(layer) + 1:])
     bad = {f"{p.relative_to(SRC)} imports qkvlab.{m}"
            for p in (SRC / layer).rglob("*.py") for m in qkvlab_imports(p) & above}
+    assert bad == set()
+
+
+def test_nothing_outside_the_studies_imports_a_study():
+    bad = {str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+           if "studies" in qkvlab_imports(p) and p.relative_to(SRC).parts[0] != "studies"}
     assert bad == set()

@@ -28,7 +28,7 @@ def _torchrun(tmp_path: Path, nproc: int) -> dict:
            "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent / "src"),
                                           os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", "qkvlab.train.distributed", str(spec), "--out", str(out)]
+           f"--nproc_per_node={nproc}", "-m", "qkvlab.train", str(spec), "--out", str(out)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(out.read_text())
@@ -53,3 +53,19 @@ def test_shard_gives_contiguous_equal_slices_and_rejects_uneven_batches():
     assert all(p["n"] is b["n"] for p in parts)
     with pytest.raises(ValueError, match="batch_size: 6 is not divisible"):
         shard(b, DistInfo(rank=0, world=4))
+
+
+def test_entry_point_trains_one_process_and_distributed_does_not_import_the_trainer(tmp_path):
+    import ast
+
+    from qkvlab.train import distributed
+    from qkvlab.train.__main__ import main
+
+    spec, out = tmp_path / "spec.json", tmp_path / "out.json"
+    spec.write_text(json.dumps(SPEC))
+    assert main([str(spec), "--out", str(out)]) == 0  # no torchrun: one process
+    assert len([r for r in json.loads(out.read_text())["history"] if "train_loss" in r]) == 6
+    tree = ast.parse(Path(distributed.__file__).read_text())
+    mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in mods if m and m.startswith("qkvlab")}  # one-way: trainer -> distributed

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from qkvlab.attention import DESIGNS, AttentionConfig, build_attention
-from qkvlab.models import DecoderLM, ModelConfig, count_params, fold_alt
+from qkvlab.models import DecoderLM, ModelConfig, count_params, fold_alt, from_hf_gpt2
 
 VOCAB = 65  # character-level, as nanoGPT's Shakespeare benchmark
 
@@ -75,7 +75,7 @@ def _ours(s: Size):
 
 
 def _hf_gpt2(s: Size):
-    import transformers
+    import transformers  # lazy here and below: optional extra [bench]; peers are optional
 
     cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=s.n_ctx, n_embd=s.d_model,
                                   n_layer=s.n_layers, n_head=s.n_heads, resid_pdrop=0.0,
@@ -87,7 +87,7 @@ def _hf_gpt2(s: Size):
 
 
 def _x_transformers(s: Size):
-    from x_transformers import Decoder, TransformerWrapper
+    from x_transformers import Decoder, TransformerWrapper  # lazy: optional extra [bench]
 
     model = TransformerWrapper(num_tokens=VOCAB, max_seq_len=s.n_ctx,
                                attn_layers=Decoder(dim=s.d_model, depth=s.n_layers,
@@ -199,9 +199,7 @@ def bench_attention(size: str = "large", iters: int = 5, rounds: int = 5, log=pr
 # ---- decoding --------------------------------------------------------------------------------
 def bench_decode(size: str = "large", new_tokens: int = 128, rounds: int = 3, log=print) -> dict[str, float]:
     """Batch-1 greedy decode tokens/s: qkvlab's KV cache vs HF ``generate()`` (same weights)."""
-    import transformers
-
-    from qkvlab.models import from_hf_gpt2
+    import transformers  # lazy: optional extra [bench]
 
     s = SIZES[size]
     _, hf = _hf_gpt2(s)

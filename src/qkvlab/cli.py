@@ -9,11 +9,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
+import torch
+
+from qkvlab import bench
+from qkvlab.attention import DESIGNS, AttentionConfig, build_attention
+from qkvlab.fileio import atomic_open
 from qkvlab.experiments.registry import load_studies
 
 # command -> (module, configure function, run function, one-line help)
@@ -41,17 +44,12 @@ def _table(headers: list[str], rows: list[list]) -> str:
 
 
 def _write_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
+    with atomic_open(path, "w") as f:
         json.dump(data, f, indent=1)
-    os.replace(tmp, path)
 
 
 def cmd_designs(args) -> int:
     """Print every registered design: its equation and its attention parameters."""
-    from qkvlab.attention import DESIGNS, AttentionConfig, build_attention
-
     rows = []
     for name, cls in DESIGNS.items():
         att = build_attention(AttentionConfig(d_model=args.d_model, n_heads=args.n_heads, design=name))
@@ -101,8 +99,6 @@ def bench_tables(res: dict) -> str:
 
 def run_bench(sizes=("small", "large"), peers=True, quick=False, log=print) -> dict:
     """Every benchmark of the core library; returns a JSON-able dict."""
-    from qkvlab import bench
-
     res: dict = {"training": {}}
     for size in sizes:
         res["training"][size] = bench.bench_training(
@@ -123,8 +119,6 @@ def cmd_bench(args) -> int:
     sizes = ("small", "large") if args.size == "all" else (args.size,)
     log = lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)  # noqa: E731
     res = run_bench(sizes, peers=not args.no_peers, quick=args.quick, log=log)
-    import torch
-
     res["torch"] = torch.__version__
     res["threads"] = torch.get_num_threads()
     print(bench_tables(res))

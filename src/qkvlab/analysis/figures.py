@@ -17,7 +17,7 @@ ROLE_COLORS = {"encoder": "tab:blue", "decoder": "tab:red", "cross": "tab:green"
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # lazy: optional extra [report]; tables need no matplotlib
 
     matplotlib.use("Agg")  # files only; never open a window
     # SVG text as <text>, not glyph paths: several times faster to write, and still editable
@@ -58,7 +58,7 @@ def _grid(result: dict, role: str, measure: str) -> np.ndarray | None:
 
 def plot_heatmaps(result: dict, stem: Path) -> list[Path]:
     """Layer × head heatmaps (rows: roles; columns: measures) -> [png, svg]."""
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # lazy: optional extra [report]
 
     plt = _plt()
     roles = _roles(result)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from qkvlab.analysis._capture import capture_inputs
 from qkvlab.analysis._files import CheckpointError, read_json, read_tensors, safetensors_files, take
 from qkvlab.analysis.heads import ModelView, from_linear
 
@@ -56,11 +57,9 @@ def load_bert(folder: str | Path, *, name: str | None = None) -> ModelView:
 
 def _capture(folder: Path, texts: list[str]):
     """Attention inputs on ``texts`` from transformers' own BertModel (no remote code)."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel, AutoTokenizer  # lazy: optional extra [analysis]
 
     model = AutoModel.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     mods = {f"encoder.{i}": lay.attention.self for i, lay in enumerate(model.encoder.layer)}
-    from qkvlab.analysis._capture import capture_inputs
-
     return capture_inputs(model, tok, mods, texts)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from qkvlab.analysis._capture import capture_inputs
 from qkvlab.analysis._files import CheckpointError, read_json, read_tensors, safetensors_files, take
 from qkvlab.analysis.heads import ModelView, from_linear
 
@@ -48,9 +49,7 @@ def load_gpt2(folder: str | Path, *, name: str | None = None) -> ModelView:
 
 
 def _capture(folder: Path, texts: list[str]):
-    from transformers import AutoTokenizer, GPT2Model
-
-    from qkvlab.analysis._capture import capture_inputs
+    from transformers import AutoTokenizer, GPT2Model  # lazy: optional extra [analysis]
 
     model = GPT2Model.from_pretrained(folder, local_files_only=True)
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)

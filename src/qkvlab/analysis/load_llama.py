@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qkvlab.analysis._capture import capture_inputs
 from qkvlab.analysis._files import (
     CheckpointError,
     read_json,
@@ -86,9 +87,7 @@ def load_llama(folder: str | Path, *, name: str | None = None) -> ModelView:
     view.meta["init_std"] = cfg.get("initializer_range")
 
     def capture(texts):
-        from transformers import AutoModel, AutoTokenizer
-
-        from qkvlab.analysis._capture import capture_inputs
+        from transformers import AutoModel, AutoTokenizer  # lazy: optional extra [analysis]
 
         model = AutoModel.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
@@ -110,7 +109,7 @@ def open_gguf(path: str | Path):
     Raises:
         CheckpointError: not GGUF, truncated/corrupt, unsupported arch, missing metadata.
     """
-    import gguf
+    import gguf  # lazy: optional extra [analysis]
 
     path = require_file(path)
     if sniff(path) != "gguf":
@@ -150,7 +149,7 @@ def open_gguf(path: str | Path):
 
 def gguf_tensors(reader, cfg: dict, attention_only: bool = False) -> dict[str, torch.Tensor]:
     """HF-named float32 tensors of an open GGUF file, dequantized, Q/K rows de-permuted."""
-    import gguf
+    import gguf  # lazy: optional extra [analysis]
 
     arch, sd = cfg["model_type"], {}
     for t in reader.tensors:
@@ -211,7 +210,7 @@ def gguf_tokenizer(reader, path: Path):
     for a 49k-token vocabulary); this hands the fields already read to the same converter, and
     falls back to that call if transformers' internal layout differs.
     """
-    try:
+    try:  # transformers is lazy here and below: optional extra [analysis]
         from transformers import PreTrainedTokenizerFast
         from transformers.integrations.gguf.gguf_tokenizer_mapping import (
             GGUF_TOKENIZER_MAPPING,
@@ -236,7 +235,7 @@ def gguf_tokenizer(reader, path: Path):
 
 def hf_model_from_gguf(cfg: dict, sd: dict[str, torch.Tensor]):
     """transformers' LlamaModel / Qwen2Model holding our converted GGUF weights (strict load)."""
-    import transformers
+    import transformers  # lazy: optional extra [analysis]
     from transformers.initialization import no_init_weights
 
     cls, conf = {"llama": (transformers.LlamaModel, transformers.LlamaConfig),
@@ -253,7 +252,5 @@ def hf_model_from_gguf(cfg: dict, sd: dict[str, torch.Tensor]):
 
 
 def _capture(model, tok, texts):
-    from qkvlab.analysis._capture import capture_inputs
-
     mods = {f"decoder.{i}": lay.self_attn for i, lay in enumerate(model.layers)}
     return capture_inputs(model, tok, mods, texts)

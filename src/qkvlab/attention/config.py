@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from qkvlab import typed
 
+from qkvlab.attention.registry import DESIGNS
+
 SCALES = ("inside", "outside", "both", "none")
 
 
@@ -49,8 +51,6 @@ class AttentionConfig:
     self_mask: bool = False
 
     def __post_init__(self) -> None:
-        from qkvlab.attention.registry import DESIGNS  # late: the registry imports this module
-
         for name in ("d_model", "n_heads"):
             _positive_int(name, getattr(self, name))
         for name in ("d_head", "d_v", "n_kv_heads"):

@@ -6,7 +6,7 @@ token stream per split) or ``<split>.src.npy`` / ``.src_off.npy`` / ``.tgt.npy``
 timings). ``root`` is ``cache_dir``, else ``$QKVLAB_CACHE``, else ``~/.cache/qkvlab``; ``key``
 hashes the source (file contents for user files), the tokenizer options and ``FORMAT``.
 
-Every file is written to a temporary name and moved into place with ``os.replace``;
+Every file is written atomically (``qkvlab.fileio``: temp file, fsync, ``os.replace``);
 ``meta.json`` goes last, so a directory without it is unfinished and is rebuilt. A file lock
 keeps concurrent workers from preparing the same set twice.
 """
@@ -17,9 +17,7 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ from qkvlab.data.tokenizers import (
     load_tokenizer,
     train_tokenizer,
 )
+from qkvlab.fileio import atomic_open, atomic_write_text
 
 FORMAT = 2  # bump when the layout or the text cleaning changes: old directories are then ignored
 SPLITS = corpus.SPLITS
@@ -46,26 +45,13 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
     return Path(os.environ.get("QKVLAB_CACHE") or Path.home() / ".cache" / "qkvlab").expanduser()
 
 
-def _atomic(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())  # the data is on disk before the name points at it
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def write_text(path: Path, text: str) -> None:
-    _atomic(path, lambda f: f.write(text), "w")
+    atomic_write_text(path, text)
 
 
 def save_array(path: Path, arr: np.ndarray) -> None:
-    _atomic(path, lambda f: np.save(f, arr, allow_pickle=False))
+    with atomic_open(path, "wb") as f:
+        np.save(f, arr, allow_pickle=False)
 
 
 def load_array(path: Path) -> np.ndarray:

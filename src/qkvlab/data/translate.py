@@ -184,7 +184,7 @@ class Translate(Task):
 
     def translation_scores(self, model: nn.Module, split: str = "val") -> dict[str, float]:
         try:
-            import sacrebleu
+            import sacrebleu  # lazy: optional extra [data]
         except ImportError:
             raise corpus.MissingSourceError("translate: chrF/BLEU need sacrebleu "
                                             "(pip install sacrebleu), or set n_decode=0") from None

@@ -5,31 +5,32 @@
     qkvlab sweep NAME|all [--profile smoke|quick|full] [--workers N] [--backend local|ray] [--db PATH]
                  [--tensorboard DIR]
     qkvlab results NAME|all [--profile P] [--format table|csv|json|parquet] [--out PATH]
-                   [--stats METRIC] [--db PATH]
+                   [--stats METRIC] [--errors] [--db PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
 import time
+from pathlib import Path
 
 from qkvlab.experiments.frames import EXPORT_FORMATS, export, runs_frame
-from qkvlab.experiments.store import DEFAULT_DB
+from qkvlab.experiments.registry import describe, experiment_names, profile_names
+from qkvlab.experiments.runner import BACKENDS, failure_report, sweep
+from qkvlab.experiments.stats import compare
+from qkvlab.experiments.store import DEFAULT_DB, Store
 
 
 def _common(parser: argparse.ArgumentParser, profile_default: str | None = "quick") -> None:
-    from qkvlab.experiments.registry import profile_names
-
     parser.add_argument("--profile", default=profile_default, choices=profile_names(),
                         help="sizes: smoke (CI), quick (2-core CPU, minutes), full (GPU)")
     parser.add_argument("--db", default=str(DEFAULT_DB), help="results store (SQLite)")
 
 
 def configure_sweep(parser: argparse.ArgumentParser) -> None:
-    from qkvlab.experiments.runner import BACKENDS
-
     parser.add_argument("name", help="an experiment (see `qkvlab experiments`) or `all`")
     _common(parser)
     parser.add_argument("--workers", type=int, default=1, help="local worker processes")
@@ -44,8 +45,9 @@ def configure_sweep(parser: argparse.ArgumentParser) -> None:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    from qkvlab.experiments.runner import sweep
-
+    """Run the sweep; print the counts and, if runs failed, the first failure's exception and
+    the command that prints every traceback. Exit status 2 for bad arguments (nothing is
+    created), 1 if any run failed."""
     t0 = time.perf_counter()
     try:
         counts = sweep(args.name, args.profile, workers=args.workers, backend=args.backend,
@@ -57,18 +59,18 @@ def run_sweep(args: argparse.Namespace) -> int:
     took = time.perf_counter() - t0
     print(f"sweep {args.name} [{args.profile}]: " +
           ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + f" in {took:.1f} s -> {args.db}")
-    return 1 if counts.get("failed") else 0
+    if not counts.get("failed"):
+        return 0
+    with Store(args.db) as store:
+        print(failure_report(store, args.name, args.profile), file=sys.stderr)
+    return 1
 
 
 def configure_experiments(parser: argparse.ArgumentParser) -> None:
-    from qkvlab.experiments.registry import profile_names
-
     parser.add_argument("--profile", default="quick", choices=profile_names())
 
 
 def run_experiments(args: argparse.Namespace) -> int:
-    from qkvlab.experiments.registry import describe
-
     rows = describe(args.profile)
     w = max(len(r["experiment"]) for r in rows)
     print(f"{'experiment':<{w}}  runs  question   [profile {args.profile}]")
@@ -85,21 +87,39 @@ def configure_results(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stats", default=None, metavar="METRIC",
                         help="print mean ± 95%% CI over seeds and the paired difference vs "
                              "standard for METRIC (e.g. val_loss, accuracy)")
+    parser.add_argument("--errors", action="store_true",
+                        help="print the full traceback of every failed run")
+
+
+def _sweep_hint(name: str, profile: str | None, db: str) -> str:
+    """``; run `qkvlab sweep ...``` when that command would work, else nothing."""
+    if name != "all" and name not in experiment_names():
+        return f" ({name!r} is not a registered experiment; see `qkvlab experiments`)"
+    cmd = ["qkvlab", "sweep", name, "--profile", profile or "quick"]
+    if Path(db) != Path(DEFAULT_DB):
+        cmd += ["--db", db]
+    return f"; run `{shlex.join(cmd)}`"
 
 
 def run_results(args: argparse.Namespace) -> int:
-    from qkvlab.experiments.stats import compare
-    from qkvlab.experiments.store import Store
-
+    """Print or write stored results; exit status 1 if there are none (a missing database
+    is never created), 2 for a bad argument or a file that is not a results database."""
+    hint = _sweep_hint(args.name, args.profile, args.db)
+    if not Path(args.db).exists():
+        print(f"error: no results database at {args.db}{hint}", file=sys.stderr)
+        return 1
     try:
         with Store(args.db) as store:
             name = None if args.name == "all" else args.name
             rows = store.runs(name, args.profile)
             df = runs_frame(store, name, args.profile)
         if not rows:
-            print(f"error: no runs of {args.name!r} in {args.db}; run `qkvlab sweep {args.name}`",
-                  file=sys.stderr)
+            at = f" at profile {args.profile}" if args.profile else ""
+            print(f"error: no runs of {args.name!r}{at} in {args.db}{hint}", file=sys.stderr)
             return 1
+        if args.errors:
+            print(format_errors(rows))
+            return 0
         if args.stats:
             print(format_stats(compare(rows, args.stats), args.stats))
             return 0
@@ -116,6 +136,19 @@ def run_results(args: argparse.Namespace) -> int:
 
 def _f(x, digits: int = 4) -> str:
     return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}g}"
+
+
+def format_errors(rows: list[dict]) -> str:
+    """Every failed run of ``rows`` once: id, experiment, tags and the stored traceback."""
+    seen, out = set(), []
+    for r in rows:
+        if r["status"] != "failed" or r["id"] in seen:
+            continue
+        seen.add(r["id"])
+        tags = " ".join(f"{k}={v}" for k, v in (r["tags"] or {}).items())
+        out.append(f"== run {r['id']} ({r['experiment']} [{r['profile']}] {tags})\n"
+                   f"{(r.get('error') or '(no traceback recorded)').rstrip()}")
+    return "\n\n".join(out) if out else "no failed runs"
 
 
 def format_stats(rows: list[dict], metric: str) -> str:
@@ -136,18 +169,3 @@ def format_stats(rows: list[dict], metric: str) -> str:
         lines.append(s)
     return "\n".join(lines)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m qkvlab.experiments.cli CMD ...``) until qkvlab.cli wires it."""
-    parser = argparse.ArgumentParser(prog="python -m qkvlab.experiments.cli")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    for cmd in ("sweep", "experiments", "results"):
-        sp = sub.add_parser(cmd)
-        globals()[f"configure_{cmd}"](sp)
-        sp.set_defaults(func=globals()[f"run_{cmd}"])
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,7 +17,6 @@ at probed steps; other steps use the fused SDPA kernel as usual.
 
 from __future__ import annotations
 
-import math
 from typing import Iterable
 
 import torch
@@ -109,7 +108,3 @@ def row_stats(w: Tensor, *, causal: bool, sat: float = 0.99) -> dict[str, float]
     return {"entropy": ent.mean().item(), "norm_entropy": norm.mean().item(),
             "saturated": (top > sat).float().mean().item()}
 
-
-def entropy_bound(n_keys: int) -> float:
-    """Entropy of a uniform row over ``n_keys`` keys (the maximum), nats."""
-    return math.log(n_keys)

@@ -18,55 +18,27 @@ import ctypes
 import functools
 import multiprocessing as mp
 import os
-import platform
+import shlex
 import signal
-import subprocess
-import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 from tqdm.auto import tqdm
 
+from qkvlab.env import environment, git_revision  # noqa: F401  (re-exported: runner.environment)
+from qkvlab.experiments import registry
 from qkvlab.experiments.probe import ScaleProbe
-from qkvlab.experiments.registry import check_experiment, experiment_names, get_profile, runs_of
-from qkvlab.experiments.store import DEFAULT_DB, FINISHED, Store, canonical
+from qkvlab.experiments.registry import runs_of
+from qkvlab.experiments.store import DEFAULT_DB, FINISHED, Store, canonical, run_id
+from qkvlab.experiments.tensorboard import RunLogger, check_available
 from qkvlab.models import count_params
 from qkvlab.train import RunSpec, run_from_spec
 
 BACKENDS = ("local", "ray")
-
-
-@functools.lru_cache(maxsize=1)
-def git_revision() -> str | None:
-    """HEAD of the checkout qkvlab runs from, with ``+dirty`` if it has changes; None if not git."""
-    here = Path(__file__).resolve().parent
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (rev + ("+dirty" if dirty else "")) or None
-
-
-def environment() -> dict[str, Any]:
-    """Versions and hardware recorded with every run."""
-    import numpy
-    import safetensors
-
-    import qkvlab
-
-    versions = {"qkvlab": qkvlab.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
-                "safetensors": safetensors.__version__, "python": platform.python_version()}
-    hw = {"machine": platform.machine(), "processor": platform.processor() or None,
-          "system": platform.system(), "cpu_count": os.cpu_count(),
-          "torch_threads": torch.get_num_threads(),
-          "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-    return {"versions": versions, "hardware": hw, "git_rev": git_revision()}
 
 
 def execute(spec: RunSpec | Mapping[str, Any], run_dir: Path, *, on_log=None,
@@ -115,8 +87,6 @@ def _logger(store: Store, rid: str, spec: Mapping[str, Any], tensorboard: str | 
     to_store = functools.partial(store.log, rid)
     if not tensorboard:
         return to_store, lambda: None
-    from qkvlab.experiments.tensorboard import RunLogger
-
     tb = RunLogger(tensorboard, rid, spec)
 
     def on_log(step: int, metrics: Mapping[str, float]) -> None:
@@ -152,6 +122,76 @@ def work(db: str, ids: list[str], threads: int, parent: int | None = None,
     return ran
 
 
+def experiment_names(name: str) -> list[str]:
+    """The experiments ``name`` stands for: every registered one for ``all``, else itself.
+
+    Raises:
+        ValueError: ``name`` is not a registered experiment nor ``all``.
+    """
+    registry.check_experiment(name)
+    return registry.experiment_names() if name == "all" else [name]
+
+
+def sweep_plan(name: str, profile: str, *, workers: int = 1,
+               backend: str = "local") -> list[tuple[str, list]]:
+    """Check a sweep's arguments and list its runs, before anything is written anywhere.
+
+    Returns:
+        ``[(experiment, [(spec, tags), ...]), ...]`` in the order the sweep registers them.
+
+    Raises:
+        ValueError: unknown experiment, profile or backend, or a worker count below 1.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: {backend!r} is not one of {list(BACKENDS)}")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers: {workers!r} must be a positive integer")
+    return [(n, runs_of(n, profile)) for n in experiment_names(name)]
+
+
+def sweep_ids(name: str, profile: str) -> list[str]:
+    """The run ids of experiment ``name`` (or ``all``) at ``profile``, in sweep order.
+
+    Raises:
+        ValueError: unknown experiment or profile.
+    """
+    ids: list[str] = []
+    for _, runs in sweep_plan(name, profile):
+        ids += [i for i in (run_id(spec) for spec, _ in runs) if i not in ids]
+    return ids
+
+
+def first_failure(store: Store, ids: Iterable[str]) -> str | None:
+    """``"run <id>: <exception line>"`` for the first of ``ids`` whose status is ``failed``
+    (the last line of the traceback the store keeps for it), or None if none failed."""
+    for rid in ids:
+        if store.status(rid) == "failed":
+            lines = [ln.strip() for ln in (store.error(rid) or "").splitlines() if ln.strip()]
+            return f"run {rid}: {lines[-1] if lines else '(no traceback recorded)'}"
+    return None
+
+
+def errors_command(name: str, profile: str, db: str | os.PathLike = DEFAULT_DB) -> str:
+    """The command that prints the full traceback of every failed run of a sweep."""
+    cmd = ["qkvlab", "results", name, "--profile", profile, "--errors"]
+    if Path(db) != Path(DEFAULT_DB):
+        cmd += ["--db", str(db)]
+    return shlex.join(cmd)
+
+
+def failure_report(store: Store, name: str, profile: str) -> str | None:
+    """Why a sweep's runs failed, in two lines: the first failure's exception and the command
+    that prints every traceback; None if no run of ``name`` at ``profile`` failed.
+
+    Raises:
+        ValueError: unknown experiment or profile.
+    """
+    first = first_failure(store, sweep_ids(name, profile))
+    if first is None:
+        return None
+    return f"first failure: {first}\nfull tracebacks: {errors_command(name, profile, store.path)}"
+
+
 def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str = "local",
           db: str | os.PathLike = DEFAULT_DB, progress: bool = True,
           threads: int | None = None, tensorboard: str | os.PathLike | None = None
@@ -161,7 +201,10 @@ def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str =
     Finished runs (done/diverged) are skipped; failed and orphaned ones are retried; a run
     that another live sweep holds is waited for, not repeated. ``tensorboard``: a folder
     where every run this sweep trains also logs its metrics for TensorBoard
-    (``qkvlab.experiments.tensorboard``).
+    (``qkvlab.experiments.tensorboard``). Every argument is checked before the store is
+    opened, so a bad one creates no database file. Runs that fail leave their traceback in
+    the store: :func:`failure_report` (or :func:`first_failure` with :func:`sweep_ids`) says
+    why, and ``qkvlab results NAME --profile P --errors`` prints them all.
 
     Returns:
         counts per status over this experiment's runs.
@@ -169,26 +212,19 @@ def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str =
     Raises:
         ValueError: unknown experiment, profile, backend or worker count.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: {backend!r} is not one of {list(BACKENDS)}")
-    if not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers: {workers!r} must be a positive integer")
+    plan = sweep_plan(name, profile, workers=workers, backend=backend)
+    profile = getattr(profile, "name", profile)  # a registry Profile or its name
     if tensorboard is not None:
-        from qkvlab.experiments.tensorboard import check_available
-
         check_available()  # one clear error now, not one failed run per config
         tensorboard = str(tensorboard)
-    check_experiment(name)
-    names = experiment_names() if name == "all" else [name]
-    prof = get_profile(profile)
     with Store(db) as store:
         ids: list[str] = []
-        for n in names:
-            for i in store.add(n, prof.name, runs_of(n, prof)):
+        for n, runs in plan:
+            for i in store.add(n, profile, runs):
                 if i not in ids:  # one run may be listed twice (a baseline in both arms)
                     ids.append(i)
         threads = threads or max(1, (os.cpu_count() or 1) // workers)
-        bar = tqdm(total=len(ids), desc=f"sweep {name} [{prof.name}]", disable=not progress,
+        bar = tqdm(total=len(ids), desc=f"sweep {name} [{profile}]", disable=not progress,
                    dynamic_ncols=True)
         tried: set[str] = set()
         while True:
@@ -247,7 +283,7 @@ def _local_pool(db: str, todo: list[str], workers: int, threads: int, bar, store
 
 def _ray(store: Store, todo: list[str], progress, tensorboard: str | None = None) -> None:
     try:
-        import ray
+        import ray  # lazy: optional extra [ray]
     except ImportError:
         raise ValueError("backend: 'ray' needs Ray (pip install 'ray[default]'), which is not "
                          "installed; use --backend local") from None
@@ -276,11 +312,6 @@ def _ray(store: Store, todo: list[str], progress, tensorboard: str | None = None
 
 
 def _ray_task(spec: Mapping[str, Any], rid: str) -> dict[str, Any]:
-    import tempfile
-
     with tempfile.TemporaryDirectory() as d:  # checkpoints live on the Ray node
         return execute(spec, Path(d) / rid)
 
-
-if __name__ == "__main__":  # pragma: no cover - convenience: python -m qkvlab.experiments.runner
-    print(sweep(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "smoke"))

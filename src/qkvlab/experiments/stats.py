@@ -1,76 +1,32 @@
 """Statistics over seeds: mean ± 95% CI (Student t), paired differences vs ``standard``.
 
-No SciPy dependency: the t distribution's CDF is the regularized incomplete beta function,
-evaluated by its continued fraction (Numerical Recipes §6.4), and the quantile by bisection.
-With n seeds the CI uses n-1 degrees of freedom; with one seed there is no spread to measure
-and CI and p-value are NaN (reported as such, never as 0).
+The t quantiles and tail probabilities come from ``scipy.stats.t``; medians from the standard
+library's ``statistics``. With n seeds the CI uses n-1 degrees of freedom; with one seed there
+is no spread to measure and CI and p-value are NaN (reported as such, never as 0).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
+
+from scipy import stats as _scipy_stats
 
 NAN = float("nan")
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)),
-                   -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1.0 + aa * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta I_x(a, b) for x in [0, 1]."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    lbt = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(lbt) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(lbt) * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with ``df`` degrees of freedom."""
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
-
-
-def t_ppf(q: float, df: float) -> float:
-    """The ``q`` quantile of Student's t (bisection on the CDF; |error| < 1e-12)."""
-    if not 0.0 < q < 1.0:
-        raise ValueError(f"q: {q} must be in (0, 1)")
-    if q < 0.5:
-        return -t_ppf(1.0 - q, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < q:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if t_cdf(mid, df) < q else (lo, mid)
-        if hi - lo < 1e-12:
-            break
-    return 0.5 * (lo + hi)
-
-
 def mean_ci(values: Sequence[float], level: float = 0.95) -> dict[str, float]:
-    """``{n, mean, sd, half, lo, hi}``: mean ± t_{(1+level)/2, n-1} · sd/√n."""
+    """``{n, mean, sd, half, lo, hi}``: mean ± t_{(1+level)/2, n-1} · sd/√n.
+
+    None and non-finite values are dropped; with one value ``sd``/``half``/``lo``/``hi`` are NaN.
+
+    Raises:
+        ValueError: ``level`` is not in (0, 1).
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level: {level} must be in (0, 1)")
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     n = len(xs)
     if n == 0:
@@ -79,13 +35,17 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> dict[str, float]:
     if n == 1:
         return {"n": 1, "mean": mean, "sd": NAN, "half": NAN, "lo": NAN, "hi": NAN}
     sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    half = t_ppf(0.5 + level / 2.0, n - 1) * sd / math.sqrt(n)
+    half = float(_scipy_stats.t.ppf(0.5 + level / 2.0, n - 1)) * sd / math.sqrt(n)
     return {"n": n, "mean": mean, "sd": sd, "half": half, "lo": mean - half, "hi": mean + half}
 
 
 def paired(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> dict[str, float]:
     """Paired difference a - b (same seeds): mean ± CI, two-sided t-test p-value, and the
-    per-seed relative difference 100·(a/b - 1) in percent ± CI."""
+    per-seed relative difference 100·(a/b - 1) in percent ± CI.
+
+    Raises:
+        ValueError: ``a`` and ``b`` differ in length, or ``level`` is not in (0, 1).
+    """
     if len(a) != len(b):
         raise ValueError(f"paired: {len(a)} values vs {len(b)} baseline values; pair by seed")
     d = mean_ci([x - y for x, y in zip(a, b)], level)
@@ -96,7 +56,7 @@ def paired(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> dict[
             p = 1.0 if d["mean"] == 0 else 0.0
         else:
             t = d["mean"] / (d["sd"] / math.sqrt(d["n"]))
-            p = 2.0 * (1.0 - t_cdf(abs(t), d["n"] - 1))
+            p = 2.0 * float(_scipy_stats.t.sf(abs(t), d["n"] - 1))
     return {"diff": d["mean"], "diff_half": d["half"], "diff_lo": d["lo"], "diff_hi": d["hi"],
             "p": p, "rel_pct": rel["mean"], "rel_half": rel["half"], "n_pairs": d["n"]}
 
@@ -152,10 +112,8 @@ def _hashable(v):
 
 
 def _median(xs: list) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+    """The median of ``xs`` (``statistics.median``), or None when it is empty."""
+    return statistics.median(xs) if xs else None
 
 
 def compare_frame(df, metric: str, by, *, baseline: str = "standard", design: str = "design",

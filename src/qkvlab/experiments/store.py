@@ -63,9 +63,10 @@ def canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
-def run_id(spec: Mapping[str, Any]) -> str:
-    """16 hex digits of sha256 over the canonical spec."""
-    return hashlib.sha256(canonical(spec).encode()).hexdigest()[:16]
+def run_id(spec: Any) -> str:
+    """16 hex digits of sha256 over the canonical spec (a mapping, or a ``RunSpec``)."""
+    d = spec.to_dict() if hasattr(spec, "to_dict") else spec
+    return hashlib.sha256(canonical(d).encode()).hexdigest()[:16]
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -209,6 +210,11 @@ class Store:
     def status(self, rid: str) -> str | None:
         row = self.conn.execute("SELECT status FROM runs WHERE id=?", (rid,)).fetchone()
         return row["status"] if row else None
+
+    def error(self, rid: str) -> str | None:
+        """The traceback a failed run left (its last 4000 characters), or None."""
+        row = self.conn.execute("SELECT error FROM runs WHERE id=?", (rid,)).fetchone()
+        return row["error"] if row else None
 
     def runs_spec(self, rid: str) -> dict[str, Any]:
         row = self.conn.execute("SELECT spec FROM runs WHERE id=?", (rid,)).fetchone()

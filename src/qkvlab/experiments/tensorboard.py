@@ -38,7 +38,7 @@ class RunLogger:
 
     def __init__(self, root: str | Path, rid: str, spec: Mapping[str, Any]) -> None:
         check_available()
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # lazy: optional extra [tensorboard]
 
         self.log_dir = Path(root) / run_name(rid, spec)
         self.writer = SummaryWriter(log_dir=str(self.log_dir))

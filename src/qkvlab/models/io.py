@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import safetensors
 import safetensors.torch
 from torch import nn
 
+from qkvlab.fileio import atomic_write
 from qkvlab.models.config import ModelConfig
 from qkvlab.models.encoder import Encoder, EncoderDecoder
 from qkvlab.models.lm import DecoderLM
@@ -35,15 +35,7 @@ def save_model(model: nn.Module, path: str | os.PathLike, extra: dict[str, str] 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"qkvlab_kind": model.kind, "qkvlab_config": model.cfg.to_json(), **(extra or {})}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        safetensors.torch.save_model(model, tmp, metadata=meta)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return atomic_write(path, lambda tmp: safetensors.torch.save_model(model, tmp, metadata=meta))
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:

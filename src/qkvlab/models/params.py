@@ -15,6 +15,7 @@ from torch import nn
 
 from qkvlab.attention import Attention
 from qkvlab.models.config import ROLES, ModelConfig
+from qkvlab.models.io import build_model
 
 
 def count_params(model: nn.Module) -> dict[str, int]:
@@ -40,8 +41,6 @@ def config_params(cfg: ModelConfig, kind: str = "decoder") -> dict[str, int]:
 
 @functools.lru_cache(maxsize=4096)
 def _config_params(cfg_json: str, kind: str) -> tuple:
-    from qkvlab.models.io import build_model
-
     cfg = ModelConfig.from_dict(json.loads(cfg_json))
     with torch.device("meta"):  # shapes only: no memory, no init cost
         return tuple(count_params(build_model(cfg, kind)).items())

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,8 @@ import safetensors
 import safetensors.torch
 import torch
 from torch import Tensor, nn
+
+from qkvlab.fileio import atomic_write
 
 FORMAT = 1
 
@@ -84,16 +85,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module,
     meta = {"format": FORMAT, "step": int(step), "param_groups": groups, "state": state or {}}
     header = {"qkvlab_checkpoint": json.dumps(meta, sort_keys=True),
               "qkvlab_digest": _digest(tensors)}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        safetensors.torch.save_file(tensors, tmp, metadata=header)
-        with open(tmp, "rb+") as f:  # the rename must not land before the data does
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, tmp, metadata=header))
     return path
 
 

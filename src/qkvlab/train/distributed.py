@@ -5,15 +5,14 @@ contiguous slice, so ``n`` processes see exactly the batches one process would s
 same global batch size; DDP averages the gradients, which equals the gradient of the mean
 loss over the global batch when every slice holds the same number of loss terms.
 
-Usage (one run config as JSON, see ``qkvlab.train.trainer.run_from_spec``)::
+This module holds only the process-group helpers; the trainer imports them, never the other
+way round. The command torchrun runs is ``qkvlab.train.__main__``::
 
-    torchrun --nproc_per_node 2 -m qkvlab.train.distributed spec.json --out result.json
+    torchrun --nproc_per_node 2 -m qkvlab.train spec.json --out result.json
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ def setup(device: str | None = None) -> DistInfo:
 
 
 def teardown() -> None:
+    """Leave the process group if this process joined one."""
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -65,8 +66,6 @@ def wrap(model: nn.Module, info: DistInfo) -> nn.Module:
     """``model`` wrapped in DDP when there is more than one process, else unchanged."""
     if info.world == 1:
         return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     ids = [info.local_rank] if info.device.startswith("cuda") else None
     return DDP(model, device_ids=ids)
 
@@ -101,27 +100,6 @@ def mean_across(x: Tensor, info: DistInfo) -> Tensor:
     return y / info.world
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Train one run spec under torchrun; rank 0 writes the result JSON."""
-    from qkvlab.train.trainer import run_from_spec
-
-    p = argparse.ArgumentParser(prog="python -m qkvlab.train.distributed")
-    p.add_argument("spec", help="JSON file: {task, task_options, kind, model, train}")
-    p.add_argument("--out", required=True, help="where rank 0 writes the result JSON")
-    p.add_argument("--run-dir", default=None, help="checkpoint folder (resumes from it)")
-    args = p.parse_args(argv)
-    with open(args.spec) as f:
-        spec = json.load(f)
-    info = setup()
-    try:
-        result = run_from_spec(spec, run_dir=args.run_dir, dist_info=info, progress=False)
-        if info.main:
-            with open(args.out, "w") as f:
-                json.dump(result.to_dict(), f, indent=1)
-    finally:
-        teardown()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the entry point moved; say so rather than exit 0 with no result
+    sys.exit("qkvlab.train.distributed is no longer a command; run "
+             "`torchrun --nproc_per_node N -m qkvlab.train spec.json --out result.json`")

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from qkvlab.data import get_task
 from qkvlab.models import ModelConfig, build_model, save_model
 from qkvlab.train.checkpoints import load_checkpoint, save_checkpoint
 from qkvlab.train.config import InitConfig, RunSpec, TrainConfig
@@ -92,8 +93,6 @@ def make_task(name: str, options: Mapping[str, Any] | None = None):
         except (ImportError, AttributeError) as e:
             raise ValueError(f"task: cannot import {name!r} ({e})") from None
     else:
-        from qkvlab.data import get_task
-
         task = get_task(name, **options)
     task.prepare()
     return task
@@ -176,8 +175,6 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
                             state={"history": history, "tokens": tokens, "train_s": train_s})
 
     if start == 0 and 0 in cfg.keep_at and run_dir is not None and info.main:
-        from qkvlab.models import save_model
-
         save_model(model, run_dir / "model_step0.safetensors")  # the initial weights
     bar = tqdm(total=cfg.steps, initial=start, desc=desc, leave=False,
                disable=not (progress and info.main), dynamic_ncols=True)
@@ -218,8 +215,6 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
             if metrics:
                 log(done, metrics)
             if done in cfg.keep_at and run_dir is not None and info.main:
-                from qkvlab.models import save_model
-
                 save_model(model, run_dir / f"model_step{done}.safetensors")
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
                 checkpoint(done)

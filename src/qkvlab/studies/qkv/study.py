@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from qkvlab.env import environment
 from qkvlab.experiments.frames import runs_frame
 from qkvlab.experiments.registry import get_profile
-from qkvlab.experiments.runner import first_failure, sweep
+from qkvlab.experiments.runner import failure_report, sweep
 from qkvlab.experiments.store import DEFAULT_DB, Store
 from qkvlab.models import load_model
 from qkvlab.studies.qkv import measures as M
@@ -107,10 +107,9 @@ def run_study(cfg: StudyConfig) -> Path:
                 counts[step] = sweep(step, cfg.profile, db=cfg.db, workers=cfg.workers,
                                      progress=cfg.progress)
                 if counts[step].get("failed"):
-                    why = first_failure(store, step, cfg.profile)
-                    rec.notes.append(f"{step}: {counts[step]['failed']} run(s) failed; first: "
-                                     f"{why}")
-                    cfg.log(f"study: {step}: {counts[step]['failed']} run(s) failed; {why}")
+                    why = failure_report(store, step, cfg.profile)
+                    rec.notes.append(f"{step}: {counts[step]['failed']} run(s) failed; {why}")
+                    cfg.log(f"study: {step}: {counts[step]['failed']} run(s) failed\n{why}")
             timings[step] = time.perf_counter() - t
         bar.close()
         meta = {"total_s": time.perf_counter() - t0, "step_s": timings, "counts": counts,
