@@ -162,7 +162,7 @@ def test_every_figure_drawn_with_files(drawn):
     out, figs = drawn
     names = {q: [f.name for f in fs] for q, fs in figs.items()}
     assert names == {"q1": ["forest_q1", "q1_alt_loss", "q1_scale_probe", "q1_convex"],
-                     "q2": ["forest_q2", "q2_tied_tasks", "q2_own_position",
+                     "q2": ["forest_q2", "q2_own_position",
                             "q2_pretrained_symmetry", "q2_symmetry_emergence"],
                      "q3": ["forest_q3", "q3_bind", "q3_kv"]}
     for f in (f for fs in figs.values() for f in fs):
@@ -220,7 +220,7 @@ def test_one_colour_per_design_across_figures(drawn):
     by_name = {f.name: f for fs in figs.values() for f in fs}
     for design, names in {"tied_kv": ("forest_q3", "q3_bind", "q3_kv"),
                           "alt": ("forest_q1", "q1_alt_loss", "q1_convex"),
-                          "tied_qkv": ("forest_q2", "q2_tied_tasks")}.items():
+                          "tied_qkv": ("forest_q2", "q2_own_position")}.items():
         colour = figures.PALETTE[design].lower()
         for n in names:
             assert colour in (out / by_name[n].svg).read_text().lower(), (design, n)
