@@ -173,16 +173,6 @@ def test_a_step_moves_each_role_by_the_summed_gradients_of_the_roles_it_shares(d
 
 
 @pytest.mark.parametrize("design,opts", VARIANTS, ids=IDS)
-def test_tied_roles_are_one_tensor(design, opts):
-    att = make(design, **opts)
-    x = torch.randn(1, 5, 16, dtype=torch.float64)
-    for q, k, v in (att.project(x), att.project(x, torch.randn(1, 3, 16, dtype=torch.float64))):
-        assert (k is v) == tied(design, "k", "v")
-    q, k, _ = att.project(x)
-    assert (q is k) == tied(design, "q", "k")
-
-
-@pytest.mark.parametrize("design,opts", VARIANTS, ids=IDS)
 def test_causality(design, opts):
     att = make(design, **opts)
     x = torch.randn(1, 8, 16, dtype=torch.float64)

@@ -94,13 +94,15 @@ class Attention(nn.Module):
     def project(self, x: Tensor, source: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries from ``x``; keys and values from ``source`` (default: ``x``).
 
-        Tied roles return the very same tensor (``k is v`` for tied K = V).
+        Tied roles are views of the same projected block (equal values, one GEMM). They are
+        deliberately not one tensor object: making ``k is v`` changes the order in which autograd
+        sums the tied gradient, so trained tied_qkv models would differ at float precision from
+        every stored result.
         """
         sq, sk, sv = (self.segment_of(r) for r in ("q", "k", "v"))
         if source is None:
             y = self._linear(x, slice(0, self.W_in.shape[0]))  # one GEMM for all segments
-            heads = {s: self._heads(y, s) for s in self.segments}  # one tensor per segment
-            return heads[sq], heads[sk], heads[sv]
+            return self._heads(y, sq), self._heads(y, sk), self._heads(y, sv)
         q = self._heads(self._linear(x, self._slices[sq]), sq, self._slices[sq].start)
         k, v = self.project_source(source)
         return q, k, v
@@ -109,9 +111,8 @@ class Attention(nn.Module):
         """Keys and values of a source sequence, one GEMM."""
         span = self._src_span
         y = self._linear(source, span)
-        sk, sv = self.segment_of("k"), self.segment_of("v")
-        k = self._heads(y, sk, span.start)
-        return k, (k if sv == sk else self._heads(y, sv, span.start))
+        return (self._heads(y, self.segment_of("k"), span.start),
+                self._heads(y, self.segment_of("v"), span.start))
 
     def mix(self, z: Tensor) -> Tensor:
         """Per-head linear map applied after attention, (B, H, Tq, dv); identity by default."""
