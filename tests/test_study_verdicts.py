@@ -81,7 +81,7 @@ def test_q3_verdict_and_summary_from_store(tmp_path):
     assert table.headers[:5] == ("design", "attention params ×", "attention layer time ×",
                                  "KV cache ×", "decode tokens/s ×")
     assert table.rows == (("tied K=V", "0.75", "—", "—", "—",
-                           f"worse {mean:+.1f}% ± {half:.1f}"),)
+                           f"worse {mean:+.1f} ± {half:.1f}%"),)
     assert "undecided: the CI straddles zero" in table.legend
 
 

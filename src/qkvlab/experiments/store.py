@@ -296,7 +296,7 @@ class Store:
     def measure_rows(self, name: str | None = None) -> list[dict[str, Any]]:
         """Finished measures (all, or one ``name``): id, name, run_id, spec, records, env."""
         q = ("SELECT id, name, run_id, spec, result, env FROM measures WHERE status='done'"
-             " AND (? IS NULL OR name=?) ORDER BY name, id")
+             " AND (? IS NULL OR name=?) ORDER BY name, created, id")
         return [{"measure_id": r["id"], "name": r["name"], "run_id": r["run_id"],
                  "spec": json.loads(r["spec"]), "records": json.loads(r["result"])["records"],
                  "env": json.loads(r["env"] or "{}")}

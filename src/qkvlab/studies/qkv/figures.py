@@ -124,7 +124,9 @@ def fig_forest(data: StudyData, out: Path, question: str) -> Figure | None:
     panels = [p for p in PANELS if p in set(df.panel)]
     n_rows = [df[df.panel == p][["design", "task"]].drop_duplicates().shape[0] for p in panels]
     fig, axes = plt.subplots(1, len(panels), squeeze=False,
-                             figsize=(6 + 4.5 * (len(panels) - 1), 1.5 + 0.5 * max(n_rows)))
+                             # one width for every forest plot: the page shows each at full
+                             # width, so a narrower one would be scaled up, fonts and all
+                             figsize=(10.5, 1.6 + 0.5 * max(n_rows)))
     for ax, p in zip(axes[0], panels):
         _forest_panel(ax, df[df.panel == p], p, max(n_rows))
     arms = [a for a in ARMS if a in set(df.arm)]

@@ -136,7 +136,7 @@ def summary_table(data: StudyData) -> Table:
             e = effect(r, lower, chance=None if lower else chance(t.split(" ")[0], data.profile))
             unit = "%" if lower else " pp"
             val = "" if e["value"] is None else (
-                f" {e['value']:+.1f}{unit}" + ("" if e["half"] is None else f" ± {e['half']:.1f}"))
+                f" {e['value']:+.1f}" + ("" if e["half"] is None else f" ± {e['half']:.1f}") + unit)
             cells.append(WORDS[e["status"]] + val)
         c = cost.get(design, {})
         body.append((F.LABELS.get(design, design), num(c.get("params")), num(c.get("time")),
