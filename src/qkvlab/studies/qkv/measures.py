@@ -13,6 +13,7 @@ as a DataFrame. Columns per measure (besides the tags of the run a measure reads
     pretrained        level (summary | layer), role, measure, and mean, std, null_mean,
                       null_std, null_lo, null_hi, share_above_null, n_heads (summary) or
                       layer, value (layer)
+    weight_similarity role, measure, and the summary fields of ``pretrained``
 Shapes: B batch, T tokens, H heads, d head width.
 """
 
@@ -194,6 +195,15 @@ def pretrained(source: str, n_null: int, cka: bool) -> list[dict]:
     out += [{"level": "layer", "role": role, "layer": layer, "measure": m,
              "value": sum(v) / len(v)} for (role, layer, m), v in per.items()]
     return out
+
+
+def weight_similarity(path: Path, n_null: int) -> list[dict]:
+    """How similar W_Q, W_K and W_V are in one trained qkvlab model: per attention role and
+    measure (symmetry of W_QK, Q–K, K–V and Q–V subspace overlaps), the mean over heads beside
+    the random null of the same shapes (``qkvlab.analysis.analyze`` on the checkpoint)."""
+    res = analyze(str(path), None, n_null=n_null, cka=False, figures=False, progress=False)
+    return [{"role": r["role"], "measure": r["measure"], **{k: r[k] for k in SUMMARY_FIELDS}}
+            for r in res["summary"]]
 
 
 def first_batch(task, split: str, batch_size: int, seed: int = 0) -> dict[str, Tensor]:

@@ -31,7 +31,7 @@ from qkvlab.report.blocks import Heading as H
 from qkvlab.studies.qkv import claims as C
 from qkvlab.studies.qkv import figures as F
 from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, chance, select
-from qkvlab.studies.qkv.verdicts import LEGEND, WORDS, all_verdicts, effect
+from qkvlab.studies.qkv.verdicts import LEGEND, WORDS, all_verdicts, ci_text, effect
 
 SECTION_IDS = ("summary", "q1", "q2", "q3", "setup")
 # comparisons in the summary table: (experiments, design) rows, equal width
@@ -188,6 +188,7 @@ def q1_blocks(data: StudyData) -> list[Block]:
 def q2_blocks(data: StudyData) -> list[Block]:
     out: list[Block] = [compare_table(data.compared("tied_qk_qkv"), "tied Q=K, tied Q=K + "
                                       "self-mask and Q=K=V vs standard", ("val_loss", "accuracy"))]
+    out += weight_similarity_table(data)
     pt = data.measure("pretrained")
     if pt.empty:
         return out
@@ -208,6 +209,29 @@ def q2_blocks(data: StudyData) -> list[Block]:
                      ("model", "role", "heads", "symmetry s", "overlap Q–K", "overlap K–V",
                       "overlap Q–V"), tuple(rows)))
     return out
+
+
+SIMILARITY = ("symmetry", "overlap_qk", "overlap_kv", "overlap_qv")
+
+
+def weight_similarity_table(data: StudyData) -> list[Block]:
+    """W_Q, W_K, W_V similarity in qkvlab's own trained standard models, mean ± 95% CI over
+    seeds, beside the random null (the ``weight_similarity`` measure)."""
+    ws = data.measure("weight_similarity")
+    if ws.empty:
+        return []
+    rows = []
+    for (task, role), g in ws.groupby(["task", "role"]):
+        cells = []
+        for m in SIMILARITY:
+            sub = g[g.measure == m]
+            cells.append("—" if sub.empty else f"{ci_text(sub['mean'].tolist())} (null "
+                         f"{num(sub.null_mean.mean())})")
+        rows.append((task, role, str(g.seed.nunique()), *cells))
+    return [Table("qkvlab's own standard models after training (tied_qk_qkv, equal width): mean "
+                  "over heads, then mean ± 95% CI over seeds; null: random heads of the same "
+                  "shapes", ("task", "role", "seeds", "symmetry s", "overlap Q–K",
+                             "overlap K–V", "overlap Q–V"), tuple(rows))]
 
 
 def q3_blocks(data: StudyData) -> list[Block]:

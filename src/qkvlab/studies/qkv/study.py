@@ -159,6 +159,11 @@ def run_measures(rec: Recorder, cfg: StudyConfig) -> None:
             for task in ("lm", "relation"):
                 for row in _done(qk, task=task, arm="equal", design=design).itertuples():
                     on_model("own_position", row, M.own_position_weight)
+        for task in ("lm", "mlm"):  # how alike W_Q, W_K, W_V become when nothing ties them
+            for row in _done(qk, task=task, arm="equal", design="standard").itertuples():
+                path = store.runs_dir / row.run_id / "model.safetensors"
+                rec("weight_similarity", {"run": row.run_id, "n_null": p.n_null},
+                    lambda path=path: M.weight_similarity(path, p.n_null), run=row.run_id)
     sym = runs["symmetry_emergence"]
     if not sym.empty:
         for row in _done(sym).itertuples():
