@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -16,8 +17,8 @@ import torch
 
 from qkvlab import bench
 from qkvlab.attention import DESIGNS, AttentionConfig, build_attention
-from qkvlab.fileio import atomic_open
 from qkvlab.experiments.registry import load_studies
+from qkvlab.fileio import atomic_open
 
 # command -> (module, configure function, run function, one-line help)
 DELEGATED = {
@@ -191,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"qkvlab {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and the like: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
