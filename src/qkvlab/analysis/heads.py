@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from qkvlab.attention import repeat_kv
+
 ROLES = ("encoder", "decoder", "cross")
 
 
@@ -135,11 +137,7 @@ def heads_out(weight: Tensor, n: int) -> Tensor:
 
 def expand_kv(t: Tensor | None, n_heads: int) -> Tensor | None:
     """(G, ...) -> (H, ...): GQA head j serves query heads j·H/G … (j+1)·H/G − 1."""
-    if t is None or t.shape[0] == n_heads:
-        return t
-    if n_heads % t.shape[0]:
-        raise ValueError(f"n_kv_heads: {t.shape[0]} does not divide n_heads={n_heads}")
-    return t.repeat_interleave(n_heads // t.shape[0], dim=0)
+    return None if t is None else repeat_kv(t, n_heads, dim=0)
 
 
 def from_linear(layer: int, role: str, q: tuple, k: tuple, v: tuple, o: tuple, *, n_heads: int,
