@@ -49,8 +49,8 @@ def test_bench_tables_open_with_the_cpu_and_its_bf16_cost():
     assert text.index("CPU and bf16") < text.index("Training tokens/s")
 
 
-def test_cpu_bf16_reports_capability_native_flag_and_a_ratio(monkeypatch):
+def test_cpu_bf16_report_has_capability_native_flag_and_a_ratio(monkeypatch):
     monkeypatch.setattr(precision, "bf16_probe", lambda *a, **k: 3.0)
-    r = bench.cpu_bf16(reps=1)
+    r = precision.cpu_bf16_report(reps=1)
     assert r["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert r["native_bf16"] in (True, False, None) and r["bf16_fp32_ratio"] == 3.0

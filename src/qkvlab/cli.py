@@ -17,8 +17,10 @@ import torch
 
 from qkvlab import bench
 from qkvlab.attention import DESIGNS, AttentionConfig, build_attention
+from qkvlab.env import cpu_model
 from qkvlab.experiments.registry import load_studies
 from qkvlab.fileio import atomic_open
+from qkvlab.train.precision import cpu_bf16_report
 
 # command -> (module, configure function, run function, one-line help)
 DELEGATED = {
@@ -122,7 +124,8 @@ def run_bench(sizes=("small", "large"), peers=True, quick=False, log=print) -> d
     """Every benchmark of the core library; returns a JSON-able dict. ``cpu`` holds the CPU
     capability, whether it has native bf16, and the measured bf16/fp32 time ratio; the bf16
     training figures are bf16 on purpose (``bf16_force``), wherever it is slow."""
-    res: dict = {"cpu": bench.cpu_bf16(reps=5 if quick else 9), "training": {}}
+    res: dict = {"cpu": {"cpu_model": cpu_model(), **cpu_bf16_report(reps=5 if quick else 9)},
+                 "training": {}}
     for size in sizes:
         res["training"][size] = bench.bench_training(
             size, steps=3 if size == "large" else 10, rounds=2 if quick else 3,
