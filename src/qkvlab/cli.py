@@ -123,7 +123,7 @@ def bench_tables(res: dict) -> str:
 def run_bench(sizes=("small", "large"), peers=True, quick=False, log=print) -> dict:
     """Every benchmark of the core library; returns a JSON-able dict. ``cpu`` holds the CPU
     capability, whether it has native bf16, and the measured bf16/fp32 time ratio; the bf16
-    training figures are bf16 on purpose (``bf16_force``), wherever it is slow."""
+    training figures are bf16 on purpose (as ``precision="bf16_force"``), wherever it is slow."""
     res: dict = {"cpu": {"cpu_model": cpu_model(), **cpu_bf16_report(reps=5 if quick else 9)},
                  "training": {}}
     for size in sizes:
