@@ -107,10 +107,11 @@ def test_weight_decay_on_matrices_only():
     assert len(decay["params"]) + len(rest["params"]) == len(list(model.parameters()))
 
 
+@pytest.mark.filterwarnings("ignore::qkvlab.train.precision.SlowPrecisionWarning")
 def test_bf16_autocast_trains_close_to_fp32():
     a = run_from_spec(spec(seed=2), progress=False)
-    b = run_from_spec(spec(seed=2, precision="bf16"), progress=False)
-    assert b.status == "done"
+    b = run_from_spec(spec(seed=2, precision="bf16_force"), progress=False)  # bf16 on any CPU
+    assert b.status == "done" and b.precision_used == "bf16"
     assert a.final["val_loss"] == pytest.approx(b.final["val_loss"], rel=0.05)
 
 

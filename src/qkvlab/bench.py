@@ -99,7 +99,12 @@ PEERS = {"hf_gpt2": _hf_gpt2, "x_transformers": _x_transformers}
 
 
 def _train_rate(forward, model, s: Size, steps: int, bf16: bool, seed: int = 0):
-    """A closure timing ``steps`` AdamW steps; returns tokens/s. Also records the losses."""
+    """A closure timing ``steps`` AdamW steps; returns tokens/s. Also records the losses.
+
+    ``bf16`` trains in bf16 autocast unconditionally, as the trainer's
+    ``precision="bf16_force"`` does: the benchmark measures bf16 on purpose, also on a CPU
+    where ``precision="bf16"`` would fall back to fp32 (``qkvlab bench`` prints that CPU's
+    native bf16 and measured bf16 cost first)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = bigram_batches(s, 64, seed)
     losses: list[float] = []

@@ -17,8 +17,10 @@ import torch
 
 from qkvlab import bench
 from qkvlab.attention import DESIGNS, AttentionConfig, build_attention
+from qkvlab.env import cpu_model
 from qkvlab.experiments.registry import load_studies
 from qkvlab.fileio import atomic_open
+from qkvlab.train.precision import cpu_bf16_report
 
 # command -> (module, configure function, run function, one-line help)
 DELEGATED = {
@@ -61,9 +63,29 @@ def cmd_designs(args) -> int:
     return 0
 
 
+def _cpu_table(res: dict) -> str:
+    """The CPU, whether it has native bf16, and what bf16 autocast cost on it: the probe's
+    time ratio and, where training was measured, qkvlab's fp32/bf16 tokens/s per size."""
+    c = res["cpu"]
+    native = {True: "yes", False: "no", None: "unknown"}[c.get("native_bf16")]
+    if c.get("bf16_flags"):
+        native += f" ({', '.join(c['bf16_flags'])})"
+    headers = ["cpu", "capability", "native bf16", "bf16/fp32 time, probe"]
+    row = [c.get("cpu_model") or "?", c.get("cpu_capability") or "?", native, c["bf16_fp32_ratio"]]
+    for size, r in res.get("training", {}).items():
+        if r.get("qkvlab_bf16"):
+            headers.append(f"bf16/fp32 time, training {size}")
+            row.append(r["qkvlab"] / r["qkvlab_bf16"])
+    return ("CPU and bf16 autocast (time ratios > 1: bf16 is slower; the trainer's "
+            "precision='bf16' falls back to fp32 without native bf16)\n\n"
+            + _table(headers, [row]) + f"\n\nprobe: {c.get('probe', '')}")
+
+
 def bench_tables(res: dict) -> str:
-    """Markdown tables of a ``run_bench`` result."""
+    """Markdown tables of a ``run_bench`` result, the CPU's bf16 line first."""
     out = []
+    if "cpu" in res:
+        out.append(_cpu_table(res))
     if "training" in res:
         rows = []
         for size, r in res["training"].items():
@@ -99,8 +121,11 @@ def bench_tables(res: dict) -> str:
 
 
 def run_bench(sizes=("small", "large"), peers=True, quick=False, log=print) -> dict:
-    """Every benchmark of the core library; returns a JSON-able dict."""
-    res: dict = {"training": {}}
+    """Every benchmark of the core library; returns a JSON-able dict. ``cpu`` holds the CPU
+    capability, whether it has native bf16, and the measured bf16/fp32 time ratio; the bf16
+    training figures are bf16 on purpose (as ``precision="bf16_force"``), wherever it is slow."""
+    res: dict = {"cpu": {"cpu_model": cpu_model(), **cpu_bf16_report(reps=5 if quick else 9)},
+                 "training": {}}
     for size in sizes:
         res["training"][size] = bench.bench_training(
             size, steps=3 if size == "large" else 10, rounds=2 if quick else 3,

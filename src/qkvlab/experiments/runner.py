@@ -47,7 +47,10 @@ def execute(spec: RunSpec | Mapping[str, Any], run_dir: Path, *, on_log=None,
 
     Returns:
         ``{status, step, final, history, info}`` where ``info`` holds timings, parameter
-        counts, tokens/s, versions, hardware and git revision.
+        counts, tokens/s, versions, hardware and git revision, and ``precision_used`` (the
+        precision the run trained in: bf16 may fall back to fp32 on a CPU). The store keeps
+        ``precision_used`` inside the ``hardware`` JSON (``info["hardware"]["precision_used"]``),
+        since it is the hardware's answer to the requested precision.
     """
     spec = RunSpec.from_dict(spec)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -65,9 +68,12 @@ def execute(spec: RunSpec | Mapping[str, Any], run_dir: Path, *, on_log=None,
                         progress=progress, desc=desc)
     if res.status == "done":  # the optimizer state is only needed to resume an unfinished run
         (run_dir / "checkpoint.safetensors").unlink(missing_ok=True)
+    env = environment()
+    env["hardware"] = {**env["hardware"], "precision_used": res.precision_used}
     info = {"wall_s": time.perf_counter() - t0, "train_s": res.train_s, "tokens": res.tokens,
             "tokens_per_s": res.tokens_per_s, "params": holder.get("params"),
-            "n_params": (holder.get("params") or {}).get("total"), **environment()}
+            "n_params": (holder.get("params") or {}).get("total"),
+            "precision_used": res.precision_used, **env}
     return {"status": res.status, "step": res.step, "final": res.final, "history": res.history,
             "info": info}
 

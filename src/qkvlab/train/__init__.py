@@ -3,6 +3,7 @@
 from qkvlab.train.checkpoints import load_checkpoint, read_checkpoint, save_checkpoint
 from qkvlab.train.config import InitConfig, ProbeConfig, RunSpec, TrainConfig
 from qkvlab.train.distributed import DistInfo, setup, teardown
+from qkvlab.train.precision import resolve_precision
 from qkvlab.train.trainer import (
                                   TrainResult,
                                   apply_init,
@@ -18,4 +19,4 @@ from qkvlab.train.trainer import (
 
 __all__ = ["DistInfo", "InitConfig", "ProbeConfig", "RunSpec", "TrainConfig", "TrainResult", "apply_init", "build_seeded", "evaluate",
            "load_checkpoint", "lr_at", "make_optimizer", "make_task", "model_config",
-           "read_checkpoint", "run_from_spec", "save_checkpoint", "setup", "teardown", "train"]
+           "read_checkpoint", "resolve_precision", "run_from_spec", "save_checkpoint", "setup", "teardown", "train"]

@@ -21,7 +21,9 @@ from qkvlab import typed
 from qkvlab.data.base import MODEL_KINDS
 from qkvlab.models import ModelConfig
 
-PRECISIONS = ("fp32", "bf16")
+# "bf16" falls back to fp32 (with a warning) where bf16 is slow, "bf16_force" does not:
+# see qkvlab.train.precision
+PRECISIONS = ("fp32", "bf16", "bf16_force")
 INITS = ("gpt2", "unit")
 
 
@@ -32,7 +34,13 @@ class TrainConfig:
     ``eval_every=0`` evaluates only at the end; ``checkpoint_every=0`` never checkpoints;
     ``keep_at`` lists steps whose model weights are kept as ``model_step{N}.safetensors``
     (for analyses of how weights evolve). ``lr`` is the peak after ``warmup`` linear steps;
-    it then follows a cosine down to ``min_lr_ratio * lr`` at ``steps``.
+    it then follows a cosine down to ``min_lr_ratio * lr`` at ``steps``. ``precision`` is
+    ``fp32``, ``bf16`` (autocast where the hardware has native bf16, else fp32 with a warning)
+    or ``bf16_force`` (bf16 autocast even where it is slow); the precision a run actually used
+    is ``TrainResult.precision_used``.
+
+    Raises:
+        ValueError: a field out of range or of the wrong type, named as ``train.<field>``.
     """
 
     steps: int = 200

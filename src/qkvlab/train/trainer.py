@@ -11,7 +11,6 @@ A non-finite loss or gradient ends the run as ``diverged`` at that step.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import math
@@ -30,6 +29,7 @@ from qkvlab.models import ModelConfig, build_model, save_model
 from qkvlab.train.checkpoints import load_checkpoint, save_checkpoint
 from qkvlab.train.config import InitConfig, RunSpec, TrainConfig
 from qkvlab.train.distributed import DistInfo, mean_across, shard, wrap
+from qkvlab.train.precision import autocast, resolve_precision
 
 CHECKPOINT = "checkpoint.safetensors"
 FINAL_MODEL = "model.safetensors"
@@ -38,7 +38,9 @@ EVAL_SEED_OFFSET = 1_000_003  # the validation generator's seed, apart from the 
 
 @dataclass
 class TrainResult:
-    """What a run produced. ``status`` is ``done`` or ``diverged`` (then ``step`` is where)."""
+    """What a run produced. ``status`` is ``done`` or ``diverged`` (then ``step`` is where).
+    ``precision_used`` is the precision it trained in (``fp32`` or ``bf16``), which differs from
+    ``TrainConfig.precision`` where bf16 fell back to fp32 (``qkvlab.train.precision``)."""
 
     status: str
     step: int
@@ -46,6 +48,7 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
     tokens: int = 0
     train_s: float = 0.0
+    precision_used: str = "fp32"
 
     @property
     def tokens_per_s(self) -> float:
@@ -105,22 +108,15 @@ def _count_tokens(batch: Mapping[str, Tensor]) -> int:
     return max(sizes, default=0)
 
 
-def _autocast(cfg: TrainConfig, device: str):
-    if cfg.precision != "bf16":
-        return contextlib.nullcontext()
-    dev = "cuda" if device.startswith("cuda") else "cpu"
-    if dev == "cuda" and not torch.cuda.is_bf16_supported():
-        return contextlib.nullcontext()  # bf16 only where the hardware supports it
-    return torch.autocast(dev, dtype=torch.bfloat16)
-
-
 def evaluate(model: nn.Module, task, cfg: TrainConfig, device: str = "cpu") -> dict[str, float]:
-    """The task's metrics on the same validation batches every time."""
+    """The task's metrics on the same validation batches every time, in the precision training
+    uses (``resolve_precision(cfg.precision, device)``)."""
     gen = torch.Generator().manual_seed(cfg.seed + EVAL_SEED_OFFSET)
+    used = resolve_precision(cfg.precision, device)
     was = model.training
     model.eval()
     try:
-        with torch.no_grad(), _autocast(cfg, device):
+        with torch.no_grad(), autocast(used, device):
             out = task.evaluate(model, gen, cfg.eval_batches, cfg.eval_batch_size)
     finally:
         model.train(was)
@@ -144,9 +140,12 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
 
     Returns:
         TrainResult; ``status == "diverged"`` if a loss or gradient norm became NaN/inf.
+        ``precision_used``: bf16 falls back to fp32, with a warning, on a CPU without native
+        bf16 (``qkvlab.train.precision.resolve_precision``).
     """
     info = dist_info or DistInfo()
     device = info.device
+    used = resolve_precision(cfg.precision, device)  # before any RNG draw; warns once
     model.to(device).train()
     opt = make_optimizer(model, cfg)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -190,7 +189,7 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
             tokens += _count_tokens(batch)
             local = {k: v.to(device) if isinstance(v, Tensor) else v
                      for k, v in shard(batch, info).items()}
-            with _autocast(cfg, device):
+            with autocast(used, device):
                 loss = task.loss(fwd, local)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -234,7 +233,7 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
         final = {k: v for k, v in last.items()
                  if k not in ("lr", "grad_norm") and not k.startswith("probe/")}
     return TrainResult(status=status, step=step, final=final, history=history, tokens=tokens,
-                       train_s=train_s)
+                       train_s=train_s, precision_used=used)
 
 
 def build_seeded(model_cfg, kind: str, seed: int) -> nn.Module:
