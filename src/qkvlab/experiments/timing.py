@@ -66,6 +66,6 @@ def format_breakdown(title: str, parts: Mapping[str, float], *, runs: int, wall_
     if "model step" in parts:  # the number that matters stands apart, the rest in brackets
         line = f"model step {pct(parts['model step'])} ({line})"
     w = max(map(len, parts))
-    rows = [f"  {n:<{w}} {parts[n]:8.1f} s {pct(parts[n]):>4}"
+    rows = [f"  {n:<{w}} {parts[n]:7.1f} s {pct(parts[n]):>4}"
             for n in sorted(parts, key=lambda n: n != "model step")]
     return "\n".join([f"{head} — {line}", *rows])

@@ -4,6 +4,7 @@ from qkvlab.train.checkpoints import load_checkpoint, read_checkpoint, save_chec
 from qkvlab.train.config import InitConfig, ProbeConfig, RunSpec, TrainConfig
 from qkvlab.train.distributed import DistInfo, setup, teardown
 from qkvlab.train.trainer import (
+                                  TIMING_PARTS,
                                   TrainResult,
                                   apply_init,
                                   build_seeded,
@@ -16,6 +17,6 @@ from qkvlab.train.trainer import (
                                   train,
 )
 
-__all__ = ["DistInfo", "InitConfig", "ProbeConfig", "RunSpec", "TrainConfig", "TrainResult", "apply_init", "build_seeded", "evaluate",
+__all__ = ["TIMING_PARTS", "DistInfo", "InitConfig", "ProbeConfig", "RunSpec", "TrainConfig", "TrainResult", "apply_init", "build_seeded", "evaluate",
            "load_checkpoint", "lr_at", "make_optimizer", "make_task", "model_config",
            "read_checkpoint", "run_from_spec", "save_checkpoint", "setup", "teardown", "train"]
