@@ -1,11 +1,30 @@
-"""Experiments: named run lists, profiles, sweeps, the SQLite results store, statistics."""
+"""Experiments: named run lists, profiles, sweeps, the SQLite results store, statistics.
 
-from qkvlab.experiments.registry import (EXPERIMENTS, PROFILES, Profile, describe, experiment,
-                                         get_profile, runs_of)
-from qkvlab.experiments.runner import execute, sweep
-from qkvlab.experiments.stats import compare, mean_ci, paired
-from qkvlab.experiments.store import DEFAULT_DB, Store, run_id
+The names below are imported on first use (PEP 562): a sweep's worker process imports
+``qkvlab.experiments.runner`` and should not pay for scipy's statistics (about a second per
+worker) that only the results commands and the report use.
+"""
+
+import importlib
+
+_WHERE = {"EXPERIMENTS": "registry", "PROFILES": "registry", "Profile": "registry",
+          "describe": "registry", "experiment": "registry", "get_profile": "registry",
+          "runs_of": "registry", "execute": "runner", "sweep": "runner", "compare": "stats",
+          "mean_ci": "stats", "paired": "stats", "DEFAULT_DB": "store", "Store": "store",
+          "run_id": "store"}
 
 __all__ = ["DEFAULT_DB", "EXPERIMENTS", "PROFILES", "Profile", "Store", "compare", "describe",
            "execute", "experiment", "get_profile", "mean_ci", "paired",
            "run_id", "runs_of", "sweep"]
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -20,7 +20,6 @@ from pathlib import Path
 from qkvlab.experiments.frames import EXPORT_FORMATS, export, runs_frame
 from qkvlab.experiments.registry import describe, experiment_names, profile_names
 from qkvlab.experiments.runner import BACKENDS, failure_report, sweep
-from qkvlab.experiments.stats import compare
 from qkvlab.experiments.store import DEFAULT_DB, Store
 
 
@@ -121,6 +120,8 @@ def run_results(args: argparse.Namespace) -> int:
             print(format_errors(rows))
             return 0
         if args.stats:
+            from qkvlab.experiments.stats import compare  # scipy: only this command needs it
+
             print(format_stats(compare(rows, args.stats), args.stats))
             return 0
         text = export(df, args.format, args.out)

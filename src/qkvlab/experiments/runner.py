@@ -15,7 +15,6 @@ or a local instance); the driver alone writes to the store, so the store stays o
 from __future__ import annotations
 
 import ctypes
-import functools
 import multiprocessing as mp
 import os
 import shlex
@@ -24,7 +23,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from tqdm.auto import tqdm
@@ -35,6 +34,7 @@ from qkvlab.experiments.probe import ScaleProbe
 from qkvlab.experiments.registry import runs_of
 from qkvlab.experiments.store import DEFAULT_DB, FINISHED, Store, canonical, run_id
 from qkvlab.experiments.tensorboard import RunLogger, check_available
+from qkvlab.experiments.timing import format_breakdown, sum_parts
 from qkvlab.models import count_params
 from qkvlab.train import RunSpec, run_from_spec
 
@@ -46,9 +46,10 @@ def execute(spec: RunSpec | Mapping[str, Any], run_dir: Path, *, on_log=None,
     """Train one spec (resuming from ``run_dir``) and return what the store records.
 
     Returns:
-        ``{status, step, final, history, info}`` where ``info`` holds timings, parameter
-        counts, tokens/s, versions, hardware and git revision, and ``precision_used`` (the
-        precision the run trained in: bf16 may fall back to fp32 on a CPU). The store keeps
+        ``{status, step, final, history, info}`` where ``info`` holds timings (``wall_s``,
+        ``train_s`` and ``timings``, the trainer's seconds per part), parameter counts,
+        tokens/s, versions, hardware and git revision, and ``precision_used`` (the precision
+        the run trained in: bf16 may fall back to fp32 on a CPU). The store keeps
         ``precision_used`` inside the ``hardware`` JSON (``info["hardware"]["precision_used"]``),
         since it is the hardware's answer to the requested precision.
     """
@@ -72,7 +73,7 @@ def execute(spec: RunSpec | Mapping[str, Any], run_dir: Path, *, on_log=None,
     env["hardware"] = {**env["hardware"], "precision_used": res.precision_used}
     info = {"wall_s": time.perf_counter() - t0, "train_s": res.train_s, "tokens": res.tokens,
             "tokens_per_s": res.tokens_per_s, "params": holder.get("params"),
-            "n_params": (holder.get("params") or {}).get("total"),
+            "n_params": (holder.get("params") or {}).get("total"), "timings": res.timings,
             "precision_used": res.precision_used, **env}
     return {"status": res.status, "step": res.step, "final": res.final, "history": res.history,
             "info": info}
@@ -88,9 +89,16 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _logger(store: Store, rid: str, spec: Mapping[str, Any], tensorboard: str | None):
-    """``(on_log, close)``: per-step metrics to the store, and to TensorBoard if asked."""
-    to_store = functools.partial(store.log, rid)
+def _logger(store: Store, rid: str, spec: Mapping[str, Any], tensorboard: str | None,
+            spent: dict[str, float] | None = None):
+    """``(on_log, close)``: per-step metrics to the store, and to TensorBoard if asked.
+    The seconds the store writes take are added to ``spent["log_store"]``."""
+    spent = {} if spent is None else spent
+
+    def to_store(step: int, metrics: Mapping[str, float]) -> None:
+        t = time.perf_counter()
+        store.log(rid, step, metrics)
+        spent["log_store"] = spent.get("log_store", 0.0) + time.perf_counter() - t
     if not tensorboard:
         return to_store, lambda: None
     tb = RunLogger(tensorboard, rid, spec)
@@ -102,30 +110,54 @@ def _logger(store: Store, rid: str, spec: Mapping[str, Any], tensorboard: str | 
 
 
 def work(db: str, ids: list[str], threads: int, parent: int | None = None,
-         progress: bool = False, tensorboard: str | None = None) -> int:
-    """Worker loop: claim and run each id not finished or taken; returns how many it ran."""
+         progress: bool = False, tensorboard: str | None = None,
+         spawned: float | None = None) -> int:
+    """Worker loop: claim and run each id not finished or taken; returns how many it ran.
+
+    ``spawned``: the ``time.time()`` at which the sweep started this process; the seconds
+    until here (interpreter start, imports) are recorded as ``startup`` of its first run.
+    """
+    startup = max(0.0, time.time() - spawned) if spawned is not None else 0.0
     if parent is not None:
         _die_with_parent(parent)
     torch.set_num_threads(threads)
     ran = 0
+    t = time.perf_counter()
     with Store(db) as store:
         for rid in ids:
             if not store.claim(rid):
                 continue
             spec = store.runs_spec(rid)
+            # store time so far (opening it, claims lost to other workers) goes to this run
+            spent = {"store": time.perf_counter() - t}
             close = None
             try:
-                on_log, close = _logger(store, rid, spec, tensorboard)
+                on_log, close = _logger(store, rid, spec, tensorboard, spent)
                 out = execute(spec, store.runs_dir / rid, progress=progress, desc=rid[:8],
                               on_log=on_log)
+                t = time.perf_counter()
                 store.finish(rid, out["status"], out["step"], out["final"], out["info"])
+                store.record_timings(rid, _run_timings(out["info"]["timings"], spent, startup,
+                                                       time.perf_counter() - t))
+                startup = 0.0
             except Exception:  # one bad config must not stop the sweep; the store keeps the trace
                 store.fail(rid, traceback.format_exc())
             finally:
                 if close is not None:
                     close()
             ran += 1
+            t = time.perf_counter()
     return ran
+
+
+def _run_timings(trained: Mapping[str, float], spent: Mapping[str, float], startup: float,
+                 finish_s: float) -> dict[str, float]:
+    """A run's timings as the store records them: the trainer's parts, with the store writes
+    that happened inside ``on_log`` (``spent["log_store"]``) moved from ``log`` to ``store``,
+    which also holds the worker's other store time (``spent["store"]``) and ``finish_s``."""
+    in_log = spent.get("log_store", 0.0)
+    return {**trained, "log": max(0.0, trained.get("log", 0.0) - in_log),
+            "store": spent.get("store", 0.0) + in_log + finish_s, "startup": startup}
 
 
 def experiment_names(name: str) -> list[str]:
@@ -200,8 +232,8 @@ def failure_report(store: Store, name: str, profile: str) -> str | None:
 
 def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str = "local",
           db: str | os.PathLike = DEFAULT_DB, progress: bool = True,
-          threads: int | None = None, tensorboard: str | os.PathLike | None = None
-          ) -> dict[str, int]:
+          threads: int | None = None, tensorboard: str | os.PathLike | None = None,
+          log: Callable[[str], None] | None = None) -> dict[str, int]:
     """Run experiment ``name`` (or ``all``) at ``profile`` into the store at ``db``.
 
     Finished runs (done/diverged) are skipped; failed and orphaned ones are retried; a run
@@ -212,12 +244,17 @@ def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str =
     the store: :func:`failure_report` (or :func:`first_failure` with :func:`sweep_ids`) says
     why, and ``qkvlab results NAME --profile P --errors`` prints them all.
 
+    At the end, where the wall time went for the runs this sweep trained (model step, data,
+    eval, checkpoints, ...; ``experiments.timing``) goes to ``log``, or to ``tqdm.write``
+    when ``log`` is None and ``progress`` is on. ``timing.time_breakdown`` reads it back.
+
     Returns:
         counts per status over this experiment's runs.
 
     Raises:
         ValueError: unknown experiment, profile, backend or worker count.
     """
+    began, t0 = time.time(), time.perf_counter()
     plan = sweep_plan(name, profile, workers=workers, backend=backend)
     profile = getattr(profile, "name", profile)  # a registry Profile or its name
     if tensorboard is not None:
@@ -259,6 +296,13 @@ def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str =
         for i in ids:
             s = store.status(i)
             counts[s] = counts.get(s, 0) + 1
+        write = log or (tqdm.write if progress else None)
+        if write is not None:
+            wall, trained = time.perf_counter() - t0, store.timings(ids, since=began)
+            pool = workers if backend == "local" else 1  # Ray runs overlap beyond the count
+            parts = sum_parts(trained.values(), wall_s=wall, workers=pool)
+            write(format_breakdown(f"sweep {name} [{profile}]", parts, runs=len(trained),
+                                   wall_s=wall, workers=pool))
     return counts
 
 
@@ -273,12 +317,13 @@ def _local_inline(store: Store, todo: list[str], threads: int, bar,
 def _local_pool(db: str, todo: list[str], workers: int, threads: int, bar, store: Store,
                 tensorboard: str | None = None) -> None:
     ctx = mp.get_context("spawn")  # fork after torch's thread pools start is unsafe
-    procs = [ctx.Process(target=work, args=(db, todo[k::workers] + todo, threads, os.getpid()),
-                         kwargs={"tensorboard": tensorboard}, daemon=False)
-             for k in range(workers)]
-    # each worker starts on its own share, then helps with the rest (claims keep it exact)
-    for p in procs:
+    procs = []
+    for k in range(workers):
+        # each worker starts on its own share, then helps with the rest (claims keep it exact)
+        p = ctx.Process(target=work, args=(db, todo[k::workers] + todo, threads, os.getpid()),
+                        kwargs={"tensorboard": tensorboard, "spawned": time.time()}, daemon=False)
         p.start()
+        procs.append(p)
     while any(p.is_alive() for p in procs):
         time.sleep(0.5)
         bar.n = sum(store.status(i) in FINISHED for i in todo)
@@ -305,6 +350,7 @@ def _ray(store: Store, todo: list[str], progress, tensorboard: str | None = None
         rid = pending.pop(done[0])
         try:
             out = ray.get(done[0])
+            t = time.perf_counter()
             on_log, close = _logger(store, rid, store.runs_spec(rid), tensorboard)
             try:  # the driver logs a Ray run's history once it is back
                 for rec in out["history"]:
@@ -312,6 +358,8 @@ def _ray(store: Store, todo: list[str], progress, tensorboard: str | None = None
             finally:
                 close()
             store.finish(rid, out["status"], out["step"], out["final"], out["info"])
+            store.record_timings(rid, {**out["info"]["timings"],
+                                       "store": time.perf_counter() - t})
         except Exception:
             store.fail(rid, traceback.format_exc())
         progress.update(1)

@@ -2,7 +2,9 @@
 
 Tables:
     runs      one row per run; ``id`` = hash of its spec, so a re-run finds what is done.
-              status: pending -> running -> done | diverged | failed.
+              status: pending -> running -> done | diverged | failed. ``timings`` (JSON) says
+              where a finished run's last attempt spent its time, in seconds per part
+              (``experiments.timing``); a column added in place to databases that predate it.
     members   which experiment/profile lists a run, with its tags (design, arm, seed, ...);
               one run may serve several experiments (a ``standard`` baseline, say).
     metrics   (run_id, step, name) -> value, written while training; rewriting a step after a
@@ -41,7 +43,7 @@ CREATE TABLE IF NOT EXISTS runs (
     host TEXT, pid INTEGER, heartbeat REAL,
     created REAL, started REAL, finished REAL, wall_s REAL, train_s REAL,
     tokens INTEGER, tokens_per_s REAL, n_params INTEGER, params TEXT,
-    git_rev TEXT, versions TEXT, hardware TEXT);
+    git_rev TEXT, versions TEXT, hardware TEXT, timings TEXT);
 CREATE TABLE IF NOT EXISTS members (
     experiment TEXT NOT NULL, profile TEXT NOT NULL, run_id TEXT NOT NULL REFERENCES runs(id),
     tags TEXT NOT NULL, PRIMARY KEY (experiment, profile, run_id, tags));
@@ -56,6 +58,8 @@ CREATE TABLE IF NOT EXISTS measures (
     status TEXT NOT NULL, result TEXT, error TEXT, host TEXT, pid INTEGER,
     created REAL, finished REAL, env TEXT);
 """
+# Columns of ``runs`` newer than the first schema: added by ALTER TABLE to older databases.
+ADDED_COLUMNS = {"timings": "TEXT"}
 
 
 def canonical(obj: Any) -> str:
@@ -100,8 +104,21 @@ class Store:
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes
             self.conn.executescript(SCHEMA)  # idempotent; executescript commits by itself
+            self._add_columns()
         except sqlite3.DatabaseError as e:
             raise ValueError(f"db: {self.path} is not a qkvlab results database ({e})") from None
+
+    def _add_columns(self) -> None:
+        """Bring a database written by an older qkvlab up to the current ``runs`` columns.
+        ``CREATE TABLE IF NOT EXISTS`` leaves an existing table as it is; the check runs again
+        inside the write lock, so two processes opening one old file add a column once."""
+        def missing() -> list[str]:
+            have = {r["name"] for r in self.conn.execute("PRAGMA table_info(runs)")}
+            return [c for c in ADDED_COLUMNS if c not in have]
+        if missing():
+            with self.tx() as c:
+                for col in missing():
+                    c.execute(f"ALTER TABLE runs ADD COLUMN {col} {ADDED_COLUMNS[col]}")
 
     @property
     def runs_dir(self) -> Path:
@@ -201,6 +218,12 @@ class Store:
                       (status, int(step), time.time(), *(info.get(k) for k in cols),
                        *(canonical(info.get(k)) for k in jcols), info.get("git_rev"), rid))
 
+    def record_timings(self, rid: str, timings: Mapping[str, float]) -> None:
+        """Where a finished run's time went (seconds per part); replaces an earlier record."""
+        with self.tx() as c:
+            c.execute("UPDATE runs SET timings=? WHERE id=?",
+                      (canonical({k: float(v) for k, v in timings.items()}), rid))
+
     def fail(self, rid: str, error: str) -> None:
         """Record an exception; a later sweep retries the run."""
         with self.tx() as c:
@@ -232,10 +255,20 @@ class Store:
         for r in self.conn.execute("SELECT run_id, name, value FROM final"):
             finals.setdefault(r["run_id"], {})[r["name"]] = r["value"]
         for r in rows:
-            for k in ("tags", "spec", "params", "versions", "hardware"):
+            for k in ("tags", "spec", "params", "versions", "hardware", "timings"):
                 r[k] = json.loads(r[k]) if r[k] else None
             r["final"] = finals.get(r["id"], {})
         return rows
+
+    def timings(self, ids: Iterable[str], since: float | None = None) -> dict[str, dict[str, float]]:
+        """``{run id: timings}`` of those of ``ids`` with recorded timings (finished at or after
+        ``since``, a ``time.time()``, if given), in the order of ``ids``."""
+        out: dict[str, dict[str, float]] = {}
+        for rid in dict.fromkeys(ids):
+            row = self.conn.execute("SELECT timings, finished FROM runs WHERE id=?", (rid,)).fetchone()
+            if row is not None and row["timings"] and (since is None or (row["finished"] or 0) >= since):
+                out[rid] = json.loads(row["timings"])
+        return out
 
     def metrics(self, rid: str) -> list[dict[str, Any]]:
         """Per-step metrics of one run as ``{step, name, value}`` rows, ordered."""

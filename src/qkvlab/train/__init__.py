@@ -5,6 +5,7 @@ from qkvlab.train.config import InitConfig, ProbeConfig, RunSpec, TrainConfig
 from qkvlab.train.distributed import DistInfo, setup, teardown
 from qkvlab.train.precision import resolve_precision
 from qkvlab.train.trainer import (
+                                  TIMING_PARTS,
                                   TrainResult,
                                   apply_init,
                                   build_seeded,
@@ -17,6 +18,6 @@ from qkvlab.train.trainer import (
                                   train,
 )
 
-__all__ = ["DistInfo", "InitConfig", "ProbeConfig", "RunSpec", "TrainConfig", "TrainResult", "apply_init", "build_seeded", "evaluate",
+__all__ = ["TIMING_PARTS", "DistInfo", "InitConfig", "ProbeConfig", "RunSpec", "TrainConfig", "TrainResult", "apply_init", "build_seeded", "evaluate",
            "load_checkpoint", "lr_at", "make_optimizer", "make_task", "model_config",
            "read_checkpoint", "resolve_precision", "run_from_spec", "save_checkpoint", "setup", "teardown", "train"]

@@ -34,13 +34,23 @@ from qkvlab.train.precision import autocast, resolve_precision
 CHECKPOINT = "checkpoint.safetensors"
 FINAL_MODEL = "model.safetensors"
 EVAL_SEED_OFFSET = 1_000_003  # the validation generator's seed, apart from the training seed
+# Where a run's time goes (TrainResult.timings, seconds): ``data`` draws batches, ``step`` is
+# forward + backward + clipping + the optimizer step, ``eval`` the evaluations, ``checkpoint``
+# the resumable checkpoints and kept/final models, ``log`` on_log, the probe callback and the
+# progress bar, ``setup`` task preparation, model build and init, optimizer (and a resume).
+TIMING_PARTS = ("step", "data", "eval", "checkpoint", "log", "setup")
 
 
 @dataclass
 class TrainResult:
     """What a run produced. ``status`` is ``done`` or ``diverged`` (then ``step`` is where).
+
+    ``train_s`` is the time of the training steps over all attempts (it resumes from the
+    checkpoint; ``tokens_per_s`` divides by it). ``timings`` says where this attempt's time
+    went, in seconds per part (:data:`TIMING_PARTS`); a resumed run counts only its last attempt.
     ``precision_used`` is the precision it trained in (``fp32`` or ``bf16``), which differs from
-    ``TrainConfig.precision`` where bf16 fell back to fp32 (``qkvlab.train.precision``)."""
+    ``TrainConfig.precision`` where bf16 fell back to fp32 (``qkvlab.train.precision``).
+    """
 
     status: str
     step: int
@@ -49,6 +59,7 @@ class TrainResult:
     tokens: int = 0
     train_s: float = 0.0
     precision_used: str = "fp32"
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> float:
@@ -58,6 +69,20 @@ class TrainResult:
         d = dataclasses.asdict(self)
         d["tokens_per_s"] = self.tokens_per_s
         return d
+
+
+class Stopwatch:
+    """Seconds per part of a run: ``lap(part)`` charges the time since the previous lap (or
+    since the stopwatch started) to ``part``, so the parts add up to the time it ran."""
+
+    def __init__(self) -> None:
+        self.s = dict.fromkeys(TIMING_PARTS, 0.0)
+        self._t = time.perf_counter()
+
+    def lap(self, part: str) -> None:
+        t = time.perf_counter()
+        self.s[part] += t - self._t
+        self._t = t
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -143,6 +168,7 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
         ``precision_used``: bf16 falls back to fp32, with a warning, on a CPU without native
         bf16 (``qkvlab.train.precision.resolve_precision``).
     """
+    watch = Stopwatch()
     info = dist_info or DistInfo()
     device = info.device
     used = resolve_precision(cfg.precision, device)  # before any RNG draw; warns once
@@ -173,8 +199,10 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
                             rng={"data": gen.get_state(), "torch": torch.get_rng_state()},
                             state={"history": history, "tokens": tokens, "train_s": train_s})
 
+    watch.lap("setup")  # the optimizer, a resume from the checkpoint
     if start == 0 and 0 in cfg.keep_at and run_dir is not None and info.main:
         save_model(model, run_dir / "model_step0.safetensors")  # the initial weights
+        watch.lap("checkpoint")
     bar = tqdm(total=cfg.steps, initial=start, desc=desc, leave=False,
                disable=not (progress and info.main), dynamic_ncols=True)
     status, step = "done", start
@@ -183,40 +211,51 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
             t0 = time.perf_counter()
             if callback is not None and hasattr(callback, "before_step"):
                 callback.before_step(step)
+            watch.lap("log")
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, cfg)
             batch = task.batch("train", cfg.batch_size, gen)  # the global batch, on every rank
             tokens += _count_tokens(batch)
             local = {k: v.to(device) if isinstance(v, Tensor) else v
                      for k, v in shard(batch, info).items()}
+            watch.lap("data")
             with autocast(used, device):
                 loss = task.loss(fwd, local)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            watch.lap("step")
             extra = callback.after_backward(step, model, local) if callback is not None else None
+            watch.lap("log")
             gnorm = nn.utils.clip_grad_norm_(model.parameters(),
                                              cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
             loss_all = mean_across(loss.detach().float(), info)
             if not (math.isfinite(loss_all.item()) and math.isfinite(gnorm.item())):
                 status = "diverged"
+                watch.lap("step")
                 log(step, {"train_loss": loss_all.item(), "grad_norm": gnorm.item()})
+                watch.lap("log")
                 break
             opt.step()
             train_s += time.perf_counter() - t0
+            watch.lap("step")
             done = step + 1
             if extra:  # measured on the weights before this step's update: logged at `step`
                 log(step, dict(extra))
             metrics: dict[str, float] = {}
             if done % cfg.log_every == 0 or done == cfg.steps or step == 0:
                 metrics.update(train_loss=loss_all.item(), grad_norm=gnorm.item(), lr=lr_at(step, cfg))
+            watch.lap("log")
             if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
                 metrics.update(evaluate(model, task, cfg, device))
+                watch.lap("eval")
             if metrics:
                 log(done, metrics)
+                watch.lap("log")
             if done in cfg.keep_at and run_dir is not None and info.main:
                 save_model(model, run_dir / f"model_step{done}.safetensors")
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
                 checkpoint(done)
+            watch.lap("checkpoint")
             bar.update(1)
             if "train_loss" in metrics:
                 bar.set_postfix(loss=f"{metrics['train_loss']:.3f}")
@@ -224,6 +263,7 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
             step = cfg.steps
     finally:
         bar.close()
+        watch.lap("log")
     final: dict[str, float] = {}
     if status == "done":
         last = {}
@@ -233,7 +273,7 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
         final = {k: v for k, v in last.items()
                  if k not in ("lr", "grad_norm") and not k.startswith("probe/")}
     return TrainResult(status=status, step=step, final=final, history=history, tokens=tokens,
-                       train_s=train_s, precision_used=used)
+                       train_s=train_s, precision_used=used, timings=watch.s)
 
 
 def build_seeded(model_cfg, kind: str, seed: int) -> nn.Module:
@@ -278,6 +318,7 @@ def run_from_spec(spec: RunSpec | Mapping[str, Any], *, run_dir: str | Path | No
     Raises:
         ValueError: a malformed spec (unknown key, bad option), naming the field.
     """
+    t0 = time.perf_counter()
     spec = RunSpec.from_dict(spec)
     cfg = spec.train
     task = make_task(spec.task, spec.task_options)
@@ -285,8 +326,12 @@ def run_from_spec(spec: RunSpec | Mapping[str, Any], *, run_dir: str | Path | No
     model = build_seeded(model_config(spec, task), kind, cfg.seed)
     apply_init(model, spec.init, cfg.seed)
     callback = callback_factory(model, task) if callback_factory is not None else None
+    setup_s = time.perf_counter() - t0
     result = train(model, task, cfg, run_dir=run_dir, on_log=on_log, callback=callback,
                    dist_info=dist_info, progress=progress, desc=desc)
+    result.timings["setup"] += setup_s
     if run_dir is not None and (dist_info is None or dist_info.main) and result.status == "done":
+        t0 = time.perf_counter()
         save_model(model, Path(run_dir) / FINAL_MODEL)
+        result.timings["checkpoint"] += time.perf_counter() - t0
     return result

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from qkvlab.experiments.timing import format_breakdown
 from qkvlab.fileio import atomic_write_text
 from qkvlab.report.blocks import (
     Block,
@@ -154,6 +155,10 @@ def meta_items(data: StudyData) -> tuple[tuple[str, str], ...]:
     steps = ", ".join(f"{k} {v:.0f} s" for k, v in m.get("step_s", {}).items())
     counts = "; ".join(f"{k}: " + ", ".join(f"{s} {n}" for s, n in v.items())
                        for k, v in m.get("counts", {}).items())
+    st = m.get("sweep_time")
+    sweep_time = st and format_breakdown("all experiments", st["parts"], runs=st["runs"],
+                                          wall_s=st["wall_s"], workers=st["workers"]
+                                          ).splitlines()[0]
     sizes = {k: getattr(p, k) for k in ("d_model", "n_layers", "n_heads", "batch_size", "steps",
                                         "lr", "eval_batches")}
     return (("profile", p.name), ("seeds", ", ".join(map(str, p.seeds))),
@@ -166,6 +171,7 @@ def meta_items(data: StudyData) -> tuple[tuple[str, str], ...]:
             ("git revision", str(env.get("git_rev"))), ("platform", str(env.get("platform"))),
             ("results store", str(m.get("db"))),
             ("total time", f"{m.get('total_s', float('nan')):.0f} s ({steps})"),
+            ("where the training time went", sweep_time or "—"),
             ("runs per experiment", counts or "—"))
 
 

@@ -28,8 +28,9 @@ from tqdm.auto import tqdm
 from qkvlab.env import environment
 from qkvlab.experiments.frames import runs_frame
 from qkvlab.experiments.registry import get_profile
-from qkvlab.experiments.runner import failure_report, sweep
+from qkvlab.experiments.runner import failure_report, sweep, sweep_ids
 from qkvlab.experiments.store import DEFAULT_DB, Store
+from qkvlab.experiments.timing import sum_parts
 from qkvlab.models import load_model
 from qkvlab.studies.qkv import measures as M
 from qkvlab.studies.qkv import page, results
@@ -91,6 +92,7 @@ def run_study(cfg: StudyConfig) -> Path:
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     counts: dict[str, dict[str, int]] = {}
+    trained: dict[str, dict[str, float]] = {}  # run id -> its timings, runs trained here
     steps = [*ORDER, "measures", "pretrained"]
     bar = tqdm(steps, desc=f"study [{cfg.profile}]", disable=not cfg.progress, unit="step",
                dynamic_ncols=True)
@@ -104,15 +106,21 @@ def run_study(cfg: StudyConfig) -> Path:
             elif step == "pretrained":
                 run_pretrained(rec, cfg)
             else:
+                began = time.time()  # each sweep logs where its time went
                 counts[step] = sweep(step, cfg.profile, db=cfg.db, workers=cfg.workers,
-                                     progress=cfg.progress)
+                                     progress=cfg.progress, log=cfg.log)
+                trained.update(store.timings(sweep_ids(step, cfg.profile), since=began))
                 if counts[step].get("failed"):
                     why = failure_report(store, step, cfg.profile)
                     rec.notes.append(f"{step}: {counts[step]['failed']} run(s) failed; {why}")
                     cfg.log(f"study: {step}: {counts[step]['failed']} run(s) failed\n{why}")
             timings[step] = time.perf_counter() - t
         bar.close()
+        sweep_s = sum(timings[e] for e in ORDER)
+        time_split = {"runs": len(trained), "wall_s": sweep_s, "workers": cfg.workers,
+                      "parts": sum_parts(trained.values(), wall_s=sweep_s, workers=cfg.workers)}
         meta = {"total_s": time.perf_counter() - t0, "step_s": timings, "counts": counts,
+                "sweep_time": time_split,
                 "notes": rec.notes, "db": str(cfg.db), "workers": cfg.workers,
                 "environment": environment()}
         data = results.load(store, cfg.profile, meta)
