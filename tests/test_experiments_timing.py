@@ -7,7 +7,10 @@ Nothing here checks how fast anything is (speed is measured in ``qkvlab bench``)
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 
 import pytest
@@ -130,3 +133,12 @@ def test_database_without_timings_column_opens_and_sweeps(tmp_path, toy_experime
             assert list(store.timings(["old", *ids])) == ids  # the old run has none
             assert store.conn.execute("SELECT status FROM runs WHERE id='old'").fetchone()[0] == "done"
             assert time_breakdown(store, ["old"]) == dict.fromkeys(PARTS, 0.0)
+
+
+def test_a_sweep_worker_does_not_import_scipy_stats():
+    """Each spawned worker imports the runner; the statistics are for the results command."""
+    code = ("import sys, qkvlab.cli, qkvlab.experiments.runner; "
+            "print(sorted(m for m in ('scipy.stats', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "[]"

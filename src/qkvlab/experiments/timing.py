@@ -6,8 +6,14 @@ trainer's parts (``TrainResult.timings``: ``step``, ``data``, ``eval``, ``checkp
 per-step metrics and final row) and ``startup`` (a spawned worker's interpreter start and
 imports, on the first run it trains). :func:`time_breakdown` sums them over some runs into
 the parts of :data:`PARTS`; given the sweep's wall time, ``other`` is what no run accounts
-for (polling, runs that failed, a worker idle while the last run finishes). With several
-workers the parts are worker-seconds and the shares are of ``workers × wall``.
+for (planning, polling, runs that failed, a worker idle while the last run finishes). With
+several workers the parts are worker-seconds and the shares are of ``workers × wall``.
+
+What a fresh process pays once shows where it lands: a spawned worker's imports in
+``start-up``; torch's own lazy import of ``torch._dynamo`` on the process's first optimizer
+(about 1.5 s on a 2-core CPU) in its first run's ``setup``; the sweep process's planning
+before it starts workers (matched arms build models on the meta device, which imports it
+too) in ``other``.
 """
 
 from __future__ import annotations
