@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -25,16 +24,6 @@ RUN_COLUMNS = ("status", "step", "wall_s", "train_s", "tokens", "tokens_per_s", 
 EXPORT_FORMATS = ("csv", "parquet", "json", "table")
 
 
-def _flat(prefix: str, d: Any) -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"prefix.a.b": 1}``; lists stay values (JSON text for tables)."""
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flat(f"{prefix}.{k}", v))
-    return out
-
-
 def runs_frame(store: Store, experiment: str | None = None,
                profile: str | None = None) -> pd.DataFrame:
     """Every membership of every run (or of one experiment/profile) as one tidy row."""
@@ -43,11 +32,9 @@ def runs_frame(store: Store, experiment: str | None = None,
         d = {"experiment": r["experiment"], "profile": r["profile"], "run_id": r["id"],
              **(r["tags"] or {})}
         d.update({k: r[k] for k in RUN_COLUMNS})
-        d.update(_flat("params", r["params"] or {}))
-        d.update(r["final"])
-        d.update(_flat("spec", r["spec"] or {}))
+        d.update(params=r["params"] or {}, **r["final"], spec=r["spec"] or {})
         rows.append(d)
-    return pd.DataFrame(rows)
+    return pd.json_normalize(rows, sep=".")  # nested params/spec -> "params.x", "spec.a.b"
 
 
 def measures_frame(store: Store, name: str) -> pd.DataFrame:
@@ -55,9 +42,9 @@ def measures_frame(store: Store, name: str) -> pd.DataFrame:
     record's own fields."""
     rows = []
     for m in store.measure_rows(name):
-        base = {"measure_id": m["measure_id"], "run_id": m["run_id"], **_flat("spec", m["spec"])}
+        base = {"measure_id": m["measure_id"], "run_id": m["run_id"], "spec": m["spec"]}
         rows += [{**base, **rec} for rec in m["records"]]
-    return pd.DataFrame(rows)
+    return pd.json_normalize(rows, sep=".")
 
 
 def metrics_frame(store: Store, run_ids) -> pd.DataFrame:
