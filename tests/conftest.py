@@ -2,3 +2,27 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/reference.py is the float64 oracle
+
+import contextlib  # noqa: E402
+
+from qkvlab.experiments import registry  # noqa: E402
+
+
+@contextlib.contextmanager
+def temporary_experiment(name: str, runs):
+    """Register ``name`` returning ``runs`` (a list of (spec, tags)) for one test, then remove it."""
+    registry.experiment(name)(lambda profile: list(runs))
+    try:
+        yield name
+    finally:
+        registry.EXPERIMENTS.pop(name)
+        registry.QUESTIONS.pop(name)
+
+
+def toy_runs(**train) -> list:
+    """The two-design ToyTask runs (tests/test_train_trainer.py) several sweep tests share."""
+    return [({"task": "test_train_trainer:ToyTask", "kind": "decoder",
+              "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "design": design},
+              "train": {"steps": 12, "batch_size": 4, "eval_batches": 1, "eval_batch_size": 4,
+                        "log_every": 2, "eval_every": 6, "seed": 0, **train}},
+             {"design": design}) for design in ("standard", "tied_kv")]

@@ -9,7 +9,9 @@ import shlex
 
 import pytest
 
-from qkvlab.experiments import cli, registry, runner
+from conftest import temporary_experiment
+
+from qkvlab.experiments import cli, runner
 from qkvlab.experiments.frames import export, runs_frame
 from qkvlab.experiments.registry import experiment_names, matched, profile_names, runs_of
 from qkvlab.experiments.stats import compare, mean_ci, paired
@@ -192,13 +194,10 @@ class BrokenTask:
 
 @pytest.fixture
 def broken_experiment():
-    @registry.experiment("toy_broken")
-    def toy(profile):
-        return [({"task": "test_experiments_store:BrokenTask", "model": {"d_model": 16},
-                  "train": {"seed": seed}}, {"design": "standard", "seed": seed}) for seed in (0, 1)]
-    yield "toy_broken"
-    registry.EXPERIMENTS.pop("toy_broken")
-    registry.QUESTIONS.pop("toy_broken")
+    runs = [({"task": "test_experiments_store:BrokenTask", "model": {"d_model": 16},
+              "train": {"seed": seed}}, {"design": "standard", "seed": seed}) for seed in (0, 1)]
+    with temporary_experiment("toy_broken", runs) as name:
+        yield name
 
 
 def test_failed_sweep_says_why_and_where_the_tracebacks_are(tmp_path, capsys, broken_experiment):

@@ -8,8 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from qkvlab.experiments import registry
 from qkvlab.experiments.runner import sweep
+from conftest import temporary_experiment, toy_runs
+
 from qkvlab.experiments.store import Store
 from qkvlab.experiments.tensorboard import run_name
 
@@ -18,16 +19,8 @@ NAME = "toy_tensorboard"
 
 @pytest.fixture
 def toy_experiment():
-    @registry.experiment(NAME)
-    def toy(profile):
-        return [({"task": "test_train_trainer:ToyTask", "kind": "decoder",
-                  "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "design": design},
-                  "train": {"steps": 12, "batch_size": 4, "eval_batches": 1, "eval_batch_size": 4,
-                            "log_every": 2, "eval_every": 6, "seed": 0}},
-                 {"design": design}) for design in ("standard", "tied_kv")]
-    yield NAME
-    registry.EXPERIMENTS.pop(NAME)
-    registry.QUESTIONS.pop(NAME)
+    with temporary_experiment(NAME, toy_runs()) as name:
+        yield name
 
 
 def _events(log_dir) -> dict[tuple[int, str], float]:

@@ -15,8 +15,9 @@ import time
 
 import pytest
 
-from qkvlab.experiments import registry
 from qkvlab.experiments.runner import sweep, sweep_ids
+from conftest import temporary_experiment, toy_runs
+
 from qkvlab.experiments.store import Store
 from qkvlab.experiments.timing import PARTS, format_breakdown, sum_parts, time_breakdown
 from qkvlab.train import TIMING_PARTS, run_from_spec
@@ -27,17 +28,8 @@ SLACK_S = 0.5  # clocks read a few statements apart
 
 @pytest.fixture
 def toy_experiment():
-    @registry.experiment(NAME)
-    def toy(profile):
-        return [({"task": "test_train_trainer:ToyTask", "kind": "decoder",
-                  "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "design": design},
-                  "train": {"steps": 12, "batch_size": 4, "eval_batches": 1, "eval_batch_size": 4,
-                            "log_every": 2, "eval_every": 6, "checkpoint_every": 5,
-                            "keep_at": [0, 6], "seed": 0}},
-                 {"design": design}) for design in ("standard", "tied_kv")]
-    yield NAME
-    registry.EXPERIMENTS.pop(NAME)
-    registry.QUESTIONS.pop(NAME)
+    with temporary_experiment(NAME, toy_runs(checkpoint_every=5, keep_at=[0, 6])) as name:
+        yield name
 
 
 def test_a_run_times_every_part_within_its_wall_time(tmp_path):
