@@ -152,6 +152,15 @@ def _ci(x) -> tuple[float, float]:
     return x.mean(), T975_DF2 * x.std(ddof=1) / np.sqrt(len(x))
 
 
+def _effect(a, b, acc: bool) -> list[float]:
+    """value, lo, hi of a forest row: 100·Δ accuracy (points), or the paired Δ loss mapped to
+    % perplexity through exp (mean and both 95% CI bounds)."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    m, h = _ci(d)
+    f = (lambda x: 100 * x) if acc else (lambda x: 100 * np.expm1(x))
+    return [f(m), f(m - h), f(m + h)]
+
+
 def _csv(drawn, name: str) -> pd.DataFrame:
     out, figs = drawn
     (fig,) = [f for fs in figs.values() for f in fs if f.name == name]
@@ -190,10 +199,9 @@ def test_forest_q2_loss_and_accuracy_rows(drawn):
             for arm, std in (("equal", STD[t]), ("matched", STD_MATCHED[t])):
                 a, b = np.array(vals[(t, arm)]), np.array(std)
                 acc = t in ("mqar", "relation")
-                want.append([d, t, arm, "accuracy" if acc else "loss",
-                             *_ci(100 * (a - b) if acc else 100 * (a / b - 1))])
+                want.append([d, t, arm, "accuracy" if acc else "loss", *_effect(a, b, acc)])
     assert df[["design", "task", "arm", "panel"]].to_numpy().tolist() == [w[:4] for w in want]
-    np.testing.assert_allclose(df[["value", "half"]].to_numpy(), [w[4:] for w in want],
+    np.testing.assert_allclose(df[["value", "lo", "hi"]].to_numpy(), [w[4:] for w in want],
                                rtol=1e-9, atol=1e-12)
 
 
@@ -205,11 +213,10 @@ def test_forest_q3_rows_and_widest_bind(drawn):
              ("tied_kv_cross", "translate", "equal", KV_CROSS["equal"], STD["translate"]),
              ("tied_kv_cross", "translate", "matched", KV_CROSS["matched"],
               STD_MATCHED["translate"])]
-    want = [[d, t, arm, *_ci(100 * (np.array(a) / np.array(b) - 1))] for d, t, arm, a, b in cases]
-    want.append(["tied_kv", "bind", "equal",
-                 *_ci(100 * (np.array(BIND_KV[8]) - np.array(BIND_STD[8])))])
+    want = [[d, t, arm, *_effect(a, b, False)] for d, t, arm, a, b in cases]
+    want.append(["tied_kv", "bind", "equal", *_effect(BIND_KV[8], BIND_STD[8], True)])
     assert df[["design", "task", "arm"]].to_numpy().tolist() == [w[:3] for w in want]
-    np.testing.assert_allclose(df[["value", "half"]].to_numpy(), [w[3:] for w in want],
+    np.testing.assert_allclose(df[["value", "lo", "hi"]].to_numpy(), [w[3:] for w in want],
                                rtol=1e-9)
     assert df.d_head.isna().tolist() == [True] * 5 + [False]
     assert df.d_head.iloc[-1] == max(BIND_STD)
@@ -291,7 +298,8 @@ def test_one_seed_draws_marker_without_bar(tmp_path):
         fig = figures.fig_forest_q1(data, tmp_path / "figs")
     df = pd.read_csv(tmp_path / "figs" / fig.csv)
     assert df[["design", "task", "arm"]].to_numpy().tolist() == [["alt", "lm", "equal"]]
-    assert df.value.iloc[0] == pytest.approx(10.0) and np.isnan(df.half.iloc[0])
+    assert df.value.iloc[0] == pytest.approx(100 * np.expm1(0.2))  # % perplexity
+    assert df[["lo", "hi"]].isna().all(axis=None)
 
 
 def test_figures_without_data_are_skipped(tmp_path):

@@ -34,28 +34,39 @@ def _fill(store: Store, experiment: str, task: str, values: dict[tuple[str, str]
                               "tokens_per_s": 1.0, **env})
 
 
-def _expected_rel(a, b):
-    rel = 100 * (np.array(a) / np.array(b) - 1)
-    return rel.mean(), T975_DF2 * rel.std(ddof=1) / np.sqrt(len(rel))
+def _expected_ppl(a, b):
+    """Paired Δ val loss -> % perplexity: mean and 95% CI bounds, mapped through exp."""
+    d = np.array(a) - np.array(b)
+    m, h = d.mean(), T975_DF2 * d.std(ddof=1) / np.sqrt(len(d))
+    lo, hi = 100 * np.expm1(m - h), 100 * np.expm1(m + h)
+    return 100 * np.expm1(m), (hi - lo) / 2
 
 
-def test_effect_worse_inconclusive_and_single_seed():
-    mean, half = _expected_rel(TIED, STD)
-    c = {"metric": "val_loss", "diff": 0.2, "diff_half": 0.1, "rel_pct": mean, "rel_half": half,
-         "n_pairs": 3}
-    e = verdicts.effect(c, lower_is_better=True)
+def _row(diffs, metric="val_loss"):
+    d = np.asarray(diffs, dtype=float)
+    return {"metric": metric, "diff": d.mean(), "diff_sd": d.std(ddof=1), "n_pairs": len(d),
+            "rel_pct": 0.0, "rel_sd": 1.0}
+
+
+def test_effect_reads_perplexity_points_and_margins():
+    e = verdicts.effect(_row(np.array(TIED) - np.array(STD)), lower_is_better=True)
+    mean, half = _expected_ppl(TIED, STD)
     assert e["status"] == "worse"
-    assert e["text"] == f"{mean:+.1f}% ± {half:.1f}% val loss (worse)"
-    e = verdicts.effect({**c, "rel_pct": -1.0, "rel_half": 2.5}, lower_is_better=True)
-    assert e["status"] == "inconclusive"
-    assert e["text"] == ("-1.0% ± 2.5% val loss (inconclusive at this scale: the CI straddles "
-                         "zero)")
-    e = verdicts.effect({**c, "rel_half": float("nan"), "n_pairs": 1}, lower_is_better=True)
-    assert (e["status"], e["half"]) == ("inconclusive", None)
-    assert "no CI: inconclusive at this scale" in e["text"]
-    acc = {"metric": "accuracy", "diff": 0.05, "diff_half": 0.01, "rel_pct": 9.0, "rel_half": 1.0}
-    e = verdicts.effect(acc, lower_is_better=False)
-    assert (e["status"], e["value"], e["half"]) == ("better", pytest.approx(5.0), pytest.approx(1.0))
+    assert e["text"] == f"{mean:+.1f}% ± {half:.1f}% perplexity (worse)"
+    # a CI across zero that reaches past the ±2% margin: undecided, with the seeds to decide
+    e = verdicts.effect(_row([0.01, -0.02, 0.03]), lower_is_better=True)
+    assert e["status"] == "undecided" and e["seeds"] > 3
+    assert "undecided: the CI straddles zero and reaches past ±2%" in e["text"]
+    assert f"≈{e['seeds']} seeds would decide it" in e["text"]
+    # tight around zero: the 90% CI lies inside ±2% perplexity -> equivalent
+    e = verdicts.effect(_row([0.001, -0.001, 0.0005, 0.0]), lower_is_better=True)
+    assert e["status"] == "equivalent" and "90% CI inside ±2%" in e["text"]
+    e = verdicts.effect({**_row([0.2, 0.1]), "diff_sd": float("nan"), "n_pairs": 1})
+    assert (e["status"], e["half"]) == ("undecided", None)
+    assert "from 1 seed (undecided: no CI)" in e["text"]
+    e = verdicts.effect(_row([0.05, 0.06, 0.04], "accuracy"), lower_is_better=False)
+    assert (e["status"], e["value"]) == ("better", pytest.approx(5.0))
+    assert e["half"] == pytest.approx(T975_DF2 * 100 * 0.01 / np.sqrt(3))
 
 
 def test_q3_verdict_and_summary_from_store(tmp_path):
@@ -65,24 +76,23 @@ def test_q3_verdict_and_summary_from_store(tmp_path):
                                           ("tied_kv", "equal"): TIED,
                                           ("tied_kv", "matched"): [2.0, 2.2, 2.1]})
         data = results.load(store, "smoke")
-    mean, half = _expected_rel(TIED, STD)
-    mmean, mhalf = _expected_rel([2.0, 2.2, 2.1], STD)
-    d = np.array(TIED) - np.array(STD)
-    dm, dh = d.mean(), T975_DF2 * d.std(ddof=1) / np.sqrt(3)
-    ppl = (100 * (np.exp(dm) - 1), 100 * (np.exp(dm - dh) - 1), 100 * (np.exp(dm + dh) - 1))
+    mean, half = _expected_ppl(TIED, STD)
+    mmean, mhalf = _expected_ppl([2.0, 2.2, 2.1], STD)
+    seeds = verdicts.effect(_row(np.array([2.0, 2.2, 2.1]) - np.array(STD)))["seeds"]
     v = verdicts.verdict_q3(data)
     assert v.headline == (
-        f"tied K=V: {mean:+.1f}% ± {half:.1f}% val loss (worse) on lm at equal width "
-        f"({ppl[0]:+.1f}% perplexity (95% CI {ppl[1]:+.1f}% … {ppl[2]:+.1f}%); published "
-        f"reference ≈ +3.1% perplexity at 300M–1.2B parameters, Kayyam et al. 2026, arXiv "
-        f"2606.04032); {mmean:+.1f}% ± {mhalf:.1f}% val loss (inconclusive at this scale: the "
-        f"CI straddles zero) parameter-matched.")
+        f"tied K=V: {mean:+.1f}% ± {half:.1f}% perplexity (worse) on lm at equal width "
+        f"(published reference ≈ +3.1% perplexity at 300M–1.2B parameters, Kayyam et al. 2026, "
+        f"arXiv 2606.04032); {mmean:+.1f}% ± {mhalf:.1f}% perplexity (undecided: the CI "
+        f"straddles zero and reaches past ±2%; ≈{seeds} seeds would decide it) "
+        f"parameter-matched.")
     table = page.summary_table(data)
     assert table.headers[:5] == ("design", "attention params ×", "attention layer time ×",
                                  "KV cache ×", "decode tokens/s ×")
     assert table.rows == (("tied K=V", "0.75", "—", "—", "—",
                            f"worse {mean:+.1f} ± {half:.1f}%"),)
-    assert "undecided: the CI straddles zero" in table.legend
+    assert "equivalent: the 90% CI lies inside the practical margin" in table.legend
+    assert "val_loss ±2% perplexity" in table.legend
 
 
 def test_bind_gap_closes_where_ci_includes_zero(tmp_path):
@@ -94,7 +104,7 @@ def test_bind_gap_closes_where_ci_includes_zero(tmp_path):
         data = results.load(store, "smoke")
     gaps = verdicts.bind_gap(data)
     assert [g[0] for g in gaps] == [2, 8]
-    assert [g[1]["status"] for g in gaps] == ["worse", "inconclusive"]
+    assert [g[1]["status"] for g in gaps] == ["worse", "undecided"]
     d2 = 100 * (np.array([0.30, 0.32, 0.31]) - np.array([0.60, 0.62, 0.58]))
     assert gaps[0][1]["value"] == pytest.approx(d2.mean())
     assert gaps[0][1]["half"] == pytest.approx(T975_DF2 * d2.std(ddof=1) / np.sqrt(3))
@@ -116,15 +126,15 @@ def _bind_text(tmp_path, tied_by_dhead: dict[int, list[float]]) -> tuple[list, s
 def test_bind_equal_scores_read_same_and_a_late_gap_does_not_close(tmp_path):
     gaps, text = _bind_text(tmp_path / "a", {1: [0.5, 0.6, 0.55], 2: [1.0, 1.0, 1.0],
                                              4: [1.0, 1.0, 1.0]})
-    assert [g[1]["status"] for g in gaps] == ["worse", "same", "same"]
-    assert gaps[1][1]["text"] == ("no difference (+0.0 pp ± 0.0 pp accuracy: every seed scores "
+    assert [g[1]["status"] for g in gaps] == ["worse", "equivalent", "equivalent"]
+    assert gaps[1][1]["text"] == ("+0.0 pp ± 0.0 pp accuracy (equivalent: every seed scores "
                                   "the same for both)")
     assert text.endswith("from d_head = 2 on the gap is no longer significant.")
     # a gap that is significant again at the widest d_head has not closed
     (tmp_path / "b").mkdir()
     gaps, text = _bind_text(tmp_path / "b", {1: [0.5, 0.6, 0.55], 2: [1.0, 0.9, 1.0],
                                              4: [0.7, 0.75, 0.72]})
-    assert [g[1]["status"] for g in gaps] == ["worse", "inconclusive", "worse"]
+    assert [g[1]["status"] for g in gaps] == ["worse", "undecided", "worse"]
     assert text.endswith("The gap does not close up to d_head = 4.")
 
 
@@ -143,8 +153,7 @@ def test_comparison_between_two_guessers_is_not_a_verdict():
 
     relation = get_task("relation", vocab=16, n_context=16, n_queries=8)
     assert relation.chance == 1 / 16
-    row = {"metric": "accuracy", "diff": -0.007, "diff_half": 0.005, "rel_pct": -11.0,
-           "rel_half": 8.0, "n_pairs": 3, "mean": 0.055, "baseline_mean": 0.062}
+    row = {**_row([-0.10, -0.11, -0.12], "accuracy"), "mean": 0.055, "baseline_mean": 0.062}
     guessed = verdicts.effect(row, lower_is_better=False, chance=relation.chance)
     assert guessed["status"] == "not_learned" and guessed.get("at_chance") is True
     assert verdicts.WORDS[guessed["status"]] == "not learned"

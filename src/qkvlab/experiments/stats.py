@@ -58,7 +58,66 @@ def paired(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> dict[
             t = d["mean"] / (d["sd"] / math.sqrt(d["n"]))
             p = 2.0 * float(_scipy_stats.t.sf(abs(t), d["n"] - 1))
     return {"diff": d["mean"], "diff_half": d["half"], "diff_lo": d["lo"], "diff_hi": d["hi"],
-            "p": p, "rel_pct": rel["mean"], "rel_half": rel["half"], "n_pairs": d["n"]}
+            "diff_sd": d["sd"], "p": p, "rel_pct": rel["mean"], "rel_half": rel["half"],
+            "rel_sd": rel["sd"], "n_pairs": d["n"]}
+
+
+def t_half(sd: float, n: int, level: float) -> float:
+    """Half-width t_{(1+level)/2, n-1} · sd/√n of a two-sided ``level`` CI (NaN for n < 2)."""
+    if n < 2 or not math.isfinite(sd):
+        return NAN
+    return float(_scipy_stats.t.ppf(0.5 + level / 2.0, n - 1)) * sd / math.sqrt(n)
+
+
+def decide(diff: float, sd: float, n: int, margin: float, *, lower_is_better: bool = True,
+           level: float = 0.95, max_seeds: int = 10_000) -> dict[str, Any]:
+    """The verdict on a paired difference (design − baseline over ``n`` seeds, per-seed
+    differences with standard deviation ``sd``) against a practical ``margin`` (> 0, same unit).
+
+    Rules, in this order (``α = 1 − level``):
+
+    - ``equivalent``: the ``1 − 2α`` CI (90% at level 0.95) lies inside ``±margin``: both
+      one-sided tests of the TOST procedure reject a difference of ``margin`` or more at ``α``.
+      This holds even when the ``level`` CI excludes 0: a real difference smaller than the
+      margin is a difference that does not matter (``significant`` says so).
+    - ``worse`` / ``better``: the ``level`` CI excludes 0 (worse is the direction that
+      ``lower_is_better`` says is bad).
+    - ``undecided``: neither; ``seeds`` is then the smallest seed count at which the observed
+      mean and sd would decide it one way or the other (None beyond ``max_seeds``, or with one
+      seed, where no spread is known).
+
+    Returns ``{status, half, lo, hi, lo_eq, hi_eq, significant, seeds}`` (``half``/``lo``/``hi``
+    at ``level``; ``lo_eq``/``hi_eq`` the equivalence CI).
+
+    Raises:
+        ValueError: ``margin`` is not positive or ``level`` not in (0, 1).
+    """
+    if not (isinstance(margin, (int, float)) and margin > 0):
+        raise ValueError(f"margin: {margin!r} must be a positive number")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level: {level} must be in (0, 1)")
+    eq_level = 1.0 - 2.0 * (1.0 - level)
+    half, half_eq = t_half(sd, n, level), t_half(sd, n, eq_level)
+    out = {"half": half, "lo": diff - half, "hi": diff + half, "lo_eq": diff - half_eq,
+           "hi_eq": diff + half_eq, "significant": False, "seeds": None}
+    if n < 2 or not math.isfinite(sd):
+        return {**out, "status": "undecided"}
+    out["significant"] = diff - half > 0 or diff + half < 0
+    if -margin <= diff - half_eq and diff + half_eq <= margin:
+        return {**out, "status": "equivalent"}
+    if out["significant"]:
+        return {**out, "status": "worse" if (diff > 0) == lower_is_better else "better"}
+
+    def decided(k: int) -> bool:  # both half-widths shrink with k, so this is monotone in k
+        return t_half(sd, k, level) < abs(diff) or t_half(sd, k, eq_level) < margin - abs(diff)
+
+    if not decided(max_seeds):
+        return {**out, "status": "undecided"}
+    lo, hi = n, max_seeds  # decided(hi) holds, decided(lo) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decided(mid) else (mid, hi)
+    return {**out, "status": "undecided", "seeds": hi}
 
 
 def compare(rows: Iterable[dict[str, Any]], metric: str, *, baseline: str = "standard",

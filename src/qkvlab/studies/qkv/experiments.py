@@ -102,6 +102,33 @@ PROFILES = {p.name: register_profile(p) for p in (
                measure_batch=32, rounds=7, decode_tokens=128, n_null=256, cka=True),
 )}
 
+@dataclass(frozen=True)
+class Margin:
+    """A practical margin: differences to standard inside ``±value`` (in ``unit``) do not
+    matter for the question, so a 90% CI inside it reads "equivalent" (a TOST at 5%)."""
+
+    value: float
+    unit: str
+    reason: str
+
+
+# Written down before the runs (science standards): each metric's margin and why.
+MARGINS = {
+    "val_loss": Margin(2.0, "% perplexity",
+                       "below the +3.1% perplexity that tied K=V costs at 300M–1.2B parameters "
+                       "(Kayyam et al. 2026), so an effect of that size reads 'worse', never "
+                       "'equivalent'; at a loss of 2 nats it is 1% of the loss"),
+    "accuracy": Margin(2.0, "pp",
+                       "diagnostic tasks are compared only where standard learns them well above "
+                       "chance; a design within 2 points of it has the capacity the task tests"),
+    "chrf": Margin(1.0, "chrF",
+                   "1 point on chrF's 0–100 scale is about 3% of the chrF ≥ 30 that translation "
+                   "is trained to, in line with the loss margin"),
+    "tokens_per_s": Margin(5.0, "%",
+                           "training throughput of one run varies by several per cent between "
+                           "runs on a shared CPU"),
+}
+
 # The experiments behind the three questions, in the order the study runs them (cheapest
 # first, so a smoke study fails fast on a broken set-up).
 ORDER = ("scale_probe", "alt_vs_standard", "lm_tied_kv", "lm_gqa", "tied_qk_qkv",

@@ -6,13 +6,13 @@
 ``STYLE``) and the per-question figures are in ``figures_q.py``; this module re-exports them.
 
 A forest plot shows each design's paired difference to ``standard`` (same seeds) per task:
-loss tasks in % of standard's val loss, accuracy tasks in percentage points, with the 95% CI
-as a horizontal bar (none with one seed), equal width filled, parameter-matched open.
+loss tasks in % perplexity, accuracy tasks in percentage points, with the 95% CI as a
+horizontal bar (none with one seed), equal width filled, parameter-matched open, and the
+practical margin as a grey band (a 90% CI inside it reads "equivalent").
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -42,7 +42,8 @@ from qkvlab.studies.qkv.figures_q import (  # noqa: F401
     label,
     q3_lm,
 )
-from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, select
+from qkvlab.studies.qkv.effects import SCALES, effect
+from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, chance, select
 
 # Per question, the rows of its forest plot: (experiments, design, task), top to bottom.
 FOREST = {
@@ -54,15 +55,16 @@ FOREST = {
 FOREST_TITLES = {"q1": "Q1: the 4th matrix (alt) vs standard",
                  "q2": "Q2: one matrix (tied Q=K, Q=K=V) vs standard",
                  "q3": "Q3: K = V (and GQA, same KV cache) vs standard"}
-PANELS = {"loss": "val loss vs standard (%)\n< 0 better · > 0 worse",
+PANELS = {"loss": "perplexity vs standard (%)\n< 0 better · > 0 worse",
           "accuracy": "accuracy − standard (points)\n< 0 worse · > 0 better"}
 
 
 def forest_frame(data: StudyData, question: str) -> pd.DataFrame:
     """The rows of a question's forest plot: panel, design, task, arm, d_head, value, half.
 
-    value ± half is the paired difference to standard: ``rel_pct ± rel_half`` for loss tasks,
-    ``100·diff ± 100·diff_half`` for accuracy tasks. bind is shown at its widest d_head.
+    value (lo … hi: 95% CI) is the paired difference to standard as ``effects.effect`` reads
+    it: % perplexity for loss tasks, percentage points for accuracy tasks; ``status`` its
+    verdict. bind is shown at its widest d_head.
     """
     rows = []
     for exps, design, task in FOREST[question]:
@@ -73,16 +75,20 @@ def forest_frame(data: StudyData, question: str) -> pd.DataFrame:
             continue
         if task == "bind" and "d_head" in c:
             c = c[c.d_head == c.d_head.max()]
-        for r in c.itertuples():
-            acc = metric == "accuracy"
+        acc = metric == "accuracy"
+        ch = chance(task, data.profile) if acc else None
+        for r in c.to_dict("records"):
+            e = effect(r, not acc)  # the difference even between two guessers, drawn as such
+            if e["value"] is None:
+                continue
+            status = effect(r, not acc, chance=ch)["status"]
             rows.append({"panel": "accuracy" if acc else "loss", "design": design, "task": task,
-                         "arm": getattr(r, "arm", "equal"),
-                         "d_head": getattr(r, "d_head", None) if task == "bind" else None,
-                         "value": 100 * r.diff if acc else r.rel_pct,
-                         "half": 100 * r.diff_half if acc else r.rel_half,
-                         "unit": "points" if acc else "% of val loss"})
-    df = pd.DataFrame(rows, columns=["panel", "design", "task", "arm", "d_head", "value", "half",
-                                     "unit"]).astype({"d_head": "Int64"})
+                         "arm": r.get("arm", "equal"),
+                         "d_head": r.get("d_head") if task == "bind" else None,
+                         "value": e["value"], "lo": e["lo"], "hi": e["hi"],
+                         "status": status, "unit": "points" if acc else "% perplexity"})
+    df = pd.DataFrame(rows, columns=["panel", "design", "task", "arm", "d_head", "value", "lo",
+                                     "hi", "status", "unit"]).astype({"d_head": "Int64"})
     order = {(d, t): i for i, (_, d, t) in enumerate(FOREST[question])}
     df["_o"] = [order[(d, t)] for d, t in zip(df.design, df.task)]
     arm_o = {a: i for i, a in enumerate(ARMS)}
@@ -105,10 +111,12 @@ def _forest_panel(ax, df: pd.DataFrame, panel: str, n_rows: int) -> None:
         labels.append(_row_label(d, t, sub.d_head.iloc[0]))
         for r in sub.itertuples():
             dy = 0.0 if len(sub) == 1 else (-0.16 if r.arm == "equal" else 0.16)
-            xerr = r.half if math.isfinite(r.half) else None
+            xerr = None if r.lo is None or pd.isna(r.lo) else [[r.value - r.lo], [r.hi - r.value]]
             ax.errorbar(r.value, y + dy, xerr=xerr, fmt="o" if r.arm == "equal" else "s",
                         color=color(d), mfc=color(d) if r.arm == "equal" else "white",
                         mew=1.5, ms=7, capsize=4, elinewidth=1.6)
+    sc = SCALES["accuracy" if panel == "accuracy" else "val_loss"]
+    ax.axvspan(sc.show(-sc.margin), sc.show(sc.margin), color="#dddddd", lw=0, zorder=0)
     ax.axvline(0, color=color("standard"), lw=1)
     ax.set_yticks(range(len(keys)), labels)
     ax.set_ylim(n_rows - 0.5, -0.5)  # first row on top
@@ -134,13 +142,15 @@ def fig_forest(data: StudyData, out: Path, question: str) -> Figure | None:
                       color="#555555", mfc="#555555" if a == "equal" else "white")
                for a in arms]
     fig.legend(handles, [ARMS[a] for a in arms], frameon=False, ncol=len(arms),
-               loc="outside lower center", title="marker: arm · bar: 95% CI over seeds",
+               loc="outside lower center",
+               title="marker: arm · bar: 95% CI over seeds · grey band: practical margin",
                title_fontsize=9)
     name = f"forest_{question}"
     return _save(fig, df, out, name, FOREST_TITLES[question],
-                 "Paired difference to standard over seeds (same seeds) ± 95% CI; loss tasks in "
-                 "% of standard's validation loss, accuracy tasks in percentage points. Filled: "
-                 "equal width; open: parameter-matched; no bar: one seed.")
+                 "Paired difference to standard over seeds (same seeds) with its 95% CI; loss "
+                 "tasks in % perplexity, accuracy tasks in percentage points; the grey band is "
+                 "the practical margin (a 90% CI inside it reads 'equivalent'). Filled: equal "
+                 "width; open: parameter-matched; no bar: one seed.")
 
 
 def fig_forest_q1(data: StudyData, out: Path) -> Figure | None:

@@ -2,7 +2,7 @@
 
 Every number comes from the store through ``StudyData``: nothing is typed in here. The summary
 is a forest plot per question and one compact table whose cells are short verdict words
-(``verdicts.WORDS``, explained once in ``verdicts.LEGEND``) with the paired difference.
+(``effects.WORDS``, explained once in ``effects.LEGEND``) with the paired difference.
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ from qkvlab.report.blocks import (
 from qkvlab.report.blocks import Heading as H
 from qkvlab.studies.qkv import claims as C
 from qkvlab.studies.qkv import figures as F
+from qkvlab.studies.qkv.effects import LEGEND, cell, effect
+from qkvlab.studies.qkv.experiments import MARGINS
 from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, chance, select
-from qkvlab.studies.qkv.verdicts import LEGEND, WORDS, all_verdicts, ci_text, effect
+from qkvlab.studies.qkv.verdicts import all_verdicts, ci_text
 
 SECTION_IDS = ("summary", "q1", "q2", "q3", "setup")
 # comparisons in the summary table: (experiments, design) rows, equal width
@@ -135,17 +137,21 @@ def summary_table(data: StudyData) -> Table:
                 continue
             lower = TASK_METRIC[t.split(" ")[0]][1]
             e = effect(r, lower, chance=None if lower else chance(t.split(" ")[0], data.profile))
-            unit = "%" if lower else " pp"
-            val = "" if e["value"] is None else (
-                f" {e['value']:+.1f}" + ("" if e["half"] is None else f" ± {e['half']:.1f}") + unit)
-            cells.append(WORDS[e["status"]] + val)
+            cells.append(cell(e))
         c = cost.get(design, {})
         body.append((F.LABELS.get(design, design), num(c.get("params")), num(c.get("time")),
                      num(c.get("cache")), num(c.get("decode")), *cells))
     caption = ("Each design relative to standard (× = ratio to standard; quality: paired "
-               "difference at equal width, mean ± 95% CI over seeds: % of val loss, or "
-               "percentage points of accuracy).")
+               "difference at equal width, mean ± 95% CI over seeds: % perplexity for losses, "
+               "percentage points of accuracy) and its verdict against the stated margin.")
     return Table(caption, headers, tuple(body), legend=LEGEND)
+
+
+def margins_table() -> Table:
+    """The practical margins of the verdicts, with their reasons (fixed before the runs)."""
+    return Table("Practical margins, written down before the runs: a 90% CI of the paired "
+                 "difference inside ±margin reads 'equivalent'.", ("metric", "margin", "why"),
+                 tuple((k, f"±{m.value:g} {m.unit}", m.reason) for k, m in MARGINS.items()))
 
 
 def meta_items(data: StudyData) -> tuple[tuple[str, str], ...]:
@@ -272,7 +278,8 @@ def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Ve
              f"(runs reused from the store are not re-run). Every number below is read from the "
              f"results store {m.get('db')}; published numbers appear only as labelled reference "
              f"values."),
-        Section("summary", "Summary: each design against standard"), summary_table(data)]
+        Section("summary", "Summary: each design against standard"), summary_table(data),
+        margins_table()]
     forest = {q: [f for f in figs.get(q, []) if f.name.startswith("forest_")] for q in figs}
     blocks += [f for q in ("q1", "q2", "q3") for f in forest.get(q, [])]
     for q in ("q1", "q2", "q3"):

@@ -1,9 +1,9 @@
 """Verdict sentences generated from the measured numbers and their 95% confidence intervals.
 
 Rules every sentence follows:
-- an effect is written as mean ± CI half-width of the paired difference to ``standard``:
-  relative % for losses, percentage points for accuracies;
-- a CI that straddles zero, or a single seed (no CI), reads "inconclusive at this scale";
+- an effect is written as mean ± CI half-width of the paired difference to ``standard`` in
+  the unit people quote (% perplexity, percentage points), with its verdict against the
+  metric's practical margin: worse, better, equivalent or undecided (``effects.effect``);
 - a conclusion ("adds cost, not expressivity") is written only when the numbers support it.
 Each ``verdict_qN(data)`` takes ``results.StudyData`` and returns a ``blocks.Verdict``;
 ``WORDS`` are the short verdict words of the summary table (``LEGEND`` explains them once).
@@ -11,11 +11,10 @@ Each ``verdict_qN(data)`` takes ``results.StudyData`` and returns a ``blocks.Ver
 
 from __future__ import annotations
 
-import math
-from typing import Any
 
 from qkvlab.experiments.stats import mean_ci, paired
 from qkvlab.report.blocks import Verdict
+from qkvlab.studies.qkv.effects import LEGEND, WORDS, effect, finite  # noqa: F401 (re-exported)
 from qkvlab.studies.qkv.results import StudyData, chance
 
 INCONCLUSIVE = "inconclusive at this scale"
@@ -23,62 +22,6 @@ INCONCLUSIVE = "inconclusive at this scale"
 # 300M-1.2B parameters (Kayyam et al., ICML 2026, arXiv 2606.04032; ../shared/REFERENCES.md).
 REF_KV_PPL_PCT = 3.1
 REF_KV_CITE = "Kayyam et al. 2026, arXiv 2606.04032"
-
-
-# status of an effect -> the short word of the summary table
-WORDS = {"worse": "worse", "better": "better", "same": "no difference",
-         "inconclusive": "undecided", "not_learned": "not learned", "missing": "—"}
-LEGEND = ("worse / better: the paired 95% CI over seeds excludes zero; no difference: every "
-          "seed's pair scored exactly alike; undecided: the CI straddles zero (inconclusive at "
-          "this scale), or one seed gives no CI; not learned: neither design reached 1.5× the "
-          "task's chance accuracy, so a difference between two guessers is noise.")
-
-# metric -> (factor, unit) for metrics whose differences read as points, not relative %
-POINTS = {"accuracy": (100.0, " pp"), "chrf": (1.0, " points")}
-
-
-def _ok(x) -> bool:
-    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
-
-
-def effect(c: dict | None, lower_is_better: bool = True, what: str | None = None,
-           chance: float | None = None) -> dict[str, Any]:
-    """``{"text", "status", "value", "half"}`` for one ``compare`` row vs standard.
-
-    ``status`` is ``worse``, ``better``, ``same`` (every seed's pair scored exactly alike),
-    ``inconclusive`` or ``missing``. With ``chance``
-    (an accuracy task's guessing rate), a comparison where neither design got clearly above
-    chance (< 1.5× chance) is ``inconclusive``: a difference between two guessers is noise.
-    """
-    if not c or "diff" not in c or not _ok(c.get("diff")):
-        return {"text": "not measured", "status": "missing", "value": None, "half": None}
-    if chance is not None and _ok(c.get("mean")) and _ok(c.get("baseline_mean")) \
-            and max(c["mean"], c["baseline_mean"]) < 1.5 * chance:
-        return {"text": f"both at chance ({100 * c['mean']:.1f}% vs standard "
-                        f"{100 * c['baseline_mean']:.1f}%, chance {100 * chance:.1f}%: "
-                        f"not learned, {INCONCLUSIVE})",
-                "status": "not_learned", "value": None, "half": None, "at_chance": True}
-    metric = c.get("metric", "")
-    what = what or metric.replace("_", " ")
-    if metric in POINTS:  # scores already on a 0-1 or 0-100 scale: differences in points
-        k, unit = POINTS[metric]
-        value, half = k * c["diff"], k * c["diff_half"]
-    else:
-        value, half, unit = c["rel_pct"], c["rel_half"], "%"
-    if not _ok(half):
-        return {"text": f"{value:+.1f}{unit} {what} from {c.get('n_pairs', 1)} seed "
-                        f"(no CI: {INCONCLUSIVE})", "status": "inconclusive",
-                "value": value, "half": None}
-    text = f"{value:+.1f}{unit} ± {half:.1f}{unit} {what}"
-    if c["diff"] == 0 and c["diff_half"] == 0:  # every seed's pair equal, e.g. both at 100%
-        return {"text": f"no difference ({text}: every seed scores the same for both)",
-                "status": "same", "value": value, "half": half}
-    if value - half <= 0 <= value + half:
-        return {"text": f"{text} ({INCONCLUSIVE}: the CI straddles zero)",
-                "status": "inconclusive", "value": value, "half": half}
-    worse = (value > 0) == lower_is_better
-    return {"text": f"{text} ({'worse' if worse else 'better'})",
-            "status": "worse" if worse else "better", "value": value, "half": half}
 
 
 def pick(rows: list[dict], **tags) -> dict | None:
@@ -94,7 +37,7 @@ def ci_text(values: list[float], fmt: str = "{:.3g}", unit: str = "") -> str:
     m = mean_ci(values)
     if not m["n"]:
         return "n/a"
-    if not _ok(m["half"]):
+    if not finite(m["half"]):
         return f"{fmt.format(m['mean'])}{unit} (1 seed)"
     return f"{fmt.format(m['mean'])}{unit} ± {fmt.format(m['half'])}{unit}"
 
@@ -198,14 +141,14 @@ def _scale_sentence(probe: list[dict]) -> str:
     s = (f"Scale placement at init (unit-variance q, k; d_k = {dk}): " + "; ".join(parts) + ".")
     sat_m = {k: mean_ci(sat.get((k, dk), []))["mean"] for k in ("inside", "outside", "none")}
     g_m = {k: mean_ci(grad.get((k, dk), []))["mean"] for k in ("inside", "none")}
-    if _ok(sat_m["inside"]) and _ok(sat_m["none"]):
+    if finite(sat_m["inside"]) and finite(sat_m["none"]):
         if sat_m["none"] > sat_m["inside"] + 0.05:
             s += " Without 1/√d_k inside the softmax the rows saturate"
             s += (" and the gradient reaching W_Q shrinks, as the seed-001 comment warns"
-                  if _ok(g_m["none"]) and g_m["none"] < g_m["inside"] else
+                  if finite(g_m["none"]) and g_m["none"] < g_m["inside"] else
                   " (the gradient reaching W_Q at init is not smaller here, unlike the seed-001 "
                   "comment's worry)")
-            s += ("; an outer factor does not prevent it." if _ok(sat_m["outside"])
+            s += ("; an outer factor does not prevent it." if finite(sat_m["outside"])
                   and sat_m["outside"] > sat_m["inside"] + 0.05 else ".")
         else:
             s += f" The saturation gap between 'none' and 'inside' is small: {INCONCLUSIVE}."
@@ -295,17 +238,6 @@ def _emergence_sentence(data: StudyData) -> str:
 
 
 # ---- Q3 --------------------------------------------------------------------------------------
-def ppl_text(c: dict | None) -> str:
-    """Perplexity change exp(Δloss) − 1 in %, with the CI mapped through exp."""
-    if not c or not _ok(c.get("diff")):
-        return "not measured"
-    m = 100 * (math.exp(c["diff"]) - 1)
-    if not _ok(c.get("diff_half")):
-        return f"{m:+.1f}% perplexity (1 seed)"
-    lo, hi = 100 * (math.exp(c["diff_lo"]) - 1), 100 * (math.exp(c["diff_hi"]) - 1)
-    return f"{m:+.1f}% perplexity (95% CI {lo:+.1f}% … {hi:+.1f}%)"
-
-
 def bind_gap(data: StudyData, arm: str = "equal") -> list[tuple[int, dict]]:
     """(d_head, effect) of tied_kv vs standard bind accuracy, by d_head."""
     ch = chance("bind", data.profile)
@@ -317,10 +249,9 @@ def bind_gap(data: StudyData, arm: str = "equal") -> list[tuple[int, dict]]:
 def verdict_q3(data: StudyData) -> Verdict:
     lm = rows_of(data, "lm_tied_kv", "lm_gqa")
     eq, mt = _task_effects(lm, "tied_kv", "lm", True)
-    c_eq = pick(lm, design="tied_kv", task="lm", arm="equal", metric="val_loss")
-    headline = (f"tied K=V: {eq['text']} on lm at equal width ({ppl_text(c_eq)}; published "
-                f"reference ≈ +{REF_KV_PPL_PCT}% perplexity at 300M–1.2B parameters, "
-                f"{REF_KV_CITE}); {mt['text']} parameter-matched.")
+    headline = (f"tied K=V: {eq['text']} on lm at equal width (published reference ≈ "
+                f"+{REF_KV_PPL_PCT}% perplexity at 300M–1.2B parameters, {REF_KV_CITE}); "
+                f"{mt['text']} parameter-matched.")
     details = []
     gaps = bind_gap(data)
     if gaps and all(e.get("at_chance") for _, e in gaps):
