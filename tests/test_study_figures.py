@@ -173,7 +173,8 @@ def test_every_figure_drawn_with_files(drawn):
     assert names == {"q1": ["forest_q1", "q1_alt_loss", "q1_scale_probe", "q1_convex"],
                      "q2": ["forest_q2", "q2_own_position",
                             "q2_pretrained_symmetry", "q2_symmetry_emergence"],
-                     "q3": ["forest_q3", "q3_bind", "q3_kv"]}
+                     "q3": ["forest_q3", "q3_bind", "q3_kv"],
+                     "setup": []}  # no learning-rate grid at this profile (test_study_lr.py)
     for f in (f for fs in figs.values() for f in fs):
         for path in (f.png, f.svg, f.csv):
             assert (out / path).stat().st_size > 0
@@ -305,4 +306,5 @@ def test_one_seed_draws_marker_without_bar(tmp_path):
 def test_figures_without_data_are_skipped(tmp_path):
     with Store(tmp_path / "r.db") as store:
         empty = results.load(store, "smoke")
-    assert figures.all_figures(empty, tmp_path / "figs") == {"q1": [], "q2": [], "q3": []}
+    assert figures.all_figures(empty, tmp_path / "figs") == {"q1": [], "q2": [], "q3": [],
+                                                              "setup": []}

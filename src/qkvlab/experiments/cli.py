@@ -74,7 +74,11 @@ def run_experiments(args: argparse.Namespace) -> int:
     w = max(len(r["experiment"]) for r in rows)
     print(f"{'experiment':<{w}}  runs  question   [profile {args.profile}]")
     for r in rows:
-        print(f"{r['experiment']:<{w}}  {r['distinct']:>4}  {r['question']}")
+        n = "  —" if r["distinct"] is None else r["distinct"]  # runs depend on stored results
+        print(f"{r['experiment']:<{w}}  {n:>4}  {r['question']}")
+    if any(r["distinct"] is None for r in rows):
+        print("—: runs depend on results of an earlier experiment (e.g. learning rates chosen "
+              "by lr_tune)")
     return 0
 
 

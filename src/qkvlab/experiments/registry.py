@@ -52,6 +52,11 @@ class Profile:
     task_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     task_train: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
+    def prepared(self, store: Any) -> "Profile":
+        """This profile completed from stored results (e.g. learning rates a tuning experiment
+        chose), for experiments whose runs depend on earlier ones; by default itself."""
+        return self
+
 
 EXPERIMENTS: dict[str, Callable[[Profile], list[Run]]] = {}
 QUESTIONS: dict[str, str] = {}
@@ -113,10 +118,17 @@ def check_experiment(name: str) -> None:
         raise ValueError(f"experiment: unknown {name!r}; allowed: {sorted(EXPERIMENTS)} or 'all'")
 
 
-def runs_of(name: str, profile: Profile | str) -> list[Run]:
-    """The (spec, tags) list of a registered experiment at a profile."""
+def runs_of(name: str, profile: Profile | str, store: Any = None) -> list[Run]:
+    """The (spec, tags) list of a registered experiment at a profile, completed from the
+    results ``store`` where its runs depend on earlier ones (``Profile.prepared``).
+
+    Raises:
+        ValueError: unknown experiment or profile, or the experiment needs results the store
+            does not have yet (the message names the experiment to run first).
+    """
     check_experiment(name)
-    return EXPERIMENTS[name](get_profile(profile))
+    p = get_profile(profile)
+    return EXPERIMENTS[name](p if store is None else p.prepared(store))
 
 
 def describe(profile: str = "quick") -> list[dict[str, Any]]:
@@ -124,7 +136,12 @@ def describe(profile: str = "quick") -> list[dict[str, Any]]:
     p = get_profile(profile)
     out = []
     for name in experiment_names():
-        runs = runs_of(name, p)
+        try:
+            runs = runs_of(name, p)
+        except ValueError:  # its runs depend on stored results of another experiment
+            out.append({"experiment": name, "question": QUESTIONS[name], "runs": None,
+                        "distinct": None})
+            continue
         out.append({"experiment": name, "question": QUESTIONS[name], "runs": len(runs),
                     "distinct": len({run_id(s.to_dict()) for s, _ in runs})})
     return out
@@ -204,18 +221,26 @@ def make_run(task: str, model: dict[str, Any], p: Profile, seed: int, tags: dict
 
 def design_arms(task: str, p: Profile, designs: dict[str, dict[str, Any]],
                 arms: tuple[str, ...] = ("equal", "matched"), seeds: tuple[int, ...] = (),
-                **model_over) -> list[Run]:
+                lrs: Mapping[str, float] | None = None, **model_over) -> list[Run]:
     """``standard`` and each design, per arm and seed (``seeds`` or the profile's).
-    ``designs`` maps a label to model options."""
+    ``designs`` maps a label to model options; ``lrs`` a label (``standard`` included) to its
+    own learning rate (absent: the profile's and task's)."""
+    lrs = lrs or {}
+
+    def train(label: str) -> dict[str, Any] | None:
+        return {"lr": lrs[label]} if label in lrs else None
+
     _, kind = task_info(task)
     base = base_model(p, **model_over)
     runs: list[Run] = []
     for seed in seeds or p.seeds:
         for arm in arms:
-            runs.append(make_run(task, base, p, seed, {"design": "standard", "arm": arm}))
+            runs.append(make_run(task, base, p, seed, {"design": "standard", "arm": arm},
+                                 train=train("standard")))
             for label, opts in designs.items():
                 m = {**base, **opts}
                 if arm == "matched":
                     m = matched(m, base, kind)
-                runs.append(make_run(task, m, p, seed, {"design": label, "arm": arm}))
+                runs.append(make_run(task, m, p, seed, {"design": label, "arm": arm},
+                                     train=train(label)))
     return runs

@@ -170,31 +170,34 @@ def experiment_names(name: str) -> list[str]:
     return registry.experiment_names() if name == "all" else [name]
 
 
-def sweep_plan(name: str, profile: str, *, workers: int = 1,
-               backend: str = "local") -> list[tuple[str, list]]:
+def sweep_plan(name: str, profile: str, *, workers: int = 1, backend: str = "local",
+               store: Store | None = None) -> list[tuple[str, list]]:
     """Check a sweep's arguments and list its runs, before anything is written anywhere.
+    ``store``: the results so far, for experiments whose runs depend on earlier ones
+    (``registry.runs_of``).
 
     Returns:
         ``[(experiment, [(spec, tags), ...]), ...]`` in the order the sweep registers them.
 
     Raises:
-        ValueError: unknown experiment, profile or backend, or a worker count below 1.
+        ValueError: unknown experiment, profile or backend, a worker count below 1, or an
+            experiment that needs another's results first.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend: {backend!r} is not one of {list(BACKENDS)}")
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"workers: {workers!r} must be a positive integer")
-    return [(n, runs_of(n, profile)) for n in experiment_names(name)]
+    return [(n, runs_of(n, profile, store)) for n in experiment_names(name)]
 
 
-def sweep_ids(name: str, profile: str) -> list[str]:
+def sweep_ids(name: str, profile: str, store: Store | None = None) -> list[str]:
     """The run ids of experiment ``name`` (or ``all``) at ``profile``, in sweep order.
 
     Raises:
         ValueError: unknown experiment or profile.
     """
     ids: list[str] = []
-    for _, runs in sweep_plan(name, profile):
+    for _, runs in sweep_plan(name, profile, store=store):
         ids += [i for i in (run_id(spec) for spec, _ in runs) if i not in ids]
     return ids
 
@@ -224,7 +227,7 @@ def failure_report(store: Store, name: str, profile: str) -> str | None:
     Raises:
         ValueError: unknown experiment or profile.
     """
-    first = first_failure(store, sweep_ids(name, profile))
+    first = first_failure(store, sweep_ids(name, profile, store))
     if first is None:
         return None
     return f"first failure: {first}\nfull tracebacks: {errors_command(name, profile, store.path)}"
@@ -255,7 +258,11 @@ def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str =
         ValueError: unknown experiment, profile, backend or worker count.
     """
     began, t0 = time.time(), time.perf_counter()
-    plan = sweep_plan(name, profile, workers=workers, backend=backend)
+    if Path(db).is_file():  # earlier results complete the plan of dependent experiments
+        with Store(db) as known:
+            plan = sweep_plan(name, profile, workers=workers, backend=backend, store=known)
+    else:
+        plan = sweep_plan(name, profile, workers=workers, backend=backend)
     profile = getattr(profile, "name", profile)  # a registry Profile or its name
     if tensorboard is not None:
         check_available()  # one clear error now, not one failed run per config

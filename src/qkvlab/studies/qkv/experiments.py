@@ -11,6 +11,9 @@ the synthetic tasks well above chance over several seeds and that ``make report`
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +33,17 @@ from qkvlab.train import InitConfig, ProbeConfig
 @dataclass(frozen=True)
 class QKVProfile(Profile):
     """A profile with this study's extra sizes: the scale probe's head widths, steps and
-    seeds, bind's head widths and seeds (empty: the profile's), and the measures' sizes
+    seeds, bind's head widths and seeds (empty: the profile's), the measures' sizes
     (evaluation batch, speed rounds, decode length, null sample of the pretrained analysis and
-    whether it runs the models on text for CKA)."""
+    whether it runs the models on text for CKA), and the learning-rate grid.
+
+    Learning rates: with an empty ``lr_grid`` every design trains at the task's rate. Otherwise
+    experiment ``lr_tune`` trains each design of ``TUNED`` at ``lr_grid`` × the task's rate on
+    ``lr_seeds`` (disjoint from ``seeds``), and the comparisons train each design at the rate
+    with the lowest mean validation loss over those seeds (``prepared`` reads it from the store
+    into ``lrs``; a diverged run counts as infinite loss; ties go to the smaller rate). The
+    chosen rate is applied to both arms; the reported numbers come from the other seeds.
+    """
 
     probe_d_heads: tuple[int, ...] = ()
     probe_steps: int = 4
@@ -44,6 +55,84 @@ class QKVProfile(Profile):
     decode_tokens: int = 16
     n_null: int = 32
     cka: bool = False
+    lr_grid: tuple[float, ...] = ()
+    lr_seeds: tuple[int, ...] = ()
+    lrs: Mapping[tuple[str, str], float] | None = None  # (task, design) -> rate; see prepared
+
+    def prepared(self, store) -> "QKVProfile":
+        if not self.lr_grid or self.lrs is not None:
+            return self
+        return dataclasses.replace(self, lrs=chosen_lrs(self, store))
+
+    def design_lrs(self, task: str, designs) -> dict[str, float]:
+        """``{label: learning rate}`` of ``standard`` and ``designs`` on ``task`` (empty when
+        every design trains at the task's rate).
+
+        Raises:
+            ValueError: the profile tunes rates and ``lr_tune`` has not chosen them yet.
+        """
+        if not self.lr_grid or task not in TUNED:
+            return {}
+        want = ["standard", *designs]
+        missing = [d for d in want if (task, d) not in (self.lrs or {})]
+        if missing:
+            raise ValueError(
+                f"profile {self.name}: {task} trains each design at the learning rate that "
+                f"experiment lr_tune chose, and it has not finished for {missing}; run "
+                f"`qkvlab sweep lr_tune --profile {self.name}` first (qkvlab study does)")
+        return {d: self.lrs[(task, d)] for d in want}
+
+
+# The designs each tuned task compares (model options per label), and so the learning-rate grid.
+DESIGNS: dict[str, dict[str, Any]] = {
+    "standard": {}, "alt": {"design": "alt"}, "tied_qk": {"design": "tied_qk"},
+    "tied_qk_selfmask": {"design": "tied_qk", "self_mask": True},
+    "tied_qkv": {"design": "tied_qkv"}, "tied_kv": {"design": "tied_kv"},
+    "gqa_half": {},  # n_kv_heads = n_heads // 2, set per profile (design_options)
+    "tied_kv_cross": {"roles": {"cross": {"design": "tied_kv"}}},
+}
+TUNED = {"lm": ("alt", "tied_qk", "tied_qk_selfmask", "tied_qkv", "tied_kv", "gqa_half"),
+         "mlm": ("tied_qk", "tied_qk_selfmask", "tied_qkv"),
+         "translate": ("alt", "tied_kv_cross")}
+
+
+def design_options(label: str, p: Profile) -> dict[str, Any]:
+    """Model options of a design label at a profile."""
+    if label == "gqa_half":
+        return {"n_kv_heads": max(1, p.n_heads // 2)}
+    return dict(DESIGNS[label])
+
+
+def chosen_lrs(p: "QKVProfile", store) -> dict[tuple[str, str], float]:
+    """``{(task, design): rate}`` chosen from ``lr_tune``'s finished runs in ``store``."""
+    return choose_lrs(p, ((r["tags"]["task"], r["tags"]["design"], r["tags"]["lr"], r["status"],
+                           r["final"].get("val_loss")) for r in store.runs("lr_tune", p.name)))
+
+
+def choose_lrs(p: "QKVProfile", rows) -> dict[tuple[str, str], float]:
+    """The rate with the lowest mean val loss over ``lr_seeds`` per (task, design), from rows
+    ``(task, design, lr, status, val_loss)``; only designs whose whole grid has finished. A
+    diverged run (or one without a loss) counts as infinite loss; ties go to the smaller rate."""
+    scores: dict[tuple[str, str], dict[float, list[float]]] = {}
+    for task, design, lr, status, loss in rows:
+        if status not in ("done", "diverged"):
+            continue
+        ok = status == "done" and loss is not None and math.isfinite(loss)
+        scores.setdefault((task, design), {}).setdefault(float(lr), []).append(
+            loss if ok else math.inf)
+    out = {}
+    for key, by_lr in scores.items():
+        if len(by_lr) == len(p.lr_grid) and all(len(v) == len(p.lr_seeds) for v in by_lr.values()):
+            means = {lr: sum(v) / len(v) for lr, v in by_lr.items()}
+            best = min(sorted(means), key=lambda lr: means[lr])
+            if math.isfinite(means[best]):
+                out[key] = best
+    return out
+
+
+def task_lr(task: str, p: Profile) -> float:
+    """The learning rate a task trains at without tuning (its override, else the profile's)."""
+    return float(p.task_train.get(task, {}).get("lr", p.lr))
 
 
 # Task options per profile: short contexts and small vocabularies keep CPU runs in seconds.
@@ -131,13 +220,34 @@ MARGINS = {
 
 # The experiments behind the three questions, in the order the study runs them (cheapest
 # first, so a smoke study fails fast on a broken set-up).
-ORDER = ("scale_probe", "alt_vs_standard", "lm_tied_kv", "lm_gqa", "tied_qk_qkv",
+ORDER = ("scale_probe", "lr_tune", "alt_vs_standard", "lm_tied_kv", "lm_gqa", "tied_qk_qkv",
          "symmetry_emergence", "bind_vs_dhead", "kv_translate")
+
+
+def arms(task: str, p: QKVProfile, labels: tuple[str, ...], **kw) -> list[Run]:
+    """``design_arms`` of some design labels, each at its tuned learning rate (if tuned)."""
+    return design_arms(task, p, {d: design_options(d, p) for d in labels},
+                       lrs=p.design_lrs(task, labels), **kw)
+
+
+@experiment("lr_tune", "Every design at its own learning rate: the grid the comparisons pick from")
+def lr_tune(p: QKVProfile) -> list[Run]:
+    runs = []
+    for task, labels in TUNED.items():
+        base = base_model(p)
+        for mult in p.lr_grid:
+            lr = float(f"{task_lr(task, p) * mult:.3g}")
+            for seed in p.lr_seeds:
+                for d in ("standard", *labels):
+                    runs.append(make_run(task, {**base, **design_options(d, p)}, p, seed,
+                                         {"design": d, "arm": "equal", "lr": lr},
+                                         train={"lr": lr}))
+    return runs
 
 
 @experiment("alt_vs_standard", "Q1: does AttentionAlt's extra per-head matrix and outer scale help?")
 def alt_vs_standard(p: QKVProfile) -> list[Run]:
-    return [r for t in ("lm", "translate") for r in design_arms(t, p, {"alt": {"design": "alt"}})]
+    return [r for t in ("lm", "translate") for r in arms(t, p, ("alt",))]
 
 
 @experiment("scale_probe", "Q1: where must 1/sqrt(d_k) sit? entropy, saturation, grads vs d_k")
@@ -158,14 +268,12 @@ def scale_probe(p: QKVProfile) -> list[Run]:
     return runs
 
 
-TIED_QK = {"tied_qk": {"design": "tied_qk"},
-           "tied_qk_selfmask": {"design": "tied_qk", "self_mask": True},
-           "tied_qkv": {"design": "tied_qkv"}}
+TIED_QK = ("tied_qk", "tied_qk_selfmask", "tied_qkv")
 
 
 @experiment("tied_qk_qkv", "Q2: what does one matrix W = W_Q = W_K (= W_V) cost?")
 def tied_qk_qkv(p: QKVProfile) -> list[Run]:
-    return [r for t in ("lm", "mlm", "mqar", "relation") for r in design_arms(t, p, TIED_QK)]
+    return [r for t in ("lm", "mlm", "mqar", "relation") for r in arms(t, p, TIED_QK)]
 
 
 @experiment("symmetry_emergence", "Q2: do encoders learn a more symmetric W_QK than decoders?")
@@ -197,19 +305,18 @@ def bind_vs_dhead(p: QKVProfile) -> list[Run]:
 
 @experiment("kv_translate", "Q3: 'for translation K should equal V': tied K=V in cross-attention")
 def kv_translate(p: QKVProfile) -> list[Run]:
-    return design_arms("translate", p, {"tied_kv_cross": {"roles": {"cross": {"design": "tied_kv"}}}})
+    return arms("translate", p, ("tied_kv_cross",))
 
 
 @experiment("lm_tied_kv", "Q3: the LM loss penalty of tied K = V (cf. ~3.1% ppl at 300M-1.2B)")
 def lm_tied_kv(p: QKVProfile) -> list[Run]:
-    return design_arms("lm", p, {"tied_kv": {"design": "tied_kv"}})
+    return arms("lm", p, ("tied_kv",))
 
 
 @experiment("lm_gqa", "Q3: GQA (n_kv_heads = n_heads/2), same KV cache as tied K=V, on lm")
 def lm_gqa(p: QKVProfile) -> list[Run]:
     # Its KV cache per token equals tied K=V's (one buffer of H heads vs two of H/2); the
     # baseline runs are lm_tied_kv's (same spec, same id), so this costs one run per seed.
-    return design_arms("lm", p, {"gqa_half": {"n_kv_heads": max(1, p.n_heads // 2)}},
-                       arms=("equal",))
+    return arms("lm", p, ("gqa_half",), arms=("equal",))
 
 

@@ -43,6 +43,7 @@ from qkvlab.studies.qkv.figures_q import (  # noqa: F401
     q3_lm,
 )
 from qkvlab.studies.qkv.effects import SCALES, effect
+from qkvlab.studies.qkv.experiments import choose_lrs
 from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, chance, select
 
 # Per question, the rows of its forest plot: (experiments, design, task), top to bottom.
@@ -165,6 +166,55 @@ def fig_forest_q3(data: StudyData, out: Path) -> Figure | None:
     return fig_forest(data, out, "q3")
 
 
+def lr_frame(data: StudyData) -> pd.DataFrame:
+    """lr_tune's grid: task, design, lr, mean val loss over the tuning seeds (a diverged run
+    makes it infinite, drawn as missing), seeds, and whether the comparisons use that rate."""
+    cols = ["task", "design", "lr", "val_loss", "seeds", "chosen", "edge"]
+    runs = data.runs
+    g = runs[runs.experiment == "lr_tune"] if not runs.empty else runs
+    if g.empty:
+        return pd.DataFrame(columns=cols)
+    loss = g.val_loss if "val_loss" in g else pd.Series(float("nan"), index=g.index)
+    rows = list(zip(g.task, g.design, g.lr, g.status, loss.where(loss.notna(), None)))
+    chosen = choose_lrs(data.profile, rows)
+    out = []
+    for (task, design, lr), sub in g.assign(val_loss=loss).groupby(["task", "design", "lr"]):
+        ok = (sub.status == "done") & sub.val_loss.notna()
+        grid = sorted(g[(g.task == task) & (g.design == design)].lr.unique())
+        out.append({"task": task, "design": design, "lr": lr,
+                    "val_loss": sub.val_loss.mean() if ok.all() else float("inf"),
+                    "seeds": len(sub), "chosen": chosen.get((task, design)) == lr,
+                    "edge": chosen.get((task, design)) == lr and lr in (grid[0], grid[-1])})
+    return pd.DataFrame(out, columns=cols)
+
+
+def fig_lr(data: StudyData, out: Path) -> Figure | None:
+    """Validation loss vs learning rate per design and task: the grid each rate is chosen on."""
+    df = lr_frame(data)
+    if df.empty:
+        return None
+    tasks = list(dict.fromkeys(df.task))
+    fig, axes = plt.subplots(1, len(tasks), squeeze=False, figsize=(3.8 * len(tasks) + 1.5, 3.6))
+    for ax, task in zip(axes[0], tasks):
+        sub = df[df.task == task]
+        for design, g in sub.groupby("design", sort=False):
+            g = g.sort_values("lr")
+            y = g.val_loss.where(g.val_loss < float("inf"))
+            ax.plot(g.lr, y, "o-", color=color(design), label=label(design), ms=4, lw=1.3)
+            c = g[g.chosen]
+            ax.plot(c.lr, c.val_loss, "*", color=color(design), ms=13, mec="black", mew=0.6)
+        ax.set_xscale("log")
+        ax.set_title(task)
+        ax.set_xlabel("learning rate")
+    axes[0][0].set_ylabel("val loss (mean over tuning seeds)")
+    h, lab = axes[0][0].get_legend_handles_labels()
+    fig.legend(h, lab, loc="outside right center", frameon=False, fontsize=8)
+    return _save(fig, df, out, "lr_grid", "Learning rate per design",
+                 "Validation loss after training at each rate of the grid, mean over the tuning "
+                 "seeds (disjoint from the seeds the comparisons report); star: the rate each "
+                 "design's comparisons train at. A missing point: a run diverged.")
+
+
 FIGURES = {"q1": [fig_forest_q1, fig_q1_loss, fig_q1_scale, fig_q1_convex],
            "q2": [fig_forest_q2, fig_q2_own, fig_q2_pretrained, fig_q2_emergence],
            "q3": [fig_forest_q3, fig_q3_bind, fig_q3_kv]}
@@ -173,5 +223,7 @@ FIGURES = {"q1": [fig_forest_q1, fig_q1_loss, fig_q1_scale, fig_q1_convex],
 def all_figures(data: StudyData, out: Path) -> dict[str, list[Figure]]:
     """Draw every figure into ``out``; per question the figures that had data."""
     with plt.rc_context(STYLE):
-        return {q: [f for f in (fn(data, out) for fn in fns) if f is not None]
+        figs = {q: [f for f in (fn(data, out) for fn in fns) if f is not None]
                 for q, fns in FIGURES.items()}
+        lr = fig_lr(data, out)
+    return {**figs, "setup": [lr] if lr else []}

@@ -32,7 +32,7 @@ from qkvlab.report.blocks import Heading as H
 from qkvlab.studies.qkv import claims as C
 from qkvlab.studies.qkv import figures as F
 from qkvlab.studies.qkv.effects import LEGEND, cell, effect
-from qkvlab.studies.qkv.experiments import MARGINS
+from qkvlab.studies.qkv.experiments import MARGINS, TUNED, task_lr
 from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, chance, select
 from qkvlab.studies.qkv.verdicts import all_verdicts, ci_text
 
@@ -145,6 +145,28 @@ def summary_table(data: StudyData) -> Table:
                "difference at equal width, mean ± 95% CI over seeds: % perplexity for losses, "
                "percentage points of accuracy) and its verdict against the stated margin.")
     return Table(caption, headers, tuple(body), legend=LEGEND)
+
+
+def lr_blocks(data: StudyData, figs: dict[str, list[Figure]]) -> list[Block]:
+    """How each design's learning rate was chosen: the grid's figure and the chosen rates."""
+    p = data.profile
+    if not p.lr_grid:
+        return [Para(f"Learning rates: every design trains at its task's rate (profile "
+                     f"{p.name} has no per-design grid): "
+                     + ", ".join(f"{t} {task_lr(t, p):g}" for t in TASK_METRIC) + ".")]
+    df = F.lr_frame(data)
+    chosen = df[df.chosen]
+    body = tuple((r.task, F.LABELS.get(r.design, r.design), f"{r.lr:g}", num(r.val_loss, 4),
+                  "yes: widen the grid" if r.edge else "no")
+                 for r in chosen.itertuples())
+    return [Para(f"Learning rates: each design of {', '.join(TUNED)} trains at the rate of the "
+                 f"grid {', '.join(f'{m:g}' for m in p.lr_grid)} × the task's rate with the "
+                 f"lowest mean validation loss over tuning seeds "
+                 f"{', '.join(map(str, p.lr_seeds))} (not the reported seeds)."),
+            *figs.get("setup", []),
+            Table("Chosen learning rate per design", ("task", "design", "rate",
+                                                      "val loss (tuning seeds)", "at the grid's edge"),
+                  body)]
 
 
 def margins_table() -> Table:
@@ -291,8 +313,9 @@ def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Ve
                                       f"tested by: {c['tested_by']}") for c in claims[q])),
                    H("Evidence"), *(f for f in figs.get(q, []) if f not in forest[q])]
         blocks += {"q1": q1_blocks, "q2": q2_blocks, "q3": q3_blocks}[q](data)
-    blocks += [Section("setup", "Set-up: profile, seeds, hardware, versions, time"),
-               Meta(meta_items(data)), Para(claims_note)]
+    blocks += [Section("setup", "Set-up: profile, seeds, learning rates, hardware, versions, "
+                                "time"), Meta(meta_items(data)), *lr_blocks(data, figs),
+               Para(claims_note)]
     blocks += [Para(n, note=True) for n in m.get("notes", [])]
     return blocks
 

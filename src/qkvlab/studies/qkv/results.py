@@ -102,7 +102,7 @@ def comparisons(runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty:
         return pd.DataFrame()
     for exp, df in runs.groupby("experiment", sort=False):
-        if exp not in ORDER or exp in ("scale_probe", "symmetry_emergence"):
+        if exp not in ORDER or exp in ("scale_probe", "lr_tune", "symmetry_emergence"):
             continue
         by = [c for c in GROUP_BY if c in df and df[c].notna().any()]
         for task, sub in df.groupby("task", sort=True):
@@ -151,10 +151,11 @@ def measures(store: Store, runs: pd.DataFrame, profile: str) -> dict[str, pd.Dat
     return out
 
 
-def load(store: Store, profile: str, meta: dict[str, Any] | None = None) -> StudyData:
-    """Everything the report shows, from the store."""
+def load(store: Store, profile: str | QKVProfile, meta: dict[str, Any] | None = None
+         ) -> StudyData:
+    """Everything the report shows, from the store (``profile``: a name or the profile)."""
     p = get_profile(profile)
-    runs = pd.concat([runs_frame(store, e, profile) for e in ORDER], ignore_index=True)
+    runs = pd.concat([runs_frame(store, e, p.name) for e in ORDER], ignore_index=True)
     return StudyData(profile=p, runs=runs, comparisons=comparisons(runs),
-                     probe=probe(store, runs), measures=measures(store, runs, profile),
+                     probe=probe(store, runs), measures=measures(store, runs, p.name),
                      meta=dict(meta or {}))

@@ -109,7 +109,7 @@ def run_study(cfg: StudyConfig) -> Path:
                 began = time.time()  # each sweep logs where its time went
                 counts[step] = sweep(step, cfg.profile, db=cfg.db, workers=cfg.workers,
                                      progress=cfg.progress, log=cfg.log)
-                trained.update(store.timings(sweep_ids(step, cfg.profile), since=began))
+                trained.update(store.timings(sweep_ids(step, cfg.profile, store), since=began))
                 if counts[step].get("failed"):
                     why = failure_report(store, step, cfg.profile)
                     rec.notes.append(f"{step}: {counts[step]['failed']} run(s) failed; {why}")

@@ -1,0 +1,120 @@
+"""Per-design learning rates: ``lr_tune``'s grid, the choice read back from the store, and the
+comparisons trained at the chosen rates (``QKVProfile.prepared``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from qkvlab.experiments import registry
+from qkvlab.experiments.runner import sweep_plan
+from qkvlab.experiments.store import Store
+from qkvlab.studies.qkv import experiments as E
+
+GRID = (0.5, 1.0, 2.0)
+
+
+@pytest.fixture
+def profile():
+    """The smoke profile with a 3-point grid on one tuning seed (not registered: passed as is)."""
+    return dataclasses.replace(E.PROFILES["smoke"], lr_grid=GRID, lr_seeds=(100, 101))
+
+
+def _finish_grid(store: Store, p, loss, skip=()) -> None:
+    """Register lr_tune's runs and finish each with val_loss = loss(task, design, lr, seed)
+    (None: diverged); runs whose (task, design) is in ``skip`` stay pending."""
+    runs = registry.runs_of("lr_tune", p)
+    ids = store.add("lr_tune", p.name, runs)
+    for rid, (_, tags) in zip(ids, runs):
+        if (tags["task"], tags["design"]) in skip or not store.claim(rid):
+            continue
+        v = loss(tags["task"], tags["design"], tags["lr"], tags["seed"])
+        store.finish(rid, "diverged" if v is None else "done", 1,
+                     {} if v is None else {"val_loss": v}, {"n_params": 1})
+
+
+def test_lr_tune_covers_every_tuned_design_rate_and_seed(profile):
+    runs = registry.runs_of("lr_tune", profile)
+    want = {(t, d, float(f"{E.task_lr(t, profile) * m:.3g}"), s)
+            for t, labels in E.TUNED.items() for d in ("standard", *labels)
+            for m in GRID for s in (100, 101)}
+    got = {(tg["task"], tg["design"], tg["lr"], tg["seed"]) for _, tg in runs}
+    assert got == want and len(runs) == len(want)
+    assert all(spec.train.lr == tags["lr"] and spec.train.seed == tags["seed"]
+               for spec, tags in runs)
+    assert not set(profile.lr_seeds) & set(profile.seeds)
+    assert registry.runs_of("lr_tune", E.PROFILES["quick"]) == []  # quick: one shared rate
+
+
+def test_comparisons_wait_for_the_grid_with_a_clear_error(profile, tmp_path):
+    with pytest.raises(ValueError, match=r"run `qkvlab sweep lr_tune --profile smoke` first"):
+        registry.runs_of("lm_tied_kv", profile)
+    with Store(tmp_path / "r.db") as store:
+        _finish_grid(store, profile, lambda *a: 2.0, skip={("lm", "tied_kv")})
+        with pytest.raises(ValueError, match=r"not finished for \['tied_kv'\]"):
+            registry.runs_of("lm_tied_kv", profile, store)
+        assert sweep_plan("lm_gqa", profile, store=store)  # its grid is complete
+
+
+def test_each_design_trains_at_the_rate_with_the_lowest_mean_val_loss(profile, tmp_path):
+    base = E.task_lr("lm", profile)
+    best = {"standard": 0.5, "tied_kv": 2.0}  # multiplier with the lowest loss per design
+
+    def loss(task, design, lr, seed):
+        m = lr / E.task_lr(task, profile)
+        if design == "tied_kv" and m == 1.0 and seed == 101:
+            return None  # diverged: counts as an infinite loss, so 1.0 cannot win
+        return 2.0 + abs(math.log(m / best.get(design, 1.0))) + 0.01 * (seed - 100)
+
+    with Store(tmp_path / "r.db") as store:
+        _finish_grid(store, profile, loss)
+        runs = registry.runs_of("lm_tied_kv", profile, store)
+        chosen = E.chosen_lrs(profile, store)
+    assert {(s.train.lr, t["design"], t["arm"]) for s, t in runs} == {
+        (float(f"{base * 0.5:.3g}"), "standard", "equal"),
+        (float(f"{base * 0.5:.3g}"), "standard", "matched"),
+        (float(f"{base * 2.0:.3g}"), "tied_kv", "equal"),
+        (float(f"{base * 2.0:.3g}"), "tied_kv", "matched")}
+    assert chosen[("lm", "alt")] == float(f"{base:.3g}")
+    assert len(chosen) == sum(1 + len(v) for v in E.TUNED.values())
+
+
+def test_ties_go_to_the_smaller_rate_and_all_diverged_chooses_nothing(profile, tmp_path):
+    with Store(tmp_path / "r.db") as store:
+        _finish_grid(store, profile,
+                     lambda t, d, lr, s: None if d == "alt" and t == "lm" else 2.0)
+        chosen = E.chosen_lrs(profile, store)
+    assert ("lm", "alt") not in chosen
+    assert chosen[("lm", "standard")] == float(f"{E.task_lr('lm', profile) * 0.5:.3g}")
+
+
+def test_report_draws_the_grid_and_lists_each_chosen_rate(profile, tmp_path):
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from qkvlab.studies.qkv import figures, page, results
+
+    def loss(task, design, lr, seed):
+        return 2.0 + abs(math.log(lr / E.task_lr(task, profile))) + (0.5 if design == "alt" else 0)
+
+    with Store(tmp_path / "r.db") as store:
+        _finish_grid(store, profile, loss)
+        data = results.load(store, profile)
+    with plt.rc_context(figures.STYLE):
+        fig = figures.fig_lr(data, tmp_path / "figs")
+    df = pd.read_csv(tmp_path / "figs" / fig.csv)
+    n_designs = sum(1 + len(v) for v in E.TUNED.values())
+    assert len(df) == n_designs * len(GRID) and df.seeds.eq(2).all()
+    chosen = df[df.chosen]
+    assert len(chosen) == n_designs
+    assert all(r.lr == float(f"{E.task_lr(r.task, profile):.3g}") for r in chosen.itertuples())
+    assert not chosen.edge.any()  # the middle rate won everywhere
+    want = {("lm", "alt", float(f"{E.task_lr('lm', profile) * 2:.3g}")): 2.5 + math.log(2)}
+    got = df.set_index(["task", "design", "lr"]).val_loss
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-12)
+    blocks = page.lr_blocks(data, {"setup": [fig]})
+    table = blocks[-1]
+    assert len(table.rows) == n_designs and {r[4] for r in table.rows} == {"no"}
