@@ -174,7 +174,7 @@ def test_every_figure_drawn_with_files(drawn):
                      "q2": ["forest_q2", "q2_own_position",
                             "q2_pretrained_symmetry", "q2_symmetry_emergence"],
                      "q3": ["forest_q3", "q3_bind", "q3_kv"],
-                     "setup": []}  # no learning-rate grid at this profile (test_study_lr.py)
+                     "scaling": [], "setup": []}  # see test_study_scaling.py, test_study_lr.py
     for f in (f for fs in figs.values() for f in fs):
         for path in (f.png, f.svg, f.csv):
             assert (out / path).stat().st_size > 0
@@ -307,4 +307,13 @@ def test_figures_without_data_are_skipped(tmp_path):
     with Store(tmp_path / "r.db") as store:
         empty = results.load(store, "smoke")
     assert figures.all_figures(empty, tmp_path / "figs") == {"q1": [], "q2": [], "q3": [],
-                                                              "setup": []}
+                                                              "scaling": [], "setup": []}
+
+
+def test_symmetry_emergence_verdict_uses_the_margin(data):
+    from qkvlab.studies.qkv import verdicts
+
+    # fill(): at step 6 the encoder scores 0.30 + 0.01·seed and the decoder 0.06 + 0.01·seed,
+    # so every seed's encoder − decoder difference is 0.24, far outside the ±0.05 margin
+    (s,) = [d for d in verdicts.verdict_q2(data).details if d.startswith("Trained from")]
+    assert s.endswith(": the encoder is more symmetric (difference +0.240 ± 0.000).")

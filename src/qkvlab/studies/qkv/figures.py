@@ -43,7 +43,7 @@ from qkvlab.studies.qkv.figures_q import (  # noqa: F401
     q3_lm,
 )
 from qkvlab.studies.qkv.effects import SCALES, effect
-from qkvlab.studies.qkv.experiments import choose_lrs
+from qkvlab.studies.qkv.experiments import SCALED, choose_lrs
 from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, chance, select
 
 # Per question, the rows of its forest plot: (experiments, design, task), top to bottom.
@@ -166,6 +166,51 @@ def fig_forest_q3(data: StudyData, out: Path) -> Figure | None:
     return fig_forest(data, out, "q3")
 
 
+def scaling_frame(data: StudyData) -> pd.DataFrame:
+    """lm_scaling's rows: design, d_model, standard's parameter count, effect (value, lo, hi:
+    % perplexity vs standard at that width) and verdict status."""
+    cols = ["design", "d_model", "params", "value", "lo", "hi", "status", "seeds"]
+    c = diffs(data.compared("lm_scaling", metric="val_loss"))
+    rows = []
+    for r in c.to_dict("records"):
+        e = effect(r, True)
+        rows.append({"design": r["design"], "d_model": int(r["d_model"]),
+                     "params": r.get("baseline_params"), "value": e["value"], "lo": e["lo"],
+                     "hi": e["hi"], "status": e["status"], "seeds": r.get("n_pairs")})
+    return pd.DataFrame(rows, columns=cols).sort_values(["design", "d_model"]).reset_index(
+        drop=True)
+
+
+def fig_scaling(data: StudyData, out: Path) -> Figure | None:
+    """One panel per design: its perplexity gap to standard vs parameters, log axis."""
+    df = scaling_frame(data)
+    if df.empty:
+        return None
+    designs = [d for d in SCALED if d in set(df.design)]
+    fig, axes = plt.subplots(1, len(designs), squeeze=False, sharey=True,
+                             figsize=(2.6 * len(designs) + 1.0, 3.4))
+    sc = SCALES["val_loss"]
+    for ax, d in zip(axes[0], designs):
+        g = df[df.design == d]
+        lo, hi = (g.value - g.lo).fillna(0), (g.hi - g.value).fillna(0)
+        ax.errorbar(g.params, g.value, yerr=[lo, hi], fmt="o-", color=color(d), capsize=3)
+        ax.axhspan(sc.show(-sc.margin), sc.show(sc.margin), color="#dddddd", lw=0, zorder=0)
+        ax.axhline(0, color=color("standard"), lw=1)
+        if d == "tied_kv":  # published points, not measured here
+            ax.plot([3e8, 1.2e9], [REF_KV_PPL_PCT] * 2, "D", color="#555555", mfc="white",
+                    label=f"published ({REF_KV_CITE})")
+            ax.legend(fontsize=7, loc="upper left", frameon=False)
+        ax.set_xscale("log")
+        ax.set_title(label(d), fontsize=10)
+        ax.set_xlabel("parameters (standard)")
+    axes[0][0].set_ylabel("perplexity vs standard (%)")
+    return _save(fig, df, out, "scaling", "Does the gap grow with size?",
+                 "Each design's paired perplexity difference to standard on lm at three widths "
+                 "(same depth and d_head), ± 95% CI over seeds; grey band: the practical margin; "
+                 f"diamonds: tied K=V at 300M and 1.2B parameters as published ({REF_KV_CITE}), "
+                 "not measured here.")
+
+
 def lr_frame(data: StudyData) -> pd.DataFrame:
     """lr_tune's grid: task, design, lr, mean val loss over the tuning seeds (a diverged run
     makes it infinite, drawn as missing), seeds, and whether the comparisons use that rate."""
@@ -225,5 +270,5 @@ def all_figures(data: StudyData, out: Path) -> dict[str, list[Figure]]:
     with plt.rc_context(STYLE):
         figs = {q: [f for f in (fn(data, out) for fn in fns) if f is not None]
                 for q, fns in FIGURES.items()}
-        lr = fig_lr(data, out)
-    return {**figs, "setup": [lr] if lr else []}
+        lr, scaling = fig_lr(data, out), fig_scaling(data, out)
+    return {**figs, "scaling": [scaling] if scaling else [], "setup": [lr] if lr else []}

@@ -169,6 +169,34 @@ def lr_blocks(data: StudyData, figs: dict[str, list[Figure]]) -> list[Block]:
                   body)]
 
 
+def scaling_blocks(data: StudyData) -> list[Block]:
+    """The scaling comparison as a table: each design's effect and verdict per width."""
+    df = F.scaling_frame(data)
+    if df.empty:
+        return []
+    rows = data.compared("lm_scaling", metric="val_loss")
+    body = tuple((F.LABELS.get(r["design"], r["design"]), str(int(r["d_model"])),
+                  num(r.get("baseline_params")), str(r.get("n_pairs")), cell(effect(r, True)))
+                 for r in F.diffs(rows).to_dict("records"))
+    return [Table("lm at three widths (same depth and d_head): each design vs standard",
+                  ("design", "d_model", "params (standard)", "seeds", "perplexity vs standard"),
+                  body, legend=LEGEND)]
+
+
+def budget_table(data: StudyData) -> list[Block]:
+    """Val loss at half and full budget: how far from flat the compared models are."""
+    df = data.budget
+    if df.empty:
+        return []
+    body = tuple((r.task, F.LABELS.get(r.design, r.design), str(r.seeds),
+                  f"{num(r.half, 4)} (step {r.half_step})", f"{num(r.full, 4)} (step {r.steps})",
+                  f"{r.change_pct:+.1f}%") for r in df.itertuples())
+    return [Table("Trained how far? Mean val loss over seeds at half and at the full budget "
+                  "(equal width). A change much larger than the differences between designs "
+                  "means the comparison is of models still learning.",
+                  ("task", "design", "seeds", "half budget", "full budget", "change"), body)]
+
+
 def margins_table() -> Table:
     """The practical margins of the verdicts, with their reasons (fixed before the runs)."""
     return Table("Practical margins, written down before the runs: a 90% CI of the paired "
@@ -304,6 +332,7 @@ def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Ve
         margins_table()]
     forest = {q: [f for f in figs.get(q, []) if f.name.startswith("forest_")] for q in figs}
     blocks += [f for q in ("q1", "q2", "q3") for f in forest.get(q, [])]
+    blocks += [*figs.get("scaling", []), *scaling_blocks(data)]
     for q in ("q1", "q2", "q3"):
         title, question = C.QUESTIONS[q]
         blocks += [Section(q, title), Para(question), verdicts[q],
@@ -315,6 +344,7 @@ def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Ve
         blocks += {"q1": q1_blocks, "q2": q2_blocks, "q3": q3_blocks}[q](data)
     blocks += [Section("setup", "Set-up: profile, seeds, learning rates, hardware, versions, "
                                 "time"), Meta(meta_items(data)), *lr_blocks(data, figs),
+               *budget_table(data),
                Para(claims_note)]
     blocks += [Para(n, note=True) for n in m.get("notes", [])]
     return blocks

@@ -11,6 +11,7 @@ Figures, verdicts and the page select columns of these frames; none of them pars
     measures     per measure name, its records joined with the tags of the run it read
                  (design, task, seed, ...), see ``measures.py`` for each one's columns
     published    published symmetry values (reference only) and their citation
+    budget       val loss at half and full training budget per real-text task and design
     meta         profile, sizes, hardware, versions, timings and notes
 """
 
@@ -39,7 +40,7 @@ TASK_METRIC = {"lm": ("val_loss", True), "mlm": ("val_loss", True),
 EXTRA_METRICS = {"alt_vs_standard": ("tokens_per_s", "chrf"), "tied_qk_qkv": ("tokens_per_s",),
                  "lm_tied_kv": ("tokens_per_s",), "lm_gqa": ("tokens_per_s",),
                  "kv_translate": ("chrf",)}
-GROUP_BY = ("task", "arm", "d_head")  # tags that tell comparisons apart (besides design, seed)
+GROUP_BY = ("task", "arm", "d_head", "d_model")  # tags that tell comparisons apart (besides design, seed)
 PROBE_STATS = ("norm_entropy", "saturated", "grad_WQ", "grad_WK")
 RUN_TAGS = ("experiment", "design", "task", "arm", "seed", "kind")
 
@@ -51,6 +52,7 @@ class StudyData:
     comparisons: pd.DataFrame
     probe: pd.DataFrame
     measures: dict[str, pd.DataFrame]
+    budget: pd.DataFrame = field(default_factory=pd.DataFrame)
     published: dict[str, float] = field(default_factory=lambda: dict(PUBLISHED_SYMMETRY))
     published_source: str = PUBLISHED_SOURCE
     meta: dict[str, Any] = field(default_factory=dict)
@@ -115,6 +117,35 @@ def comparisons(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
+def budget(store: Store, runs: pd.DataFrame) -> pd.DataFrame:
+    """Has training flattened? Per real-text task and design (equal arm, the comparison
+    experiments' runs): mean val loss over seeds at the evaluation nearest half the budget and
+    at the end, and the change between them in %."""
+    cols = ["task", "design", "half_step", "steps", "seeds", "half", "full", "change_pct"]
+    if runs.empty or "arm" not in runs:
+        return pd.DataFrame(columns=cols)
+    sel = runs[(runs.status == "done") & (runs.arm == "equal")
+               & runs.task.isin(["lm", "mlm", "translate"])
+               & ~runs.experiment.isin(["lr_tune", "lm_scaling"])].drop_duplicates("run_id")
+    if sel.empty:
+        return pd.DataFrame(columns=cols)
+    m = metrics_frame(store, sel.run_id)
+    m = m[m.name == "val_loss"].merge(sel[["run_id", "task", "design", "step"]].rename(
+        columns={"step": "steps"}), on="run_id")
+    out = []
+    for (task, design), g in m.groupby(["task", "design"]):
+        steps = int(g.steps.max())
+        evals = sorted(set(g.step) - {0, steps})
+        if not evals:
+            continue
+        half = min(evals, key=lambda s: (abs(s - steps / 2), s))
+        h, f = g[g.step == half].value.mean(), g[g.step == steps].value.mean()
+        out.append({"task": task, "design": design, "half_step": int(half), "steps": steps,
+                    "seeds": int(g.run_id.nunique()), "half": h, "full": f,
+                    "change_pct": 100 * (f / h - 1)})
+    return pd.DataFrame(out, columns=cols)
+
+
 def probe(store: Store, runs: pd.DataFrame) -> pd.DataFrame:
     """Scale-probe statistics per run and probed step, and each run's final val loss."""
     cols = ["scale", "d_head", "seed", "step", "stat", "value"]
@@ -158,4 +189,5 @@ def load(store: Store, profile: str | QKVProfile, meta: dict[str, Any] | None = 
     runs = pd.concat([runs_frame(store, e, p.name) for e in ORDER], ignore_index=True)
     return StudyData(profile=p, runs=runs, comparisons=comparisons(runs),
                      probe=probe(store, runs), measures=measures(store, runs, p.name),
+                     budget=budget(store, runs),
                      meta=dict(meta or {}))

@@ -12,9 +12,10 @@ Each ``verdict_qN(data)`` takes ``results.StudyData`` and returns a ``blocks.Ver
 from __future__ import annotations
 
 
-from qkvlab.experiments.stats import mean_ci, paired
+from qkvlab.experiments.stats import decide, mean_ci, paired
 from qkvlab.report.blocks import Verdict
 from qkvlab.studies.qkv.effects import LEGEND, WORDS, effect, finite  # noqa: F401 (re-exported)
+from qkvlab.studies.qkv.experiments import MARGINS
 from qkvlab.studies.qkv.results import StudyData, chance
 
 INCONCLUSIVE = "inconclusive at this scale"
@@ -224,14 +225,20 @@ def _emergence_sentence(data: StudyData) -> str:
     enc, dec = ser["encoder"][last], ser["decoder"][last]
     s = (f"Trained from the same initial weights for {last} steps, qkvlab's encoder (mlm) "
          f"reaches symmetry {ci_text(enc, '{:.3f}')} and its decoder (lm) {ci_text(dec, '{:.3f}')}")
-    if len(enc) == len(dec) and len(enc) >= 2:
+    if len(enc) == len(dec) and len(enc) >= 2:  # same seeds: paired, encoder − decoder
         d = paired(enc, dec)
-        if d["diff_lo"] > 0:
-            s += f": the encoder is more symmetric (difference {d['diff']:+.3f} ± {d['diff_half']:.3f})."
-        elif d["diff_hi"] < 0:
-            s += f": the decoder is more symmetric (difference {d['diff']:+.3f} ± {d['diff_half']:.3f})."
+        margin = MARGINS["symmetry"].value
+        v = decide(d["diff"], d["diff_sd"], d["n_pairs"], margin, lower_is_better=False)
+        diff = f"difference {d['diff']:+.3f} ± {v['half']:.3f}"
+        if v["status"] == "equivalent":
+            s += f": equally symmetric ({diff}, 90% CI inside ±{margin:g})."
+        elif v["status"] == "better":
+            s += f": the encoder is more symmetric ({diff})."
+        elif v["status"] == "worse":
+            s += f": the decoder is more symmetric ({diff})."
         else:
-            s += f" (difference {d['diff']:+.3f} ± {d['diff_half']:.3f}: {INCONCLUSIVE})."
+            more = f"; ≈{v['seeds']} seeds would decide it" if v["seeds"] else ""
+            s += f" ({diff}: undecided, the CI straddles zero and reaches past ±{margin:g}{more})."
     else:
         s += f" ({INCONCLUSIVE}: too few seeds for a CI)."
     return s
