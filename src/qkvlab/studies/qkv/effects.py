@@ -58,6 +58,7 @@ SCALES = {
     "accuracy": Scale("diff", lambda x: 100.0 * x, " pp", "accuracy",
                       MARGINS["accuracy"].value / 100.0),
     "chrf": Scale("diff", lambda x: x, " points", "chrF", MARGINS["chrf"].value),
+    "bleu": Scale("diff", lambda x: x, " points", "BLEU", MARGINS["bleu"].value),
     "tokens_per_s": Scale("rel", lambda x: x, "%", "tokens/s", MARGINS["tokens_per_s"].value),
 }
 

@@ -244,6 +244,9 @@ MARGINS = {
     "chrf": Margin(1.0, "chrF",
                    "1 point on chrF's 0–100 scale is about 3% of the chrF ≥ 30 that translation "
                    "is trained to, in line with the loss margin"),
+    "bleu": Margin(1.0, "BLEU",
+                   "1 BLEU point, the same share of a usable score as chrF's margin; BLEU is "
+                   "reported beside chrF (sacrebleu) but chrF is the one the verdicts quote"),
     "symmetry": Margin(0.05, "symmetry score",
                        "a seventh of the encoder–decoder gap published for pretrained models "
                        "(BERT-base 0.51 vs GPT-2 0.15, Saponati et al. 2025): a smaller "

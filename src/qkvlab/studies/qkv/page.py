@@ -56,7 +56,7 @@ def pm(mean, half, digits: int = 3) -> str:
 
 
 def _lower(metric: str) -> bool:
-    return metric not in ("accuracy", "chrf", "tokens_per_s")
+    return metric not in ("accuracy", "chrf", "bleu", "tokens_per_s")
 
 
 def compare_table(df: pd.DataFrame, caption: str, metrics: tuple[str, ...] = ()) -> Table:
@@ -303,7 +303,7 @@ def q3_blocks(data: StudyData) -> list[Block]:
     out: list[Block] = [
         compare_table(pd.concat([lm, data.compared("kv_translate")], ignore_index=True),
                       "tied K=V (self) and GQA on lm; tied K=V in cross-attention on translate",
-                      ("val_loss", "chrf")),
+                      ("val_loss", "chrf", "bleu")),
         compare_table(data.compared("bind_vs_dhead"), "bind accuracy by d_head", ("accuracy",))]
     dec = data.measure("decode_speed")
     if not dec.empty:

@@ -37,9 +37,9 @@ TASK_METRIC = {"lm": ("val_loss", True), "mlm": ("val_loss", True),
                "translate": ("val_loss", True), "mqar": ("accuracy", False),
                "relation": ("accuracy", False), "bind": ("accuracy", False)}
 # extra metrics compared per experiment, besides each task's own
-EXTRA_METRICS = {"alt_vs_standard": ("tokens_per_s", "chrf"), "tied_qk_qkv": ("tokens_per_s",),
+EXTRA_METRICS = {"alt_vs_standard": ("tokens_per_s", "chrf", "bleu"), "tied_qk_qkv": ("tokens_per_s",),
                  "lm_tied_kv": ("tokens_per_s",), "lm_gqa": ("tokens_per_s",),
-                 "kv_translate": ("chrf",)}
+                 "kv_translate": ("chrf", "bleu")}
 GROUP_BY = ("task", "arm", "d_head", "d_model")  # tags that tell comparisons apart (besides design, seed)
 PROBE_STATS = ("norm_entropy", "saturated", "grad_WQ", "grad_WK")
 RUN_TAGS = ("experiment", "design", "task", "arm", "seed", "kind")
