@@ -258,3 +258,34 @@ def test_repeat_kv_gives_query_head_h_the_group_h_over_H_by_G(G, dim):
 def test_repeat_kv_rejects_a_group_count_that_does_not_divide():
     with pytest.raises(ValueError, match="n_kv_heads"):
         repeat_kv(torch.zeros(3, 2), 4, dim=0)
+
+
+def test_alt_with_identity_mix_init_computes_standard():
+    """mix_init="identity" sets W_h = √d_k·I against alt's outer 1/√d_k: with the same W_in
+    and W_O the layer is standard attention (float64, whole outputs), and every other weight
+    equals the random-init alt's of the same seed."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # W_h = √d_k·I exactly as fp64 computes it
+    try:
+        torch.manual_seed(0)
+        alt = build_attention(AttentionConfig(d_model=32, n_heads=4, design="alt",
+                                              mix_init="identity"))
+        torch.manual_seed(0)
+        rnd = build_attention(AttentionConfig(d_model=32, n_heads=4, design="alt"))
+        std = build_attention(AttentionConfig(d_model=32, n_heads=4))
+    finally:
+        torch.set_default_dtype(old)
+    with torch.no_grad():
+        std.W_in.copy_(alt.W_in)
+        std.out_proj.weight.copy_(alt.out_proj.weight)
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    torch.testing.assert_close(alt(x, is_causal=True), std(x, is_causal=True), rtol=1e-12,
+                               atol=1e-12)
+    torch.testing.assert_close(alt.W_mix, torch.eye(8, dtype=torch.float64).expand(4, 8, 8)
+                               * 8 ** 0.5, rtol=1e-15, atol=0)
+    torch.testing.assert_close(alt.W_in, rnd.W_in, rtol=0, atol=0)
+    torch.testing.assert_close(alt.out_proj.weight, rnd.out_proj.weight, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="mix_init: design 'standard' has no mixing matrix"):
+        AttentionConfig(d_model=32, n_heads=4, mix_init="identity")
+    with pytest.raises(ValueError, match=r"mix_init: 'eye' is not one of \['random', 'identity'\]"):
+        AttentionConfig(d_model=32, n_heads=4, design="alt", mix_init="eye")

@@ -134,11 +134,12 @@ def test_compare_pairs_by_seed_and_reports_both_arms_params():
 def test_every_experiment_builds_at_every_profile_with_matched_arms():
     assert set(experiment_names()) == {"alt_vs_standard", "scale_probe", "tied_qk_qkv",
                                        "symmetry_emergence", "bind_vs_dhead", "kv_translate",
-                                       "lm_tied_kv", "lm_gqa", "lr_tune", "lm_scaling"}
+                                       "lm_tied_kv", "lm_gqa", "lr_tune", "lm_scaling",
+                                       "alt_init"}
     assert profile_names() == ["smoke", "quick", "standard", "full"]
     optional = {"lr_tune", "lm_scaling"}  # empty where a profile has no grid / no widths
     tuned = {"alt_vs_standard", "tied_qk_qkv", "kv_translate", "lm_tied_kv", "lm_gqa",
-             "lm_scaling"}  # these wait for lr_tune where a profile tunes rates
+             "lm_scaling", "alt_init"}  # these wait for lr_tune where a profile tunes rates
     for prof in profile_names():
         for name in experiment_names():
             if get_profile(prof).lr_grid and name in tuned:

@@ -161,3 +161,22 @@ def test_comparison_between_two_guessers_is_not_a_verdict():
     learned = verdicts.effect({**row, "mean": 0.5, "baseline_mean": 0.6}, lower_is_better=False,
                               chance=relation.chance)
     assert learned["status"] == "worse" and not learned.get("at_chance")
+
+
+@pytest.mark.parametrize("identity, ends", [
+    ([2.0, 2.1, 2.2], "from the random W_h at init (with the outer 1/√d_k, alt's attention "
+                      "output starts about √d_k times smaller), not from what alt can compute."),
+    ([1.6, 1.75, 1.8], "so it comes from training with the extra matrix (its effect on the "
+                       "updates), not from where alt starts."),
+])
+def test_alt_init_sentence_names_the_explanation_the_numbers_support(tmp_path, identity, ends):
+    with Store(tmp_path / "r.db") as store:
+        _fill(store, "alt_vs_standard", "translate",
+              {("standard", "equal"): STD, ("alt", "equal"): [1.6, 1.7, 1.8]})
+        _fill(store, "alt_init", "translate",
+              {("standard", "equal"): STD, ("alt_identity", "equal"): identity})
+        data = results.load(store, "smoke")
+    s = verdicts.alt_init_sentence(data)
+    assert s.startswith("Why alt differs on translate (one learning rate for all designs): "
+                        "with its random W_h alt is ")
+    assert "(better)" in s and s.endswith(ends)

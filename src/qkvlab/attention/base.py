@@ -46,6 +46,9 @@ class Attention(nn.Module):
                     f"n_heads={cfg.n_heads} (got {cfg.n_kv_heads})")
         elif cfg.self_mask:
             raise ValueError(f"self_mask: only designs with Q = K take it, not {name!r}")
+        if cfg.mix_init != "random" and cls.mix is Attention.mix:
+            raise ValueError(f"mix_init: design {name!r} has no mixing matrix to initialize "
+                             f"(only designs with one, e.g. 'alt', take {cfg.mix_init!r})")
         if cls.segment_of("k") == cls.segment_of("v") and cfg.d_v != cfg.d_head:
             raise ValueError(
                 f"d_v: design {name!r} ties K and V, so d_v must equal d_head={cfg.d_head} "

@@ -15,6 +15,7 @@ from qkvlab import typed
 from qkvlab.attention.registry import DESIGNS
 
 SCALES = ("inside", "outside", "both", "none")
+MIX_INITS = ("random", "identity")
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class AttentionConfig:
         dropout: dropout probability on the attention weights (training only).
         self_mask: a query may not attend to its own position unless it has no other
             target (Reformer); only for designs with Q = K.
+        mix_init: initial per-head mixing matrix of designs that have one (``alt``'s W_h):
+            ``random`` (variance-preserving) or ``identity`` (W_h = I / outer scale, so the
+            layer computes exactly what ``standard`` computes with the same other weights).
 
     Raises:
         ValueError: naming the field and the allowed values.
@@ -49,6 +53,7 @@ class AttentionConfig:
     bias: bool = False
     dropout: float = 0.0
     self_mask: bool = False
+    mix_init: str = "random"
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads"):
@@ -79,6 +84,8 @@ class AttentionConfig:
             raise ValueError(f"scale: {self.scale!r} is not one of {list(SCALES)}")
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"dropout: {self.dropout!r} must be a float in [0, 1)")
+        if self.mix_init not in MIX_INITS:
+            raise ValueError(f"mix_init: {self.mix_init!r} is not one of {list(MIX_INITS)}")
         DESIGNS[self.design].check_config(self)
 
     @property

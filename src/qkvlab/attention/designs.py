@@ -46,8 +46,13 @@ class AltAttention(Attention):
         super().reset_parameters()
         if not hasattr(self, "W_mix"):  # the base __init__ calls this before W_mix exists
             self.W_mix = nn.Parameter(torch.empty(self.cfg.n_heads, self.cfg.d_v, self.cfg.d_v))
-        # variance-preserving, like the other projections: z W_hᵀ keeps z's scale
+        # variance-preserving, like the other projections: z W_hᵀ keeps z's scale. Drawn even
+        # for mix_init="identity", so every other weight matches the random-init model's.
         nn.init.normal_(self.W_mix, std=self.cfg.d_v ** -0.5)
+        if self.cfg.mix_init == "identity":  # W_h·outer = I: the layer computes standard's
+            with torch.no_grad():
+                eye = torch.eye(self.cfg.d_v, dtype=self.W_mix.dtype) / self.cfg.outer_scale
+                self.W_mix.copy_(eye.expand_as(self.W_mix))
 
     def mix(self, z: Tensor) -> Tensor:
         return torch.einsum("bhtd,hed->bhte", z, self.W_mix)  # z_h @ W_hᵀ

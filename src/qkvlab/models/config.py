@@ -19,7 +19,7 @@ from qkvlab.attention import AttentionConfig
 ROLES = ("encoder", "decoder", "cross")
 POSITIONS = ("learned", "rotary")
 # Attention options a role may override (the rest of AttentionConfig follows the model).
-ROLE_OPTIONS = ("design", "scale", "self_mask", "n_kv_heads", "d_head", "d_v")
+ROLE_OPTIONS = ("design", "scale", "self_mask", "n_kv_heads", "d_head", "d_v", "mix_init")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class ModelConfig:
     design: str = "standard"
     scale: str | None = None
     self_mask: bool = False
+    mix_init: str = "random"
     roles: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     bias: bool = True
     dropout: float = 0.0
@@ -82,7 +83,8 @@ class ModelConfig:
         if role not in ROLES:
             raise ValueError(f"role: {role!r} is not one of {list(ROLES)}")
         opts = dict(design=self.design, scale=self.scale, self_mask=self.self_mask,
-                    n_kv_heads=self.n_kv_heads, d_head=self.d_head, d_v=self.d_v)
+                    n_kv_heads=self.n_kv_heads, d_head=self.d_head, d_v=self.d_v,
+                    mix_init=self.mix_init)
         opts.update(self.roles.get(role, {}))
         try:
             return AttentionConfig(d_model=self.d_model, n_heads=self.n_heads, bias=self.bias,

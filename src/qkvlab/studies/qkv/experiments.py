@@ -92,10 +92,11 @@ DESIGNS: dict[str, dict[str, Any]] = {
     "tied_qkv": {"design": "tied_qkv"}, "tied_kv": {"design": "tied_kv"},
     "gqa_half": {},  # n_kv_heads = n_heads // 2, set per profile (design_options)
     "tied_kv_cross": {"roles": {"cross": {"design": "tied_kv"}}},
+    "alt_identity": {"design": "alt", "mix_init": "identity"},  # alt = standard at step 0
 }
 TUNED = {"lm": ("alt", "tied_qk", "tied_qk_selfmask", "tied_qkv", "tied_kv", "gqa_half"),
          "mlm": ("tied_qk", "tied_qk_selfmask", "tied_qkv"),
-         "translate": ("alt", "tied_kv_cross")}
+         "translate": ("alt", "alt_identity", "tied_kv_cross")}
 
 
 def design_options(label: str, p: Profile) -> dict[str, Any]:
@@ -258,8 +259,8 @@ MARGINS = {
 
 # The experiments behind the three questions, in the order the study runs them (cheapest
 # first, so a smoke study fails fast on a broken set-up).
-ORDER = ("scale_probe", "lr_tune", "alt_vs_standard", "lm_tied_kv", "lm_gqa", "tied_qk_qkv",
-         "symmetry_emergence", "bind_vs_dhead", "kv_translate", "lm_scaling")
+ORDER = ("scale_probe", "lr_tune", "alt_vs_standard", "alt_init", "lm_tied_kv", "lm_gqa",
+         "tied_qk_qkv", "symmetry_emergence", "bind_vs_dhead", "kv_translate", "lm_scaling")
 
 
 def arms(task: str, p: QKVProfile, labels: tuple[str, ...], **kw) -> list[Run]:
@@ -339,6 +340,14 @@ def bind_vs_dhead(p: QKVProfile) -> list[Run]:
                                       n_layers=1):
             runs.append((spec, {**tags, "d_head": d_head}))
     return runs
+
+
+@experiment("alt_init", "Q1: is alt's edge on translate its random W_h at init, or training?")
+def alt_init(p: QKVProfile) -> list[Run]:
+    # alt with W_h = √d_k·I (mix_init="identity"), so that it computes exactly what standard
+    # computes at step 0 with the same other weights (those equal the random-W_h alt's of the
+    # same seed); alt's and standard's runs are alt_vs_standard's (same specs, same ids).
+    return arms("translate", p, ("alt", "alt_identity"), arms=("equal",))
 
 
 SCALED = ("alt", "tied_qk", "tied_qkv", "tied_kv", "gqa_half")

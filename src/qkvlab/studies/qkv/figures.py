@@ -48,7 +48,8 @@ from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, chance, select
 
 # Per question, the rows of its forest plot: (experiments, design, task), top to bottom.
 FOREST = {
-    "q1": [("alt_vs_standard", "alt", t) for t in ("lm", "translate")],
+    "q1": [*(("alt_vs_standard", "alt", t) for t in ("lm", "translate")),
+           ("alt_init", "alt_identity", "translate")],
     "q2": [("tied_qk_qkv", d, t) for d in TIED_QK for t in ("lm", "mlm", "mqar", "relation")],
     "q3": [(("lm_tied_kv", "lm_gqa"), "tied_kv", "lm"), (("lm_tied_kv", "lm_gqa"), "gqa_half", "lm"),
            ("kv_translate", "tied_kv_cross", "translate"), ("bind_vs_dhead", "tied_kv", "bind")],

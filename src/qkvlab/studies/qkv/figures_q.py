@@ -29,14 +29,14 @@ from qkvlab.studies.qkv.verdicts import REF_KV_CITE, REF_KV_PPL_PCT  # published
 PALETTE = {
     "standard": "#000000", "alt": "#D55E00", "tied_qk": "#0072B2",
     "tied_qk_selfmask": "#56B4E9", "tied_qkv": "#CC79A7", "tied_kv": "#009E73",
-    "tied_kv_cross": "#009E73", "gqa_half": "#E69F00",
+    "tied_kv_cross": "#009E73", "gqa_half": "#E69F00", "alt_identity": "#F0A070",
     "inside": "#0072B2", "outside": "#D55E00", "both": "#009E73", "none": "#CC79A7",
     "encoder": "#0072B2", "decoder": "#D55E00", "cross": "#009E73",
 }
 LABELS = {"standard": "standard", "alt": "alt (4th matrix)", "tied_qk": "tied Q=K",
           "tied_qk_selfmask": "tied Q=K + self-mask", "tied_qkv": "Q=K=V",
           "tied_kv": "tied K=V", "tied_kv_cross": "tied K=V (cross)",
-          "gqa_half": "GQA (n_kv = n_heads/2)"}
+          "gqa_half": "GQA (n_kv = n_heads/2)", "alt_identity": "alt, W_h = √d_k·I at init"}
 ARMS = {"equal": "equal width", "matched": "parameter-matched"}
 # The report's style, applied while its figures are drawn (not to matplotlib's global state,
 # which other modules, e.g. the analysis figures with their fixed margins, also use).

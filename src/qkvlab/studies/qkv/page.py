@@ -233,7 +233,10 @@ def meta_items(data: StudyData) -> tuple[tuple[str, str], ...]:
 
 def q1_blocks(data: StudyData) -> list[Block]:
     out: list[Block] = [compare_table(data.compared("alt_vs_standard"),
-                                      "alt vs standard (tokens/s: training throughput)")]
+                                      "alt vs standard (tokens/s: training throughput)"),
+                        compare_table(data.compared("alt_init"), "alt with W_h = √d_k·I "
+                                      "(computes standard's function at step 0) on translate",
+                                      ("val_loss", "chrf", "bleu"))]
     fold = data.measure("fold_alt")
     if not fold.empty:
         out.append(Table("fold_alt on each trained alt lm model (one row per seed)",
