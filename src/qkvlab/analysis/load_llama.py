@@ -232,7 +232,8 @@ def load_gguf(path: str | Path, *, name: str | None = None) -> ModelView:
         if cfg["model_type"] == "gemma3":  # transformers' own GGUF reader knows Gemma-3's config
             from transformers import AutoModel
 
-            model = AutoModel.from_pretrained(path.parent, gguf_file=path.name).float()
+            model = AutoModel.from_pretrained(path.parent, gguf_file=path.name,
+                                              dtype=torch.float32)
             return _capture(model, tok, texts)
         return _capture(hf_model_from_gguf(cfg, {**gguf_tensors(r, cfg), **sd}), tok, texts)
 
