@@ -224,8 +224,8 @@ def load_gguf(path: str | Path, *, name: str | None = None) -> ModelView:
         if quant else []
     view = _view(sd, path, L=cfg["num_hidden_layers"], H=cfg["num_attention_heads"],
                  G=cfg["num_key_value_heads"], model_type=cfg["model_type"],
-                 name=name or path.stem, source=path, family="gguf", notes=notes)
-    view.meta["quantization"] = cfg["file_types"]
+                 name=name or path.stem, source=path, family=cfg["model_type"], notes=notes)
+    view.meta.update(quantization=cfg["file_types"], format="gguf")
 
     def capture(texts):
         tok = gguf_tokenizer(r, path)

@@ -135,7 +135,8 @@ class ZooModel:
         """Architecture facts for figures: family, roles, params, layers, heads, d_head …"""
         return {k: getattr(self, k) for k in ("name", "title", "family", "architecture",
                                               "format", "params", "layers", "heads", "kv_heads",
-                                              "d_head", "d_model", "profile")} | {
+                                              "d_head", "d_model", "profile", "reference",
+                                              "notes")} | {
             "roles": list(self.roles), "size": self.size}
 
 
@@ -366,10 +367,10 @@ def rows(models: dict[str, ZooModel], directory: str | os.PathLike | None = None
 def markdown_table(models: dict[str, ZooModel] | None = None) -> str:
     """The README's zoo table, generated from the manifest."""
     models = load_manifest() if models is None else models
-    lines = ["| name | model | architecture | roles | params | d_head | format | download | "
-             "profile |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| name | model | architecture | roles | params | d_head | format | size | "
+             "parity reference | profile |", "|---|---|---|---|---|---|---|---|---|---|"]
     for m in models.values():
         lines.append(f"| `{m.name}` | {m.title} | {m.architecture} | {', '.join(m.roles)} | "
                      f"{m.params / 1e6:,.0f}M | {m.d_head} | {m.format} | "
-                     f"{m.size / 1e6:,.0f} MB | {m.profile} |")
+                     f"{m.size / 1e6:,.0f} MB | {m.reference} | {m.profile} |")
     return "\n".join(lines)
