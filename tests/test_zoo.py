@@ -66,9 +66,9 @@ def shop(tmp_path):
 
 
 def model(name: str, files: tuple[ZooFile, ...], **kw) -> ZooModel:
-    base = dict(title=name, family="bert", architecture="x", format="x", loader="bert",
-                entry="", roles=("encoder",), params=1, layers=1, heads=1, kv_heads=1,
-                d_head=1, d_model=1)
+    base = {"title": name, "family": "bert", "architecture": "x", "format": "x",
+            "loader": "bert", "entry": "", "roles": ("encoder",), "params": 1, "layers": 1,
+            "heads": 1, "kv_heads": 1, "d_head": 1, "d_model": 1}
     return ZooModel(name=name, files=files, **{**base, **kw})
 
 

@@ -102,7 +102,7 @@ def read_marian(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, np.n
 
 
 def _yml_int(yml: str, key: str, path) -> int:
-    found = re.search(rf"^{re.escape(key)}:\s*(\d+)\s*$", yml, re.M)
+    found = re.search(rf"^{re.escape(key)}:\s*(\d+)\s*$", yml, re.MULTILINE)
     if not found:
         raise CheckpointError(f"{path}: {SPECIAL_YML} has no integer {key!r}")
     return int(found.group(1))
@@ -137,11 +137,11 @@ def load_marian(path: str | Path, *, name: str | None = None) -> ModelView:
             i += 1
     if not layers:
         raise CheckpointError(f"{path}: no encoder_l1_self_Wq; not a Marian transformer")
-    notes = ["Marian int8 (intgemm8) weights dequantized with their per-tensor multiplier: "
-             "values carry quantization noise",
-             "the decoder's self-attention is an SSRU (no W_Q/W_K): only encoder self and "
-             "cross-attention are measured",
-             "no reference implementation runs here: layout from Marian's writer, not "
-             "checked against a run of the model"]
+    notes = [("Marian int8 (intgemm8) weights dequantized with their per-tensor multiplier: "
+             "values carry quantization noise"),
+             ("the decoder's self-attention is an SSRU (no W_Q/W_K): only encoder self and "
+             "cross-attention are measured"),
+             ("no reference implementation runs here: layout from Marian's writer, not "
+             "checked against a run of the model")]
     return ModelView(name=name or path.stem, family="marian", source=str(path), layers=layers,
                      notes=notes, meta={"format": "marian-intgemm8", "heads": H})

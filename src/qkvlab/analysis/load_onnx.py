@@ -36,7 +36,7 @@ def _graph(path: Path):
                               "(pip install onnx)") from None
     try:
         model = onnx.load(str(path), load_external_data=False)
-    except Exception as e:  # DecodeError on a corrupt or truncated protobuf
+    except Exception as e:  # noqa: BLE001 (DecodeError and others on a corrupt protobuf)
         raise CheckpointError(f"{path}: not a readable ONNX model ({type(e).__name__}: "
                               f"{str(e)[:200]})") from None
     return model.graph, numpy_helper
@@ -86,7 +86,7 @@ def load_onnx_vit(path: str | Path, *, name: str | None = None) -> ModelView:
                         return int(numpy_helper.to_array(const.attribute[0].t).reshape(-1)[0])
         raise CheckpointError(f"{path}: cannot read the head count of {q_bias}")
 
-    found = sorted(((int(m.group(2)), m.group(1)) for t in inits if (m := _BIAS.match(t))))
+    found = sorted((int(m.group(2)), m.group(1)) for t in inits if (m := _BIAS.match(t)))
     if not found:
         raise CheckpointError(f"{path}: no '…encoder.layer.N.attention.attention.query.bias' "
                               "initializer; not a ViT/DINOv2 ONNX export")

