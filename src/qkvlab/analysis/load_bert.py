@@ -3,6 +3,11 @@
 HF layout per layer ``encoder.layer.{i}.attention``: ``self.query|key|value`` are nn.Linear
 (H·dk, D) with biases, ``output.dense`` is (D, H·dv). Post-norm: the attention input is the
 residual stream itself.
+
+MPNet (``model_type`` mpnet) has the same post-norm block under other names:
+``encoder.layer.{i}.attention.attn.q|k|v|o``. Its scores add a learned relative position bias
+per head (``encoder.relative_attention_bias``, 32 buckets) that does not depend on content:
+W_Q, W_K, W_V, W_O are per head as in BERT, and W_QK is the content part of the score.
 """
 
 from __future__ import annotations
@@ -13,7 +18,12 @@ from qkvlab.analysis._capture import capture_inputs
 from qkvlab.analysis._files import CheckpointError, read_json, read_tensors, safetensors_files, take
 from qkvlab.analysis.heads import ModelView, from_linear
 
-MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert")
+MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "mpnet")
+# model_type -> (query, key, value, output) module names under encoder.layer.{i}.attention
+NAMES = {"mpnet": ("attn.q", "attn.k", "attn.v", "attn.o")}
+BERT_NAMES = ("self.query", "self.key", "self.value", "output.dense")
+MPNET_NOTE = ("MPNet adds a learned relative position bias per head to the scores (content-"
+              "independent); W_QK here is the content part of the score")
 
 
 def load_bert(folder: str | Path, *, name: str | None = None) -> ModelView:
@@ -33,12 +43,13 @@ def load_bert(folder: str | Path, *, name: str | None = None) -> ModelView:
         raise CheckpointError(f"{folder}/config.json: missing or bad field {e}") from None
     files = safetensors_files(folder)
     t = read_tensors(files)
+    names = NAMES.get(cfg["model_type"], BERT_NAMES)
     # Checkpoints saved from BertForX carry a "bert." / "roberta." prefix; BertModel none.
-    anchor = next((k for k in t if k.endswith("encoder.layer.0.attention.self.query.weight")), None)
+    probe = f"encoder.layer.0.attention.{names[0]}.weight"
+    anchor = next((k for k in t if k.endswith(probe)), None)
     if anchor is None:
-        raise CheckpointError(f"{files[0]}: no encoder.layer.0.attention.self.query.weight; "
-                              "not a BERT-family checkpoint")
-    pre = anchor[: -len("encoder.layer.0.attention.self.query.weight")]
+        raise CheckpointError(f"{files[0]}: no {probe}; not a {cfg['model_type']} checkpoint")
+    pre = anchor[: -len(probe)]
 
     def wb(p):
         return take(t, f"{p}.weight", files[0]), t.get(f"{p}.bias")
@@ -46,10 +57,11 @@ def load_bert(folder: str | Path, *, name: str | None = None) -> ModelView:
     layers = []
     for i in range(L):
         a = f"{pre}encoder.layer.{i}.attention"
-        layers.append(from_linear(i, "encoder", wb(f"{a}.self.query"), wb(f"{a}.self.key"),
-                                  wb(f"{a}.self.value"), wb(f"{a}.output.dense"), n_heads=H,
+        layers.append(from_linear(i, "encoder", *(wb(f"{a}.{n}") for n in names), n_heads=H,
                                   name=f"encoder.{i}"))
-    view = ModelView(name=name or folder.name, family="bert", source=str(folder), layers=layers,
+    mpnet = cfg["model_type"] == "mpnet"
+    view = ModelView(name=name or folder.name, family="mpnet" if mpnet else "bert",
+                     source=str(folder), layers=layers, notes=[MPNET_NOTE] if mpnet else [],
                      meta={"model_type": cfg["model_type"], "init_std": cfg.get("initializer_range")})
     view.capture = lambda texts: _capture(folder, texts)
     return view
@@ -61,5 +73,6 @@ def _capture(folder: Path, texts: list[str]):
 
     model = AutoModel.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-    mods = {f"encoder.{i}": lay.attention.self for i, lay in enumerate(model.encoder.layer)}
+    mods = {f"encoder.{i}": getattr(lay.attention, "attn", None) or lay.attention.self
+            for i, lay in enumerate(model.encoder.layer)}
     return capture_inputs(model, tok, mods, texts)

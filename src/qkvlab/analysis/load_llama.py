@@ -1,4 +1,4 @@
-"""Llama / Mistral / Qwen2 / SmolLM decoders: HF folders (safetensors) and GGUF files.
+"""Llama / Mistral / Qwen2 / SmolLM decoders: HF folders (safetensors); GGUF files also Gemma-3.
 
 HF layout per layer ``model.layers.{i}.self_attn``: ``q_proj`` (H·dk, D), ``k_proj`` and
 ``v_proj`` (G·dk, D) with G = n_kv_heads (GQA), ``o_proj`` (D, H·dv); biases only in Qwen2.
@@ -8,7 +8,12 @@ GGUF (llama.cpp): ``blk.{i}.attn_q|attn_k|attn_v|attn_output.weight``, possibly 
 permutes the rows of W_Q and W_K inside each head, from HF's rotate-half RoPE pairing
 (i, i + d/2) to interleaved pairs (2i, 2i + 1); :func:`unpermute` undoes it. The permutation is
 the same orthogonal map on the columns of W_Q[h] and W_K[h], so W_QK and every measure here is
-unchanged by it, but per-head q/k (and parity with HF) need it undone.
+unchanged by it, but per-head q/k (and parity with HF) need it undone. llama.cpp's converters
+for ``qwen2`` and ``gemma3`` do not permute (those archs use NEOX, i.e. rotate-half, RoPE), so
+their rows are read as stored; Qwen2's Q/K/V biases are kept (b_Q, b_K, b_V). Gemma-3 adds a
+per-head RMSNorm on q and k, stored by llama.cpp as the gain 1 + w (HF stores w; we subtract
+1), whose gains are folded into W_Q and W_K (see :func:`heads.fold_qk_norm`); its softmax
+scale is ``query_pre_attn_scalar``^-1/2 = d_head^-1/2 for the 270M model.
 """
 
 from __future__ import annotations
@@ -28,15 +33,21 @@ from qkvlab.analysis._files import (
     sniff,
     take,
 )
-from qkvlab.analysis.heads import ModelView, from_linear
+from qkvlab.analysis.heads import ModelView, fold_qk_norm, from_linear
 
-MODEL_TYPES = ("llama", "mistral", "qwen2")
-GGUF_ARCHS = ("llama", "qwen2")  # GGUF files of Mistral and SmolLM use arch "llama"
+MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma3_text")
+GGUF_ARCHS = ("llama", "qwen2", "gemma3")  # Mistral and SmolLM GGUF files use arch "llama"
 # GGUF tensor name (after "blk.{i}.") -> HF name (after "model.layers.{i}.")
 GGUF_TO_HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
               "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
               "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
               "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+# Gemma-3 (llama.cpp's Gemma3Model): four norms per block and per-head q/k RMSNorm
+GGUF_TO_HF_GEMMA3 = {**GGUF_TO_HF, "attn_q_norm": "self_attn.q_norm",
+                     "attn_k_norm": "self_attn.k_norm",
+                     "post_attention_norm": "post_attention_layernorm",
+                     "ffn_norm": "pre_feedforward_layernorm",
+                     "post_ffw_norm": "post_feedforward_layernorm"}
 GGUF_TOP = {"token_embd.weight": "model.embed_tokens.weight",
             "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
 
@@ -47,7 +58,14 @@ def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, d, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _view(tensors: dict, where, *, L, H, G, model_type, name, source, family, notes=()):
+QK_NORM_NOTE = ("q/k RMSNorm (Gemma-3): each head's q and k are RMS-normalized per token, then "
+                "scaled by the norm's gain; the gains are folded into W_Q and W_K, so the scores "
+                "are x_i W_Q W_K^T x_j^T divided by per-token positive factors: W_QK is the "
+                "content bilinear form up to those factors")
+
+
+def _view(tensors: dict, where, *, L, H, G, model_type, name, source, family, notes=(),
+          role="decoder"):
     # LlamaForCausalLM saves "model.layers…", a bare LlamaModel "layers…"
     anchor = next((k for k in tensors if k.endswith("layers.0.self_attn.q_proj.weight")), None)
     if anchor is None:
@@ -61,14 +79,24 @@ def _view(tensors: dict, where, *, L, H, G, model_type, name, source, family, no
         def wb(p, a=a):  # bind this layer's prefix
             return take(tensors, f"{a}.{p}.weight", where), tensors.get(f"{a}.{p}.bias")
 
-        layers.append(from_linear(i, "decoder", wb("q_proj"), wb("k_proj"), wb("v_proj"),
-                                  wb("o_proj"), n_heads=H, n_kv_heads=G, name=f"decoder.{i}"))
+        lay = from_linear(i, role, wb("q_proj"), wb("k_proj"), wb("v_proj"), wb("o_proj"),
+                          n_heads=H, n_kv_heads=G, name=f"{role}.{i}")
+        if f"{a}.q_norm.weight" in tensors:  # Gemma-3: RMSNorm(q)·(1 + w), RMSNorm(k)·(1 + w)
+            lay = fold_qk_norm(lay, 1 + take(tensors, f"{a}.q_norm.weight", where),
+                               1 + take(tensors, f"{a}.k_norm.weight", where))
+        layers.append(lay)
+    notes = list(notes)
+    if any(k.endswith("q_norm.weight") for k in tensors):
+        notes.append(QK_NORM_NOTE)
     return ModelView(name=name, family=family, source=str(source), layers=layers,
-                     notes=list(notes), meta={"model_type": model_type, "n_kv_heads": G})
+                     notes=notes, meta={"model_type": model_type, "n_kv_heads": G})
 
 
 def load_llama(folder: str | Path, *, name: str | None = None) -> ModelView:
-    """Every causal self-attention layer of an HF Llama-family folder (GQA expanded).
+    """Every self-attention layer of an HF Llama-family folder (GQA expanded).
+
+    Causal (role ``decoder``), or bidirectional (role ``encoder``) where the config says
+    ``use_bidirectional_attention`` (EmbeddingGemma). Gemma-3's q/k norms are folded in.
 
     Raises:
         CheckpointError: missing/corrupt files or tensors, an unsupported ``model_type``.
@@ -80,10 +108,11 @@ def load_llama(folder: str | Path, *, name: str | None = None) -> ModelView:
         raise CheckpointError(f"{folder}: model_type {mt!r} is not one of {list(MODEL_TYPES)}")
     H, L = int(cfg["num_attention_heads"]), int(cfg["num_hidden_layers"])
     G = int(cfg.get("num_key_value_heads") or H)
+    role = "encoder" if cfg.get("use_bidirectional_attention") else "decoder"
     files = safetensors_files(folder)
     t = read_tensors(files)
     view = _view(t, files[0], L=L, H=H, G=G, model_type=mt, name=name or folder.name,
-                 source=folder, family="llama")
+                 source=folder, family="gemma3" if mt.startswith("gemma") else "llama", role=role)
     view.meta["init_std"] = cfg.get("initializer_range")
 
     def capture(texts):
@@ -91,8 +120,8 @@ def load_llama(folder: str | Path, *, name: str | None = None) -> ModelView:
 
         model = AutoModel.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-        mods = {f"decoder.{i}": lay.self_attn for i, lay in enumerate(model.layers)}
-        return capture_inputs(model, tok, mods, texts)
+        mods = {f"{role}.{i}": lay.self_attn for i, lay in enumerate(model.layers)}
+        return capture_inputs(model.float(), tok, mods, texts)
 
     view.capture = capture
     return view
@@ -152,10 +181,11 @@ def gguf_tensors(reader, cfg: dict, attention_only: bool = False) -> dict[str, t
     import gguf  # lazy: optional extra [analysis]
 
     arch, sd = cfg["model_type"], {}
+    names = GGUF_TO_HF_GEMMA3 if arch == "gemma3" else GGUF_TO_HF
     for t in reader.tensors:
         parts = t.name.split(".")
-        if parts[0] == "blk" and len(parts) == 4 and parts[2] in GGUF_TO_HF:
-            hf = f"model.layers.{parts[1]}.{GGUF_TO_HF[parts[2]]}.{parts[3]}"
+        if parts[0] == "blk" and len(parts) == 4 and parts[2] in names:
+            hf = f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
         elif t.name in GGUF_TOP:
             hf = GGUF_TOP[t.name]
         else:
@@ -172,6 +202,8 @@ def gguf_tensors(reader, cfg: dict, attention_only: bool = False) -> dict[str, t
             w = unpermute(w, cfg["num_attention_heads"])
         elif arch == "llama" and parts[-2] == "attn_k":
             w = unpermute(w, cfg["num_key_value_heads"])
+        elif arch == "gemma3" and t.name.endswith("norm.weight"):
+            w = w - 1  # llama.cpp stores Gemma's RMSNorm gain 1 + w; HF stores w
         sd[hf] = torch.from_numpy(w)
     return sd
 
@@ -192,11 +224,17 @@ def load_gguf(path: str | Path, *, name: str | None = None) -> ModelView:
         if quant else []
     view = _view(sd, path, L=cfg["num_hidden_layers"], H=cfg["num_attention_heads"],
                  G=cfg["num_key_value_heads"], model_type=cfg["model_type"],
-                 name=name or path.stem, source=path, family="gguf", notes=notes)
-    view.meta["quantization"] = cfg["file_types"]
+                 name=name or path.stem, source=path, family=cfg["model_type"], notes=notes)
+    view.meta.update(quantization=cfg["file_types"], format="gguf")
 
     def capture(texts):
         tok = gguf_tokenizer(r, path)
+        if cfg["model_type"] == "gemma3":  # transformers' own GGUF reader knows Gemma-3's config
+            from transformers import AutoModel
+
+            model = AutoModel.from_pretrained(path.parent, gguf_file=path.name,
+                                              dtype=torch.float32)
+            return _capture(model, tok, texts)
         return _capture(hf_model_from_gguf(cfg, {**gguf_tensors(r, cfg), **sd}), tok, texts)
 
     view.capture = capture

