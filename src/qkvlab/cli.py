@@ -90,8 +90,9 @@ def _training_tables(training: dict) -> str:
         for p, v in r.get("vs_peer", {}).items():
             rows.append([size, p, PEER_SETTINGS.get(p, ""), int(r[p]), int(r[v["qkvlab"]]),
                          v["ratio"], f"{v['min']:.2f}-{v['max']:.2f}"])
-        row = [size, int(r["qkvlab"]), int(r.get("qkvlab_bf16", 0)),
-               r.get("bf16_loss_gap", float("nan"))]
+        row = [size, int(r["qkvlab"])]
+        if "qkvlab_bf16" in r:
+            row += [int(r["qkvlab_bf16"]), r["bf16_loss_gap"]]
         if "compiled" in r:
             c = r["compiled"]
             row += [c["ratio"], f"{c['min']:.2f}-{c['max']:.2f}", r["compile_s"]]
@@ -102,10 +103,12 @@ def _training_tables(training: dict) -> str:
             f"rounds, min-max)\n\n" + _table(
                 ["size", "peer", "matched settings", "peer tokens/s", "qkvlab tokens/s", "ratio",
                  "spread"], rows))
-    heads = ["size", "qkvlab default fp32", "qkvlab bf16", "max |loss fp32 - bf16|"]
-    if any(len(r) > 4 for r in extra):
+    heads = ["size", "qkvlab default fp32"]
+    if any("qkvlab_bf16" in r for r in training.values()):
+        heads += ["qkvlab bf16", "max |loss fp32 - bf16|"]
+    if any("compiled" in r for r in training.values()):
         heads += ["compiled / eager", "spread", "compile s"]
-        extra = [r + [""] * (len(heads) - len(r)) for r in extra]
+    extra = [r + [""] * (len(heads) - len(r)) for r in extra]
     return text + "\n\nqkvlab's default model (biases, tanh GELU)\n\n" + _table(heads, extra)
 
 
