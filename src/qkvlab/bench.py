@@ -141,7 +141,8 @@ def bench_training(size: str = "small", steps: int = 5, rounds: int = 3,
 
     Returns tokens/s per contender, and ``vs_peer``: for each peer its matched qkvlab name and
     the qkvlab / peer ratio (median, min, max over rounds; > 1: qkvlab is faster).
-    With ``compile``: ``compile_s`` (first compiled step minus an eager one) and ``compiled``
+    With ``compile``: ``compile_s`` (first compiled step minus an eager one; inductor caches
+    compiled graphs on disk, so a repeated run measures a warm cache) and ``compiled``
     (compiled / eager qkvlab ratio).
     """
     from qkvlab import peers as P
