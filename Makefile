@@ -46,8 +46,14 @@ report: $(VENV)/.installed
 zoo: $(VENV)/.installed
 	$(BIN)/qkvlab zoo fetch all
 
+# litgpt with --no-deps: its huggingface-hub<1.4 pin would downgrade transformers' hub;
+# its import needs lightning (the [bench] extra). nanoGPT is not on PyPI: pass a checkout,
+# e.g. make bench BENCH_ARGS="--nanogpt ../nanoGPT".
+LITGPT := litgpt==0.5.13
 bench: $(VENV)/.installed
-	$(BIN)/qkvlab bench
+	$(BIN)/pip install -q -e ".[bench]"
+	$(BIN)/pip install -q --no-deps $(LITGPT)
+	$(BIN)/qkvlab bench $(BENCH_ARGS)
 
 lint: $(VENV)/.installed
 	$(BIN)/python -m ruff check src tests benchmarks

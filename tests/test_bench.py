@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from qkvlab import bench
+from qkvlab import bench, peers
 from qkvlab.cli import bench_tables
 from qkvlab.train import precision
 
@@ -32,17 +34,74 @@ def test_cache_bytes_table_halves_for_tied_kv():
     assert t["standard"] == 4 * 2 * 128 * 4  # layers * (k, v) * d_model * fp32 bytes
 
 
+NANOGPT = Path(__file__).parent / "fixtures" / "nanogpt"
+
+
 @pytest.mark.slow
 def test_training_benchmark_runs_against_peers():
     r = bench.bench_training("small", steps=1, rounds=1, log=lambda m: None)
-    assert set(r) == {"qkvlab", "qkvlab_bf16", "hf_gpt2", "x_transformers", "bf16_loss_gap"}
+    assert set(r["vs_peer"]) == {"hf_gpt2", "x_transformers", "litgpt"}
+    assert {"qkvlab", "qkvlab_bf16", "hf_gpt2", "x_transformers", "litgpt", "bf16_loss_gap"} <= set(r)
+    assert r["vs_peer"]["hf_gpt2"]["qkvlab"] == "qkvlab"  # GPT-2's settings are qkvlab's defaults
     assert "Training tokens/s" in bench_tables({"training": {"small": r}})
+
+
+def test_training_benchmark_runs_nanogpt_from_a_checkout_with_and_without_biases():
+    r = bench.bench_training("small", steps=1, rounds=2, peers=(), nanogpt=NANOGPT, bf16=False,
+                             log=lambda m: None)
+    assert set(r["vs_peer"]) == {"nanogpt", "nanogpt_bias"}
+    assert r["vs_peer"]["nanogpt"]["qkvlab"] == "qkvlab[activation=gelu,bias=False]"
+    assert r["vs_peer"]["nanogpt_bias"]["qkvlab"] == "qkvlab[activation=gelu,bias=True]"
+    for v in r["vs_peer"].values():
+        assert 0 < v["min"] <= v["ratio"] <= v["max"]
+    text = bench_tables({"training": {"small": r}})
+    assert "| small | nanogpt | no biases, exact GELU |" in text
+
+
+def test_nanogpt_path_errors_name_what_is_missing(tmp_path):
+    with pytest.raises(ValueError, match="no model.py"):
+        peers.load_nanogpt(tmp_path)
+    (tmp_path / "model.py").write_text("class GPTConfig:\n    pass\n")
+    with pytest.raises(ValueError, match="defines no GPT"):
+        peers.load_nanogpt(tmp_path)
+    with pytest.raises(ValueError, match="unknown"):
+        peers.builders(["nanogpt"])  # nanoGPT only comes from a path
+
+
+def test_bench_cli_refuses_a_nanogpt_path_without_model_py(tmp_path, capsys):
+    from qkvlab.cli import main
+
+    assert main(["bench", "--nanogpt", str(tmp_path), "--out", str(tmp_path / "b.json")]) == 2
+    assert "no model.py" in capsys.readouterr().err
+
+
+def test_peer_builders_match_their_qkvlab_settings():
+    s = bench.SIZES["small"]
+    loss, model = peers.nanogpt(peers.load_nanogpt(NANOGPT), bias=False)(s, bench.VOCAB)
+    assert all("bias" not in n for n, _ in model.named_parameters())
+    x, y = bench.train_batches(s, 1)[0]
+    assert loss(x, y).shape == ()
+    ours = bench._ours(s, **peers.MATCHED["nanogpt"])
+    assert all("bias" not in n and "b_in" not in n for n, _ in ours.named_parameters())
+
+
+def test_ratio_stats_are_per_round():
+    r = bench.ratio_stats([2.0, 3.0, 8.0], [1.0, 3.0, 2.0])
+    assert r == {"ratio": 2.0, "min": 1.0, "max": 4.0}
+
+
+def test_decode_bound_counts_each_weight_once():
+    model = bench._ours(bench.SIZES["small"])
+    n = sum(p.numel() for p in model.parameters())  # the tied embedding counted once
+    rows = model.embed.wpe.weight.shape[0]
+    assert bench.weight_bytes_per_token(model) == 4 * (n - (rows - 1) * model.cfg.d_model)
+    assert bench.copy_bandwidth(mbytes=8, reps=1) > 0
 
 
 def test_bench_tables_open_with_the_cpu_and_its_bf16_cost():
     cpu = {"cpu_model": "AMD EPYC", "cpu_capability": "AVX2", "native_bf16": False,
            "bf16_flags": [], "bf16_fp32_ratio": 6.25, "probe": "MLP block"}
-    training = {"small": {"qkvlab": 1000.0, "qkvlab_bf16": 80.0, "bf16_loss_gap": 1e-3}}
+    training = {"small": {"qkvlab": 1000.0, "qkvlab_bf16": 80.0, "bf16_loss_gap": 1e-3, "vs_peer": {}}}
     text = bench_tables({"cpu": cpu, "training": training})
     assert text.startswith("CPU and bf16 autocast")
     assert "| AMD EPYC | AVX2 | no | 6.25 | 12.50 |" in text  # probe, then 1000 / 80

@@ -228,3 +228,46 @@ def test_attention_dropout_only_in_training():
     assert (att(x) - a).abs().max() > 1e-3   # but different draws differ
     att.eval()
     assert (att(x) - a).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("activation", ["gelu_tanh", "gelu"])
+def test_mlp_gelu_forms_match_their_float64_formulas(activation):
+    from qkvlab.models.blocks import MLP
+
+    torch.manual_seed(0)
+    mlp = MLP(ModelConfig(d_vocab=11, n_ctx=8, d_model=16, n_layers=1, n_heads=2,
+                          activation=activation)).double()
+    x = torch.randn(3, 5, 16, dtype=torch.float64)
+    h = x @ mlp.fc.weight.T + mlp.fc.bias
+    if activation == "gelu":
+        g = 0.5 * h * (1 + torch.erf(h / 2 ** 0.5))
+    else:
+        g = 0.5 * h * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (h + 0.044715 * h ** 3)))
+    assert_close(mlp(x), g @ mlp.proj.weight.T + mlp.proj.bias, rtol=1e-12, atol=1e-12)
+
+
+def test_activation_is_checked():
+    with pytest.raises(ValueError, match="activation: 'relu' is not one of"):
+        ModelConfig(d_vocab=11, n_ctx=8, activation="relu")
+
+
+@pytest.mark.parametrize("design", ["standard", "alt", "tied_qk", "tied_kv", "tied_qkv"])
+def test_fused_projection_and_its_gradient_match_float64_slices(design):
+    """The split of the fused GEMM (or the tied designs' slices) gives each role its rows of
+    x W_inᵀ + b_in, and W_in's gradient is the sum of the roles' gradients."""
+    torch.manual_seed(0)
+    att = build_attention(AttentionConfig(d_model=16, n_heads=2, design=design, bias=True)).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    heads = att.project(x)
+    w = att.W_in.detach().clone().requires_grad_(True)
+    ref = []
+    for role in ("q", "k", "v"):
+        seg = att.segment_of(role)
+        sl, (n, d) = att._slices[seg], att._shape[seg]
+        ref.append((x @ w[sl].T + att.b_in[sl].detach()).view(2, 5, n, d).transpose(1, 2))
+    for got, want in zip(heads, ref):
+        assert_close(got, want, rtol=1e-12, atol=1e-12)
+    weights = [torch.randn_like(r) for r in ref]
+    sum((h * c).sum() for h, c in zip(heads, weights)).backward()
+    sum((r * c).sum() for r, c in zip(ref, weights)).backward()
+    assert_close(att.W_in.grad, w.grad, rtol=1e-12, atol=1e-12)

@@ -1,7 +1,7 @@
 """Side-by-side speed benchmarks, reported as ratios measured in one run.
 
 Absolute times on a shared machine mean little; every figure here is a ratio against a peer
-(HF ``GPT2LMHeadModel`` with SDPA, ``x-transformers``) or against ``standard`` attention,
+(``qkvlab.peers``: HF GPT-2, x-transformers, litgpt, nanoGPT) or against ``standard`` attention,
 measured interleaved (round-robin over the contenders, median over rounds) so that machine
 noise hits all contenders alike.
 """
@@ -56,65 +56,61 @@ def bigram_batches(s: Size, n: int, seed: int = 0) -> list[torch.Tensor]:
     return tuple(out)
 
 
-def interleaved(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
-    """Median over ``rounds`` of each fn's returned rate, contenders run round-robin after
-    one warm-up call each, so machine noise hits all contenders alike."""
+def interleaved_rounds(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Each fn's returned rate per round, contenders run round-robin after one warm-up call
+    each, so machine noise hits all contenders alike."""
     for fn in fns.values():
         fn()
     rates: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
             rates[k].append(fn())
-    return {k: statistics.median(v) for k, v in rates.items()}
+    return rates
+
+
+def interleaved(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """Median over ``rounds`` of each fn's returned rate (see :func:`interleaved_rounds`)."""
+    return {k: statistics.median(v) for k, v in interleaved_rounds(fns, rounds).items()}
+
+
+def ratio_stats(num: list[float], den: list[float]) -> dict[str, float]:
+    """Median, min and max over rounds of the per-round ratio num / den."""
+    r = sorted(a / b for a, b in zip(num, den))
+    return {"ratio": statistics.median(r), "min": r[0], "max": r[-1]}
 
 
 # ---- training throughput -------------------------------------------------------------------
-def _ours(s: Size):
+def _ours(s: Size, **opts):
     return DecoderLM(ModelConfig(d_vocab=VOCAB, n_ctx=s.n_ctx, d_model=s.d_model,
-                                 n_layers=s.n_layers, n_heads=s.n_heads))
+                                 n_layers=s.n_layers, n_heads=s.n_heads, **opts))
 
 
-def _hf_gpt2(s: Size):
-    import transformers  # lazy here and below: optional extra [bench]; peers are optional
-
-    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=s.n_ctx, n_embd=s.d_model,
-                                  n_layer=s.n_layers, n_head=s.n_heads, resid_pdrop=0.0,
-                                  embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-                                  attn_implementation="sdpa")
-    model = transformers.GPT2LMHeadModel(cfg)
-    assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
-    return lambda idx, m=model: m(idx).logits, model
+def _ours_loss(model):
+    return lambda x, y: F.cross_entropy(model(x).flatten(0, 1), y.flatten())
 
 
-def _x_transformers(s: Size):
-    from x_transformers import Decoder, TransformerWrapper  # lazy: optional extra [bench]
-
-    model = TransformerWrapper(num_tokens=VOCAB, max_seq_len=s.n_ctx,
-                               attn_layers=Decoder(dim=s.d_model, depth=s.n_layers,
-                                                   heads=s.n_heads, attn_flash=True))
-    return model, model
+def train_batches(s: Size, n: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n`` (inputs, targets) pairs, each (B, n_ctx) and contiguous, as a data loader gives."""
+    return [(b[:, :-1].contiguous(), b[:, 1:].contiguous()) for b in bigram_batches(s, n, seed)]
 
 
-PEERS = {"hf_gpt2": _hf_gpt2, "x_transformers": _x_transformers}
-
-
-def _train_rate(forward, model, s: Size, steps: int, bf16: bool, seed: int = 0):
-    """A closure timing ``steps`` AdamW steps; returns tokens/s. Also records the losses.
+def _train_rate(loss_fn, model, s: Size, steps: int, bf16: bool, seed: int = 0):
+    """A closure timing ``steps`` AdamW steps of ``loss_fn(x, y)``; returns tokens/s. Also
+    records the losses.
 
     ``bf16`` trains in bf16 autocast unconditionally, as the trainer's
     ``precision="bf16_force"`` does: the benchmark measures bf16 on purpose, also on a CPU
     where ``precision="bf16"`` would fall back to fp32 (``qkvlab bench`` prints that CPU's
     native bf16 and measured bf16 cost first)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = bigram_batches(s, 64, seed)
+    data = train_batches(s, 64, seed)
     losses: list[float] = []
 
     def step():
-        idx = data[len(losses) % len(data)]  # a fresh batch each step, same order for everyone
+        x, y = data[len(losses) % len(data)]  # a fresh batch each step, same order for everyone
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
         with ctx:
-            logits = forward(idx[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), idx[:, 1:].flatten())
+            loss = loss_fn(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -129,27 +125,74 @@ def _train_rate(forward, model, s: Size, steps: int, bf16: bool, seed: int = 0):
     return run, losses
 
 
-def bench_training(size: str = "small", steps: int = 5, rounds: int = 3, peers=("hf_gpt2", "x_transformers"),
-                   bf16: bool = True, log=print) -> dict[str, float]:
-    """Training tokens/s of qkvlab's DecoderLM (fp32, bf16 autocast) and the peers (fp32)."""
+def _matched_name(opts: dict) -> str:
+    return "qkvlab[" + ",".join(f"{k}={v}" for k, v in sorted(opts.items())) + "]"
+
+
+def bench_training(size: str = "small", steps: int = 5, rounds: int = 3,
+                   peers=("hf_gpt2", "x_transformers", "litgpt"), nanogpt: str | None = None,
+                   bf16: bool = True, compile: bool = False, log=print) -> dict:
+    """Training tokens/s of qkvlab's DecoderLM and of each peer, with qkvlab matched to it.
+
+    Every contender runs in one interleaved measurement: qkvlab's default (``qkvlab``; also in
+    bf16 autocast with ``bf16``, and under ``torch.compile`` with ``compile``), each peer, and
+    qkvlab under each peer's settings (``qkvlab.peers.MATCHED``). ``nanogpt`` is the path of a
+    nanoGPT checkout (both its ``bias`` settings are run).
+
+    Returns tokens/s per contender, and ``vs_peer``: for each peer its matched qkvlab name and
+    the qkvlab / peer ratio (median, min, max over rounds; > 1: qkvlab is faster).
+    With ``compile``: ``compile_s`` (first compiled step minus an eager one; inductor caches
+    compiled graphs on disk, so a repeated run measures a warm cache) and ``compiled``
+    (compiled / eager qkvlab ratio).
+    """
+    from qkvlab import peers as P
+
     s = SIZES[size]
+    build = P.builders(peers, nanogpt)
     torch.manual_seed(0)
-    fns, losses = {}, {}
-    ours, ours16 = _ours(s), _ours(s)
-    ours16.load_state_dict(ours.state_dict())  # same init: the loss curves must coincide
-    fns["qkvlab"], losses["qkvlab"] = _train_rate(ours, ours, s, steps, bf16=False)
+    fns, losses, out = {}, {}, {}
+    ours = _ours(s)
+    fns["qkvlab"], losses["qkvlab"] = _train_rate(_ours_loss(ours), ours, s, steps, bf16=False)
     if bf16:
-        fns["qkvlab_bf16"], losses["qkvlab_bf16"] = _train_rate(ours16, ours16, s, steps, bf16=True)
-    for p in peers:
-        forward, model = PEERS[p](s)
-        fns[p], losses[p] = _train_rate(forward, model, s, steps, bf16=False)
-    log(f"training throughput, size {size}: {s}")
-    rates = interleaved(fns, rounds)
+        ours16 = _ours(s)
+        ours16.load_state_dict(ours.state_dict())  # same init: the loss curves must coincide
+        fns["qkvlab_bf16"], losses["qkvlab_bf16"] = _train_rate(_ours_loss(ours16), ours16, s, steps, bf16=True)
+    if compile:
+        comp = _ours(s)
+        comp.load_state_dict(ours.state_dict())
+        compiled = torch.compile(comp)
+        run, _ = _train_rate(_ours_loss(compiled), comp, s, 1, bf16=False)
+        t = time.perf_counter()
+        run()  # the first step compiles
+        first = time.perf_counter() - t
+        fns["qkvlab_compiled"], _ = _train_rate(_ours_loss(compiled), comp, s, steps, bf16=False)
+        eager = s.batch * s.n_ctx / fns["qkvlab"]()
+        out["compile_s"] = first - eager
+    matched = {}
+    for p, builder in build.items():
+        loss_fn, model = builder(s, VOCAB)
+        fns[p], losses[p] = _train_rate(loss_fn, model, s, steps, bf16=False)
+        name = "qkvlab" if P.MATCHED[p] == _DEFAULT else _matched_name(P.MATCHED[p])
+        matched[p] = name
+        if name not in fns:
+            m = _ours(s, **P.MATCHED[p])
+            fns[name], _ = _train_rate(_ours_loss(m), m, s, steps, bf16=False)
+    log(f"training throughput, size {size}: {s}, contenders {list(fns)}")
+    raw = interleaved_rounds(fns, rounds)
+    out.update({k: statistics.median(v) for k, v in raw.items()})
+    out["rounds"] = rounds
+    out["vs_peer"] = {p: {"qkvlab": name, **ratio_stats(raw[name], raw[p])}
+                      for p, name in matched.items()}
+    if compile:
+        out["compiled"] = ratio_stats(raw["qkvlab_compiled"], raw["qkvlab"])
     # Same data, same init: fp32 and bf16 losses of our model should track each other.
     if bf16:
         n = min(len(losses["qkvlab"]), len(losses["qkvlab_bf16"]))
-        rates["bf16_loss_gap"] = max(abs(a - b) for a, b in zip(losses["qkvlab"][:n], losses["qkvlab_bf16"][:n]))
-    return rates
+        out["bf16_loss_gap"] = max(abs(a - b) for a, b in zip(losses["qkvlab"][:n], losses["qkvlab_bf16"][:n]))
+    return out
+
+
+_DEFAULT = {"bias": True, "activation": "gelu_tanh"}  # ModelConfig's defaults of these options
 
 
 # ---- attention module forward + backward -------------------------------------------------
@@ -202,12 +245,41 @@ def bench_attention(size: str = "large", iters: int = 5, rounds: int = 5, log=pr
 
 
 # ---- decoding --------------------------------------------------------------------------------
-def bench_decode(size: str = "large", new_tokens: int = 128, rounds: int = 3, log=print) -> dict[str, float]:
-    """Batch-1 greedy decode tokens/s: qkvlab's KV cache vs HF ``generate()`` (same weights)."""
+def copy_bandwidth(mbytes: int = 256, reps: int = 5) -> float:
+    """Memory bandwidth in bytes/s from the best of ``reps`` copies of a ``mbytes`` MB fp32
+    tensor (bytes read + written / time)."""
+    a = torch.empty(mbytes * 2**20 // 4)
+    b = torch.empty_like(a)
+    b.copy_(a)  # touch the pages
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        b.copy_(a)
+        best = min(best, time.perf_counter() - t)
+    return 2 * a.nbytes / best
+
+
+def weight_bytes_per_token(model: DecoderLM) -> int:
+    """Bytes of weights one decoding step reads: every parameter once (a tied embedding once,
+    as the unembedding), the position table one row."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    wpe = model.embed.wpe
+    if wpe is not None:
+        total -= wpe.weight.nbytes - wpe.weight[0].nbytes
+    return total
+
+
+def bench_decode(size: str = "large", new_tokens: int = 128, rounds: int = 3,
+                 log=print) -> dict[str, float]:
+    """Batch-1 greedy decode tokens/s: qkvlab's KV cache vs HF ``generate()`` (same weights),
+    the ratio (median, min, max over rounds), and the memory-bandwidth bound: measured copy
+    bandwidth / weight bytes read per token."""
     import transformers  # lazy: optional extra [bench]
 
     s = SIZES[size]
-    _, hf = _hf_gpt2(s)
+    from qkvlab.peers import hf_gpt2
+
+    _, hf = hf_gpt2(s, VOCAB)
     hf.eval()
     ours = from_hf_gpt2(hf).eval()
     prompt = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
@@ -232,8 +304,13 @@ def bench_decode(size: str = "large", new_tokens: int = 128, rounds: int = 3, lo
     with torch.no_grad():
         gap = (ours(seq) - hf(seq).logits).abs().max().item()
     log(f"decode, size {size}, batch 1, {new} new tokens (max |logit diff| vs HF: {gap:.2g})")
-    rates = interleaved({"qkvlab": run_ours, "hf_generate": run_hf}, rounds)
-    rates["max_logit_diff"] = gap
+    raw = interleaved_rounds({"qkvlab": run_ours, "hf_generate": run_hf}, rounds)
+    rates = {k: statistics.median(v) for k, v in raw.items()}
+    rates.update(ratio_stats(raw["qkvlab"], raw["hf_generate"]), max_logit_diff=gap,
+                 threads=torch.get_num_threads())
+    bw = copy_bandwidth()
+    rates.update(bandwidth_gb_s=bw / 1e9, weight_mb_per_token=weight_bytes_per_token(ours) / 1e6,
+                 bound_tokens_per_s=bw / weight_bytes_per_token(ours))
     return rates
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from qkvlab import bench
+from qkvlab import peers as bench_peers
 from qkvlab.attention import DESIGNS, AttentionConfig, build_attention
 from qkvlab.env import cpu_model
 from qkvlab.experiments.registry import load_studies
@@ -83,32 +84,62 @@ def _cpu_table(res: dict) -> str:
             + _table(headers, [row]) + f"\n\nprobe: {c.get('probe', '')}")
 
 
+def _training_tables(training: dict) -> str:
+    """Per size and peer: the peer's tokens/s, qkvlab's under the peer's settings, and the
+    ratio (median over rounds, with min-max); then qkvlab's default in bf16 and compiled."""
+    rows, extra = [], []
+    for size, r in training.items():
+        for p, v in r.get("vs_peer", {}).items():
+            rows.append([size, p, PEER_SETTINGS.get(p, ""), int(r[p]), int(r[v["qkvlab"]]),
+                         v["ratio"], f"{v['min']:.2f}-{v['max']:.2f}"])
+        row = [size, int(r["qkvlab"])]
+        if "qkvlab_bf16" in r:
+            row += [int(r["qkvlab_bf16"]), r["bf16_loss_gap"]]
+        if "compiled" in r:
+            c = r["compiled"]
+            row += [c["ratio"], f"{c['min']:.2f}-{c['max']:.2f}", r["compile_s"]]
+        extra.append(row)
+    rounds = {r.get("rounds") for r in training.values()}
+    text = (f"Training tokens/s, fp32, qkvlab under each peer's settings (ratio > 1: qkvlab is "
+            f"faster; median of {'/'.join(map(str, sorted(x for x in rounds if x)))} interleaved "
+            f"rounds, min-max)\n\n" + _table(
+                ["size", "peer", "matched settings", "peer tokens/s", "qkvlab tokens/s", "ratio",
+                 "spread"], rows))
+    heads = ["size", "qkvlab default fp32"]
+    if any("qkvlab_bf16" in r for r in training.values()):
+        heads += ["qkvlab bf16", "max |loss fp32 - bf16|"]
+    if any("compiled" in r for r in training.values()):
+        heads += ["compiled / eager", "spread", "compile s"]
+    extra = [r + [""] * (len(heads) - len(r)) for r in extra]
+    return text + "\n\nqkvlab's default model (biases, tanh GELU)\n\n" + _table(heads, extra)
+
+
+PEER_SETTINGS = {"hf_gpt2": "biases, tanh GELU", "x_transformers": "no biases, exact GELU",
+                 "litgpt": "biases, exact GELU, rotary, untied", "nanogpt": "no biases, exact GELU",
+                 "nanogpt_bias": "biases, exact GELU"}
+
+
 def bench_tables(res: dict) -> str:
     """Markdown tables of a ``run_bench`` result, the CPU's bf16 line first."""
     out = []
     if "cpu" in res:
         out.append(_cpu_table(res))
     if "training" in res:
-        rows = []
-        for size, r in res["training"].items():
-            peers = {k: v for k, v in r.items() if k in ("hf_gpt2", "x_transformers")}
-            best = max(peers.values()) if peers else float("nan")
-            rows.append([size, int(r["qkvlab"]), int(r.get("qkvlab_bf16", 0)),
-                         *[int(v) for v in peers.values()], r["qkvlab"] / best,
-                         r.get("qkvlab_bf16", float("nan")) / best, r.get("bf16_loss_gap", float("nan"))])
-        peer_names = [k for k in next(iter(res["training"].values())) if k in ("hf_gpt2", "x_transformers")]
-        out.append("Training tokens/s (higher is better); ratios vs the fastest peer's fp32\n\n" + _table(
-            ["size", "qkvlab fp32", "qkvlab bf16", *[f"{p} fp32" for p in peer_names],
-             "fp32 ratio", "bf16 ratio", "max |loss fp32 - bf16|"], rows))
+        out.append(_training_tables(res["training"]))
     if "attention" in res:
         rows = [[d, r["time_vs_standard"], r["flops_vs_standard"]] for d, r in res["attention"].items()]
         out.append("Attention layer forward+backward (causal), relative to standard\n\n" +
                    _table(["design", "time ratio", "FLOPs ratio"], rows))
     if "decode" in res:
-        rows = [[size, int(r["qkvlab"]), int(r["hf_generate"]), r["qkvlab"] / r["hf_generate"],
-                 r["max_logit_diff"]] for size, r in res["decode"].items()]
-        out.append("Batch-1 greedy decoding with the KV cache, same weights\n\n" + _table(
-            ["size", "qkvlab tokens/s", "HF generate tokens/s", "ratio", "max |Δlogit|"], rows))
+        rows = [[size, int(r["qkvlab"]), int(r["hf_generate"]), r.get("ratio", r["qkvlab"] / r["hf_generate"]),
+                 f"{r['min']:.2f}-{r['max']:.2f}" if "min" in r else "",
+                 int(r["bound_tokens_per_s"]) if "bound_tokens_per_s" in r else "",
+                 r.get("weight_mb_per_token", ""), r.get("bandwidth_gb_s", ""), r["max_logit_diff"]]
+                for size, r in res["decode"].items()]
+        out.append("Batch-1 greedy decoding with the KV cache, same weights; bound = copy bandwidth "
+                   "/ weight bytes per token\n\n" + _table(
+                       ["size", "qkvlab tokens/s", "HF generate tokens/s", "ratio", "spread",
+                        "bound tokens/s", "weights MB/token", "copy GB/s", "max |Δlogit|"], rows))
     if "cache_bytes" in res:
         rows = [[k, v] for k, v in res["cache_bytes"].items()]
         out.append("KV-cache bytes per token, all layers, fp32\n\n" + _table(["design", "bytes/token"], rows))
@@ -122,16 +153,20 @@ def bench_tables(res: dict) -> str:
     return "\n\n".join(out)
 
 
-def run_bench(sizes=("small", "large"), peers=True, quick=False, log=print) -> dict:
+def run_bench(sizes=("small", "large"), peers=True, quick=False, nanogpt=None, compile=False,
+              log=print) -> dict:
     """Every benchmark of the core library; returns a JSON-able dict. ``cpu`` holds the CPU
     capability, whether it has native bf16, and the measured bf16/fp32 time ratio; the bf16
-    training figures are bf16 on purpose (as ``precision="bf16_force"``), wherever it is slow."""
+    training figures are bf16 on purpose (as ``precision="bf16_force"``), wherever it is slow.
+    ``nanogpt``: a nanoGPT checkout to add as a peer; ``compile``: also time qkvlab under
+    ``torch.compile`` (and its compile time)."""
     res: dict = {"cpu": {"cpu_model": cpu_model(), **cpu_bf16_report(reps=5 if quick else 9)},
                  "training": {}}
     for size in sizes:
         res["training"][size] = bench.bench_training(
-            size, steps=3 if size == "large" else 10, rounds=2 if quick else 3,
-            peers=("hf_gpt2", "x_transformers") if peers else (), log=log)
+            size, steps=2 if size == "large" else 6, rounds=3 if quick else 7,
+            peers=("hf_gpt2", "x_transformers", "litgpt") if peers else (),
+            nanogpt=nanogpt if peers else None, compile=compile, log=log)
     res["attention"] = bench.bench_attention("large", rounds=3 if quick else 5, log=log)
     if peers:
         res["decode"] = {size: bench.bench_decode(size, new_tokens=64 if quick else 128,
@@ -146,9 +181,17 @@ def cmd_bench(args) -> int:
     """Speed ratios against peers and across designs; prints tables, saves JSON."""
     sizes = ("small", "large") if args.size == "all" else (args.size,)
     log = lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)  # noqa: E731
-    res = run_bench(sizes, peers=not args.no_peers, quick=args.quick, log=log)
+    if args.nanogpt is not None:
+        try:
+            bench_peers.load_nanogpt(args.nanogpt)  # fail now, not after the CPU probe
+        except ValueError as e:
+            print(f"qkvlab bench: {e}", file=sys.stderr)
+            return 2
+    res = run_bench(sizes, peers=not args.no_peers, quick=args.quick, nanogpt=args.nanogpt,
+                    compile=args.compile, log=log)
     res["torch"] = torch.__version__
     res["threads"] = torch.get_num_threads()
+    res["load_average"] = list(os.getloadavg())
     print(bench_tables(res))
     _write_json(Path(args.out), res)
     print(f"\nsaved {args.out}", file=sys.stderr)
@@ -166,7 +209,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_designs)
     b = sub.add_parser("bench", help="speed ratios vs peers and across designs")
     b.add_argument("--size", choices=["small", "large", "all"], default="all")
-    b.add_argument("--no-peers", action="store_true", help="skip HF/x-transformers comparisons")
+    b.add_argument("--no-peers", action="store_true", help="skip the peer comparisons")
+    b.add_argument("--nanogpt", metavar="PATH", default=None,
+                   help="a nanoGPT checkout (its model.py) to add as a peer, with and without biases")
+    b.add_argument("--compile", action="store_true",
+                   help="also time qkvlab's training under torch.compile, with its compile time")
     b.add_argument("--quick", action="store_true", help="fewer rounds")
     b.add_argument("--out", default="results/bench.json")
     b.set_defaults(func=cmd_bench)

@@ -90,9 +90,22 @@ class Attention(nn.Module):
         B, T, _ = y.shape
         return y[..., sl.start - offset: sl.stop - offset].view(B, T, n, d).transpose(1, 2)
 
-    def _linear(self, x: Tensor, sl: slice) -> Tensor:
+    def _linear(self, x: Tensor, sl: slice | None = None) -> Tensor:
+        """x @ W_in[sl]ᵀ (+ b_in[sl]); ``sl=None`` uses the whole W_in without slicing it (a
+        slice's backward allocates a zero gradient of W_in's size and copies into it)."""
+        if sl is None:
+            return nn.functional.linear(x, self.W_in, self.b_in)
         b = None if self.b_in is None else self.b_in[sl]
         return nn.functional.linear(x, self.W_in[sl], b)
+
+    def _split_heads(self, y: Tensor) -> dict[str, Tensor]:
+        """A fused projection of every segment (B, T, rows) -> {segment: (B, n, T, d)}: one
+        ``split`` (backward: one ``cat``) instead of a slice per role (backward: a zero-filled
+        copy of y per role)."""
+        B, T, _ = y.shape
+        parts = y.split([s.stop - s.start for s in self._slices.values()], dim=-1)
+        return {s: p.view(B, T, *self._shape[s]).transpose(1, 2)
+                for s, p in zip(self._slices, parts)}
 
     def project(self, x: Tensor, source: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries from ``x``; keys and values from ``source`` (default: ``x``).
@@ -104,7 +117,13 @@ class Attention(nn.Module):
         """
         sq, sk, sv = (self.segment_of(r) for r in ("q", "k", "v"))
         if source is None:
-            y = self._linear(x, slice(0, self.W_in.shape[0]))  # one GEMM for all segments
+            y = self._linear(x)  # one GEMM for all segments
+            if len(self.segments) == 3:  # one segment per role
+                h = self._split_heads(y)
+                return h[sq], h[sk], h[sv]
+            # Tied roles keep a slice each: a split changes the order in which autograd sums
+            # the tied gradient (measured: tied_qkv and rotary tied_kv then differ in the
+            # last bits from the stored runs).
             return self._heads(y, sq), self._heads(y, sk), self._heads(y, sv)
         q = self._heads(self._linear(x, self._slices[sq]), sq, self._slices[sq].start)
         k, v = self.project_source(source)

@@ -16,15 +16,18 @@ from qkvlab.models.config import ModelConfig
 
 
 class MLP(nn.Module):
-    """D -> d_mlp -> D with GELU (tanh approximation, as GPT-2's ``gelu_new``)."""
+    """D -> d_mlp -> D with GELU: ``cfg.activation`` ``gelu_tanh`` (tanh approximation, as
+    GPT-2's ``gelu_new``; the default) or ``gelu`` (exact, as nanoGPT, litgpt and
+    x-transformers; on AVX2 CPUs about 2x faster than the tanh form)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.fc = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.bias)
         self.proj = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.bias)
+        self.approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+        return self.proj(F.gelu(self.fc(x), approximate=self.approximate))
 
 
 class Rotary(nn.Module):

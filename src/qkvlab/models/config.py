@@ -18,6 +18,7 @@ from qkvlab.attention import AttentionConfig
 
 ROLES = ("encoder", "decoder", "cross")
 POSITIONS = ("learned", "rotary")
+ACTIVATIONS = ("gelu_tanh", "gelu")  # GPT-2's tanh approximation; exact GELU
 # Attention options a role may override (the rest of AttentionConfig follows the model).
 ROLE_OPTIONS = ("design", "scale", "self_mask", "n_kv_heads", "d_head", "d_v", "mix_init")
 
@@ -28,6 +29,7 @@ class ModelConfig:
 
     ``d_head`` defaults to ``d_model // n_heads``; ``d_mlp`` to ``4 * d_model``.
     ``n_layers`` counts the blocks of each stack (encoder and decoder alike).
+    ``activation``: the MLP's GELU, ``gelu_tanh`` (GPT-2) or ``gelu`` (exact).
     """
 
     d_vocab: int
@@ -45,6 +47,7 @@ class ModelConfig:
     mix_init: str = "random"
     roles: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     bias: bool = True
+    activation: str = "gelu_tanh"
     dropout: float = 0.0
     attn_dropout: float = 0.0
     positions: str = "learned"
@@ -61,6 +64,8 @@ class ModelConfig:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
         if self.positions not in POSITIONS:
             raise ValueError(f"positions: {self.positions!r} is not one of {list(POSITIONS)}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation: {self.activation!r} is not one of {list(ACTIVATIONS)}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout: {self.dropout!r} must be in [0, 1)")
         if not isinstance(self.roles, Mapping):

@@ -19,7 +19,7 @@ def gpt2_config(hf_config) -> ModelConfig:
     return ModelConfig(d_vocab=hf_config.vocab_size, n_ctx=hf_config.n_positions,
                        d_model=hf_config.n_embd, n_layers=hf_config.n_layer,
                        n_heads=hf_config.n_head, d_mlp=hf_config.n_inner or 4 * hf_config.n_embd,
-                       bias=True, positions="learned", tie_embeddings=True)
+                       bias=True, activation="gelu_tanh", positions="learned", tie_embeddings=True)
 
 
 @torch.no_grad()
