@@ -255,3 +255,24 @@ def test_tied_model_trains_on_with_plain_torch_and_saves_with_safetensors(tmp_pa
     for p, q in zip(model.parameters(), other.parameters()):
         torch.testing.assert_close(q, p, rtol=0, atol=0)
     assert other.model.layers[0].self_attn.v_proj.weight is other.model.layers[0].self_attn.k_proj.weight
+
+
+def test_gemma3_takes_kv_and_refuses_qk():
+    """Gemma-3's q/k RMSNorms: K=V still means v = the raw k; Q=K is refused with the reason."""
+    torch.manual_seed(0)
+    cfg = transformers.Gemma3TextConfig(vocab_size=61, hidden_size=D_MODEL, intermediate_size=48,
+                                        num_hidden_layers=2, num_attention_heads=N_HEADS,
+                                        num_key_value_heads=N_KV, head_dim=D_HEAD, max_position_embeddings=64)
+    model = transformers.Gemma3ForCausalLM(cfg).double().eval()
+    with pytest.raises(TieError, match="'qk' is not supported for gemma3_text .*RMSNorms"):
+        tie(model, "qk", calibration=ids())
+    with torch.no_grad():  # V constructed in span(K): the fitted tie changes nothing
+        for layer in model.model.layers:
+            a = layer.self_attn
+            A = torch.randn(N_KV, D_HEAD, D_HEAD, dtype=torch.float64)
+            a.v_proj.weight.copy_((A.transpose(1, 2) @ a.k_proj.weight.view(N_KV, D_HEAD, D_MODEL)).reshape(-1, D_MODEL))
+        before = model(input_ids=ids()).logits
+        tie(model, "kv", calibration=ids(seed=2))
+        after = model(input_ids=ids()).logits
+    assert model.model.layers[1].self_attn.v_proj.weight is model.model.layers[1].self_attn.k_proj.weight
+    torch.testing.assert_close(after, before, rtol=1e-8, atol=1e-8)

@@ -110,7 +110,7 @@ def calibrate(model: nn.Module, input_ids: torch.Tensor, batch: int = 4) -> Cali
         raise TieError(f"calibration: expected a LongTensor [batch, seq] of token ids, got "
                        f"{type(input_ids).__name__} {getattr(input_ids, 'shape', '')}")
     layers = decoder_layers(model)
-    d = model.config.hidden_size
+    d = layers[0].self_attn.k_proj.in_features
     moments = [torch.zeros(d + 1, d + 1, dtype=torch.float64) for _ in layers]
 
     def hook(i):
