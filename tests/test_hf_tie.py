@@ -276,3 +276,21 @@ def test_gemma3_takes_kv_and_refuses_qk():
         after = model(input_ids=ids()).logits
     assert model.model.layers[1].self_attn.v_proj.weight is model.model.layers[1].self_attn.k_proj.weight
     torch.testing.assert_close(after, before, rtol=1e-8, atol=1e-8)
+
+
+def test_fit_residuals_match_direct_computation():
+    """kv: the least-squares residual share on the tokens; qk: zero when exact, group >= head."""
+    from qkvlab.hf.tie import fit_residuals
+    model, cal_ids = tiny("qwen2"), ids(seed=2)
+    cal = calibrate(model, cal_ids)
+    (x, _), a = attn_inputs(model, cal_ids)[0], model.model.layers[0].self_attn
+    X = x.reshape(-1, D_MODEL)
+    K = a.k_proj(X).view(len(X), N_KV, D_HEAD).transpose(0, 1).detach()
+    V = a.v_proj(X).view(len(X), N_KV, D_HEAD).transpose(0, 1).detach()
+    E = K @ torch.linalg.lstsq(K, V).solution - V
+    res = fit_residuals(a, cal.moments[0])
+    assert math.isclose(res["kv"], (E.square().sum() / V.square().sum()).item(), rel_tol=1e-8)
+    assert 0 < res["qk_head"] <= res["qk_group"] < 1
+    tie(model, "qk", calibration=cal, layers=[0])  # after the tie Q = K exactly: nothing is left
+    res = fit_residuals(a, cal.moments[0])
+    assert res["qk_group"] == pytest.approx(0, abs=1e-12) and res["qk_head"] == pytest.approx(0, abs=1e-12)

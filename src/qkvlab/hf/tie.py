@@ -144,6 +144,9 @@ def _shape(attn: nn.Module) -> tuple[int, int, int]:
 
 def _rows(lin: nn.Linear) -> torch.Tensor:
     """[out, D]: weight with its bias as the last column (zeros when it has none)."""
+    if isinstance(lin, SharedQuery):  # the effective Q: each kv head's rows repeated n_rep times
+        k = _rows(lin.proj).unflatten(0, (-1, 1, lin.d_head))
+        return k.expand(-1, lin.n_rep, -1, -1).flatten(0, 2)
     b = lin.bias if lin.bias is not None else torch.zeros(lin.out_features, device=lin.weight.device)
     return torch.cat([lin.weight.detach().double(), b.detach().double()[:, None]], 1).cpu()
 
@@ -193,8 +196,9 @@ def _sqrt_pair(C: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (U * r) @ U.T, (U * ri) @ U.T
 
 
-def fit_qk(attn: nn.Module, C: torch.Tensor) -> torch.Tensor:
-    """The shared rows [n_kv*d_head, D] nearest (under C) to each group's score forms; see module doc."""
+def _whitened_qk(attn: nn.Module, C: torch.Tensor):
+    """(a [g, r, plane, D], b [g, plane, D], C^-½): a_h = C^½ conj(c_q,h), b = C^½ conj(c_k),
+    so the whitened score form of q head h in plane p is a bᴴ."""
     n_heads, n_kv, d_head = _shape(attn)
     n_rep, half = n_heads // n_kv, d_head // 2
     root, inv_root = (m.to(torch.complex128) for m in _sqrt_pair(_metric(attn, C)))
@@ -202,18 +206,58 @@ def fit_qk(attn: nn.Module, C: torch.Tensor) -> torch.Tensor:
     K = _rows(attn.k_proj).view(n_kv, d_head, -1)
     cq = torch.complex(Q[:, :, :half], Q[:, :, half:])                       # [g, r, plane, D]
     ck = torch.complex(K[:, :half], K[:, half:])                            # [g, plane, D]
-    a = (cq.conj() @ root).mean(1)                                          # C^½ conj(c_q), mean over r
-    b = ck.conj() @ root                                                    # C^½ conj(c_k)
-    # Hermitian part of a bᴴ, restricted to span{a, b}: top eigenpair of a 2×2 problem.
-    basis, _ = torch.linalg.qr(torch.stack([a, b], -1))                    # [g, plane, D, 2]
-    pa = (basis.conj().transpose(-1, -2) @ a[..., None])                   # [g, plane, 2, 1]
-    pb = (basis.conj().transpose(-1, -2) @ b[..., None])
+    return cq.conj() @ root, ck.conj() @ root, inv_root
+
+
+def _nearest_tied(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """w [..., D] with w wᴴ the nearest PSD rank-1 Hermitian form to a bᴴ (Frobenius).
+
+    The Hermitian part of a bᴴ lives in span{a, b}: its top eigenpair is a 2×2 problem.
+    """
+    basis, _ = torch.linalg.qr(torch.stack([a, b], -1))                    # [..., D, 2]
+    pa = basis.conj().transpose(-1, -2) @ a[..., None]                     # [..., 2, 1]
+    pb = basis.conj().transpose(-1, -2) @ b[..., None]
     S = pa @ pb.conj().transpose(-1, -2)
     lam, vec = torch.linalg.eigh((S + S.conj().transpose(-1, -2)) / 2)
-    u = basis @ vec[..., -1:]                                               # [g, plane, D, 1]
-    c_tilde = lam[..., -1:, None].clamp_min(0).sqrt() * u.conj()
-    c = (inv_root @ c_tilde)[..., 0]                                        # [g, plane, D]
+    return lam[..., -1:].clamp_min(0).sqrt() * (basis @ vec[..., -1:])[..., 0]
+
+
+def fit_qk(attn: nn.Module, C: torch.Tensor) -> torch.Tensor:
+    """The shared rows [n_kv*d_head, D] nearest (under C) to each group's score forms; see module doc."""
+    n_heads, n_kv, d_head = _shape(attn)
+    a, b, inv_root = _whitened_qk(attn, C)
+    w = _nearest_tied(a.mean(1), b)          # nearest to the mean form = nearest to all of the group
+    c = w.conj() @ inv_root                  # C^-½ c̃ with c̃ = conj(w); [g, plane, D]
     return torch.cat([c.real, c.imag], 1).reshape(n_kv * d_head, -1)
+
+
+def fit_residuals(attn: nn.Module, C: torch.Tensor) -> dict[str, float]:
+    """Share of the activation-weighted signal each fit leaves out (0 = the tie is exact here).
+
+    ``kv``: ‖K M − V‖² / ‖V‖² over the calibration tokens. ``qk_group``: the imposed Q=K (one
+    form per kv group), ‖H_h − G‖² / ‖H_h‖² summed over q heads and rotary planes, in the metric
+    C ⊗ C of all token pairs. ``qk_head``: the same if each q head could keep its own tied form,
+    i.e. only the asymmetry of W_QK; the gap to ``qk_group`` is what GQA's sharing adds.
+    """
+    n_heads, n_kv, d_head = _shape(attn)
+    Cm = _metric(attn, C)
+    K, V = _rows(attn.k_proj).view(n_kv, d_head, -1), _rows(attn.v_proj).view(n_kv, d_head, -1)
+    E = fit_kv(attn, C).transpose(1, 2) @ K - V                            # rows of K M − V
+    kv = (torch.einsum("gid,de,gie->", E, Cm, E) / torch.einsum("gid,de,gie->", V, Cm, V)).item()
+    a, b, _ = _whitened_qk(attn, C)
+    b = b[:, None].expand_as(a)
+
+    def dot(x, y):
+        return (x.conj() * y).sum(-1)
+
+    def left(w):  # ‖a bᴴ − w wᴴ‖² = |a|²|b|² + |w|⁴ − 2 Re((aᴴw)(wᴴb)), summed
+        return (dot(a, a).real * dot(b, b).real + dot(w, w).real ** 2
+                - 2 * (dot(a, w) * dot(w, b)).real).sum()
+
+    total = (a.abs().square().sum(-1) * b.abs().square().sum(-1)).sum()
+    group = _nearest_tied(a.mean(1), b[:, 0])[:, None].expand_as(a)
+    return {"kv": kv, "qk_group": (left(group) / total).item(),
+            "qk_head": (left(_nearest_tied(a, b)) / total).item()}
 
 
 def tie_qk(attn: nn.Module, C: torch.Tensor) -> None:
