@@ -54,6 +54,9 @@ def test_records_go_through_the_store_and_are_reused(fake_sources, tmp_path):
         again = measure_tie_cost(store, "tiny", ("kv", "gqa"), CFG, per_layer=("qk",), log=lambda s: None)
     assert fake_sources == ["tiny"]  # the second call loaded nothing
     assert again == recs
+    fits = [r for r in recs if r["tie"] == "fit"]
+    assert [r["layer"] for r in fits] == [0, 1] and all(0 <= r["qk_head"] <= r["qk_group"] for r in fits)
+    recs = [r for r in recs if r["tie"] != "fit"]
     got = {(r["tie"], r["layers"]): r for r in recs}
     assert set(got) == {("none", "all"), ("kv", "all"), ("gqa", "all"), ("qk", "0"), ("qk", "1")}
     base = tiny_llama()
@@ -73,7 +76,7 @@ def test_records_go_through_the_store_and_are_reused(fake_sources, tmp_path):
 def test_heal_trains_the_tied_attention(fake_sources, tmp_path):
     cfg = CostConfig(seq_len=8, eval_tokens=16, calib_tokens=24, batch=2, heal_steps=2, heal_batch=2)
     with Store(tmp_path / "r.db") as store:
-        recs = measure_tie_cost(store, "tiny", ("kv",), cfg, log=lambda s: None)
+        recs = [r for r in measure_tie_cost(store, "tiny", ("kv",), cfg, log=lambda s: None) if r["tie"] != "fit"]
     healed = [r for r in recs if r["stage"] == "healed"]
     assert len(healed) == 1 and healed[0]["heal_tokens"] == 2 * 2 * 8 and healed[0]["heal_steps"] == 2
     assert healed[0]["ppl"] != [r for r in recs if r["tie"] == "kv" and r["stage"] == "zero-shot"][0]["ppl"]
@@ -129,3 +132,7 @@ def test_layer_table_one_row_per_layer():
     headers, rows = cost.layer_table(recs)
     assert headers == ["layer", "Δ ppl kv", "Δ ppl qk"]
     assert rows == [[0, 0, 1], [1, 10, 11], [2, 20, 21]]
+    fit = [{"tie": "fit", "layer": 1, "kv": 0.1, "qk_group": 0.5, "qk_head": 0.3}]
+    headers, rows = cost.layer_table(recs + fit)
+    assert headers[-3:] == ["left out: kv", "qk (group)", "qk (own head)"]
+    assert rows[1] == [1, 10, 11, 0.1, 0.5, 0.3] and rows[0][-3:] == [None, None, None]

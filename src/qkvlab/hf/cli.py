@@ -65,5 +65,7 @@ def run_tiecost(args) -> int:
     if rows:
         print("\n| " + " | ".join(headers) + " |\n|" + "---|" * len(headers))
         for row in rows:
-            print("| " + " | ".join([str(row[0])] + ["" if v is None else f"{v:+.2f}" for v in row[1:]]) + " |")
+            cells = ["" if v is None else f"{v:+.2f}" if h.startswith("Δ") else f"{v:.3f}"
+                     for h, v in zip(headers[1:], row[1:])]
+            print("| " + " | ".join([str(row[0]), *cells]) + " |")
     return 0

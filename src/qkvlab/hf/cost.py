@@ -11,6 +11,8 @@ Records (one measure ``tie_cost`` per (model, tie, scope), stored with ``Store.m
   ("zero-shot" | "healed"), ppl, ppl_base, delta_ppl, delta_nll (nats/token), eval_tokens,
   calib_tokens, heal_steps, heal_tokens, kv_cache (KV cache size relative to the model's),
   attn_params (distinct attention parameters relative to the model's), seconds.
+A second measure ``tie_fit`` (per model and calibration) holds, per layer, the share of the
+activation-weighted signal each fit leaves out: kv, qk_group, qk_head (``tie.fit_residuals``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 from torch import nn
 
 from qkvlab.data.corpus import bible_text_splits
-from qkvlab.hf.tie import KINDS, Calibration, calibrate, decoder_layers, tie
+from qkvlab.hf.tie import KINDS, Calibration, calibrate, decoder_layers, fit_residuals, tie
 
 VERSION = 1
 
@@ -165,6 +167,11 @@ class TieCost:
                 "heal_tokens": heal_tokens, "kv_cache": cache / self.base_cache,
                 "attn_params": params / self.base_params, "seconds": time.perf_counter() - t0}
 
+    def fit_records(self) -> list[dict]:
+        """Per layer, the share of signal each fit leaves out (``tie.fit_residuals``)."""
+        return [{"model": self.source, "layer": i, **fit_residuals(layer.self_attn, C)}
+                for i, (layer, C) in enumerate(zip(decoder_layers(self.model), self.cal.moments))]
+
     def run(self, kind: str, layers: str | int = "all") -> list[dict]:
         """Records of tie ``kind`` on all layers (zero-shot, then healed if configured) or one layer."""
         t0 = time.perf_counter()
@@ -203,6 +210,9 @@ def measure_tie_cost(store, source: str, kinds=KINDS, cfg: CostConfig = CostConf
 
     jobs = [("none", "all")] + [(k, "all") for k in kinds]
     jobs += [(k, i) for k in per_layer for i in range(_n_layers(store, source, cfg, lazy))]
+    fit_spec = {"model": source, "version": VERSION, "translation": cfg.translation,
+                "seq_len": cfg.seq_len, "calib_tokens": cfg.calib_tokens}
+    fits = store.measure("tie_fit", fit_spec, lambda: lazy().fit_records(), env=env)
     out = []
     for kind, layers in jobs:
         spec = {"model": source, "tie": kind, "layers": layers, "version": VERSION, **asdict(cfg)}
@@ -211,7 +221,7 @@ def measure_tie_cost(store, source: str, kinds=KINDS, cfg: CostConfig = CostConf
             log(f"tiecost: {kind} layers={layers}: " + ", ".join(
                 f"{r['stage']} ppl {r['ppl']:.3f} (Δ {r['delta_ppl']:+.3f})" for r in recs))
         out.extend(recs)
-    return out
+    return out + [{"tie": "fit", **f} for f in fits]
 
 
 def _n_layers(store, source, cfg, lazy) -> int:
@@ -225,6 +235,7 @@ def _n_layers(store, source, cfg, lazy) -> int:
 def summary_rows(records: list[dict]) -> list[dict]:
     """All-layer records as they are; per-layer records of a tie folded into one row giving the
     range over layers (``layers`` = "each (best L.. / worst L..)"), with the median Δ."""
+    records = [r for r in records if r["tie"] != "fit"]
     out = [r for r in records if r["layers"] in ("all",)]
     per: dict[str, list[dict]] = {}
     for r in records:
@@ -241,7 +252,14 @@ def summary_rows(records: list[dict]) -> list[dict]:
 
 def layer_table(records: list[dict]) -> tuple[list[str], list[list]]:
     """(headers, rows): Δ perplexity of each tie measured one layer at a time, one row per layer."""
+    fits = {r["layer"]: r for r in records if r["tie"] == "fit"}
+    records = [r for r in records if r["tie"] != "fit"]
     kinds = list(dict.fromkeys(r["tie"] for r in records if r["layers"] != "all"))
     cell = {(int(r["layers"]), r["tie"]): r["delta_ppl"] for r in records if r["layers"] != "all"}
     layers = sorted({layer for layer, _ in cell})
-    return ["layer", *(f"Δ ppl {k}" for k in kinds)], [[i, *(cell.get((i, k)) for k in kinds)] for i in layers]
+    headers = ["layer", *(f"Δ ppl {k}" for k in kinds)]
+    rows = [[i, *(cell.get((i, k)) for k in kinds)] for i in layers]
+    if fits and layers:
+        headers += ["left out: kv", "qk (group)", "qk (own head)"]
+        rows = [[*row, *(fits.get(row[0], {}).get(k) for k in ("kv", "qk_group", "qk_head"))] for row in rows]
+    return headers, rows
