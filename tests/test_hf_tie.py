@@ -294,3 +294,23 @@ def test_fit_residuals_match_direct_computation():
     tie(model, "qk", calibration=cal, layers=[0])  # after the tie Q = K exactly: nothing is left
     res = fit_residuals(a, cal.moments[0])
     assert res["qk_group"] == pytest.approx(0, abs=1e-12) and res["qk_head"] == pytest.approx(0, abs=1e-12)
+
+
+def test_qk_residual_equals_the_explicit_whitened_forms():
+    """fit_residuals' closed form against D×D matrices built by hand (one q head per kv head)."""
+    from qkvlab.hf.tie import _nearest_tied, _whitened_qk, fit_residuals
+    model = tiny("llama", n_kv=N_HEADS)
+    cal = calibrate(model, ids(seed=2))
+    a_mod, C = model.model.layers[1].self_attn, cal.moments[1]
+    a, b, _ = _whitened_qk(a_mod, C)
+    w = _nearest_tied(a, b[:, None])
+    H = a[..., :, None] * b[:, None, ..., None, :].conj()          # a bᴴ per head and plane
+    G = w[..., :, None] * w[..., None, :].conj()
+    want = (H - G).abs().square().sum() / H.abs().square().sum()
+    assert math.isclose(fit_residuals(a_mod, C)["qk_head"], want.item(), rel_tol=1e-9)
+    # orthogonal a, b leave 3/4 out: the form's symmetric part keeps ±|a||b|/2, the PSD half of it
+    e = torch.eye(3, dtype=torch.complex128)
+    w = _nearest_tied(e[0], e[1])
+    G = w[:, None] * w[None, :].conj()
+    H = e[0][:, None] * e[1][None, :]
+    assert math.isclose(((H - G).abs().square().sum() / H.abs().square().sum()).item(), 0.75, rel_tol=1e-12)
