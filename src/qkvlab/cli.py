@@ -35,6 +35,8 @@ DELEGATED = {
               "run an experiment's runs into the results store"),
     "results": ("qkvlab.experiments.cli", "configure_results", "run_results",
                 "export stored results (table, CSV, Parquet)"),
+    "tiecost": ("qkvlab.hf.cli", "configure_tiecost", "run_tiecost",
+                "held-out perplexity of a trained decoder with each Q/K/V tie imposed"),
 }
 
 

@@ -1,0 +1,10 @@
+"""Hugging Face models with a Q/K/V tie imposed, and what the tie costs them (issue #12, section 3).
+
+``tie(model, "kv" | "qk" | "qkv" | "gqa", calibration=token_ids)`` returns the model with the
+tie fitted on real activations and imposed by sharing Parameters in the transformers modules,
+so it trains on with ordinary HF code. ``tie_cost`` measures held-out perplexity before and after.
+"""
+
+from qkvlab.hf.tie import KINDS, Calibration, SharedQuery, TieError, calibrate, tie
+
+__all__ = ["KINDS", "Calibration", "SharedQuery", "TieError", "calibrate", "tie"]

