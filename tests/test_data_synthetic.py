@@ -75,6 +75,23 @@ def test_targets_match_brute_force(name, seed):
     torch.testing.assert_close(b["targets"], BRUTE[name](task, b["idx"]), rtol=0, atol=0)
 
 
+def test_mqar_chance_is_a_uniform_pick_among_the_context_values():
+    """Every target is one of the row's n_pairs distinct context values, so a model without
+    recall that picks among them scores 1 / n_pairs in expectation: the task's chance."""
+    task = get_task("mqar", seq_len=32, vocab=64, n_pairs=4)
+    assert task.chance == 1 / 4
+    b = task.batch("val", 256, gen(5))
+    vals = b["idx"][:, 1:2 * task.n_pairs:2]  # (B, n_pairs)
+    assert all(len(set(r.tolist())) == task.n_pairs for r in vals)
+    rows, cols = (b["targets"] != IGNORE).nonzero(as_tuple=True)
+    hits = (vals[rows] == b["targets"][rows, cols][:, None]).sum(1)
+    torch.testing.assert_close(hits, torch.ones_like(hits), rtol=0, atol=0)  # exactly one each
+    # and the empirical score of that guesser sits at 1 / n_pairs
+    pick = vals[rows, torch.randint(0, task.n_pairs, (len(rows),), generator=gen(6))]
+    acc = (pick == b["targets"][rows, cols]).double().mean().item()
+    assert abs(acc - task.chance) < 0.03, acc
+
+
 def test_mqar_without_noise_matches_brute_force_and_zoology_layout():
     task = get_task("mqar", seq_len=24, vocab=16, n_pairs=3, random_non_queries=False)
     b = task.batch("val", 32, gen(3))
@@ -229,6 +246,6 @@ def test_tiny_model_beats_chance(name, one_thread):
         opt.step()
     acc = task.evaluate(model, gen(123), n_batches=4, batch_size=64)["accuracy"]
     chance = {"relation": 1 / task.n_context if name == "relation" else 0,
-              "mqar": 2 / task.vocab if name == "mqar" else 0,
+              "mqar": 1 / task.n_pairs if name == "mqar" else 0,
               "bind": 1 / task.n_values if name == "bind" else 0}[name]
     assert acc > max(3 * chance, 0.5), (name, acc, chance)
