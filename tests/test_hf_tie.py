@@ -229,6 +229,8 @@ def test_bad_input_says_what_is_wrong():
         tie(model, "kv", calibration=ids(), layers=[5])
     with pytest.raises(TieError, match="kv_heads: 3 must divide"):
         tie(model, "gqa", kv_heads=3)
+    with pytest.raises(TieError, match="gqa: the model already has a single kv head"):
+        tie(tiny(n_kv=1), "gqa")
     tie(model, "kv", calibration=ids())
     with pytest.raises(TieError, match="layer 0 is already tied"):
         tie(model, "qkv", calibration=ids())

@@ -275,6 +275,9 @@ def tie_qk(attn: nn.Module, C: torch.Tensor) -> None:
 def merge_kv_heads(attn: nn.Module, kv_heads: int) -> None:
     """Mean-pool consecutive kv heads into ``kv_heads`` groups (GQA conversion, Ainslie et al.)."""
     n_heads, n_kv, d_head = _shape(attn)
+    if n_kv == 1:
+        raise TieError("gqa: the model already has a single kv head (MQA); there are no kv heads "
+                       "to merge")
     if kv_heads >= n_kv or n_kv % kv_heads:
         raise TieError(f"kv_heads: {kv_heads} must divide the model's {n_kv} kv heads and be fewer")
     for name in ("k_proj", "v_proj"):
