@@ -20,6 +20,8 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from qkvlab.report.blocks import Figure
+from qkvlab.studies.qkv.effects import SCALES, effect
+from qkvlab.studies.qkv.experiments import SCALED, choose_lrs
 from qkvlab.studies.qkv.figures_q import (  # noqa: F401
     ARMS,
     LABELS,
@@ -42,9 +44,7 @@ from qkvlab.studies.qkv.figures_q import (  # noqa: F401
     label,
     q3_lm,
 )
-from qkvlab.studies.qkv.effects import SCALES, effect
 from qkvlab.studies.qkv.figures_zoo import fig_q2_zoo
-from qkvlab.studies.qkv.experiments import SCALED, choose_lrs
 from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, chance, select
 
 # Per question, the rows of its forest plot: (experiments, design, task), top to bottom.

@@ -11,7 +11,6 @@ Each ``verdict_qN(data)`` takes ``results.StudyData`` and returns a ``blocks.Ver
 
 from __future__ import annotations
 
-
 from qkvlab.experiments.stats import decide, mean_ci, paired
 from qkvlab.report.blocks import Verdict
 from qkvlab.studies.qkv.effects import LEGEND, WORDS, effect, finite  # noqa: F401 (re-exported)

@@ -69,7 +69,7 @@ def large_heads(data: StudyData) -> str:
     if df.empty:
         return ""
     big = df[df.params == df.params.max()]
-    model, role = big.model.iloc[0], big.role.iloc[0]
+    role = big.role.iloc[0]
     by = big[big.role == role].set_index("measure")
     if "symmetry" not in by.index:
         return ""
