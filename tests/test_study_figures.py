@@ -172,7 +172,7 @@ def test_every_figure_drawn_with_files(drawn):
     names = {q: [f.name for f in fs] for q, fs in figs.items()}
     assert names == {"q1": ["forest_q1", "q1_alt_loss", "q1_scale_probe", "q1_convex"],
                      "q2": ["forest_q2", "q2_own_position",
-                            "q2_pretrained_symmetry", "q2_symmetry_emergence"],
+                            "q2_pretrained_symmetry", "q2_zoo", "q2_symmetry_emergence"],
                      "q3": ["forest_q3", "q3_bind", "q3_kv"],
                      "scaling": [], "setup": []}  # see test_study_scaling.py, test_study_lr.py
     for f in (f for fs in figs.values() for f in fs):

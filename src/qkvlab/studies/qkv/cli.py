@@ -25,18 +25,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                         help="worker processes for the training runs")
     parser.add_argument("--no-pretrained", action="store_true",
-                        help="skip the analysis of MiniLM, Whisper tiny and SmolLM2")
+                        help="skip the pretrained analysis (quick: MiniLM, Whisper tiny, "
+                             "SmolLM2; full: the whole zoo, each model fetched or noted)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
     # imported here, not at the top: the registry imports this study to list its experiments,
     # and sweeps should not pay for matplotlib and the report to do that
-    from qkvlab.studies.qkv.study import PRETRAINED, StudyConfig, run_study
+    from qkvlab.studies.qkv.study import StudyConfig, run_study
 
     cfg = StudyConfig(profile=args.profile, db=args.db, out=args.out, workers=args.workers,
                       progress=not args.no_progress,
-                      pretrained=() if args.no_pretrained else PRETRAINED,
+                      pretrained=() if args.no_pretrained else None,  # None: the profile's
                       log=lambda m: print(m, file=sys.stderr))
     index = run_study(cfg)
     print(index.resolve())

@@ -12,8 +12,9 @@ Every table, figure and sentence of the report reads effects through :func:`effe
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from qkvlab.experiments.stats import decide
 from qkvlab.studies.qkv.experiments import MARGINS

@@ -61,7 +61,7 @@ class QKVProfile(Profile):
     scale_seeds: tuple[int, ...] = ()
     lrs: Mapping[tuple[str, str], float] | None = None  # (task, design) -> rate; see prepared
 
-    def prepared(self, store) -> "QKVProfile":
+    def prepared(self, store) -> QKVProfile:
         if not self.lr_grid or self.lrs is not None:
             return self
         return dataclasses.replace(self, lrs=chosen_lrs(self, store))
@@ -106,13 +106,13 @@ def design_options(label: str, p: Profile) -> dict[str, Any]:
     return dict(DESIGNS[label])
 
 
-def chosen_lrs(p: "QKVProfile", store) -> dict[tuple[str, str], float]:
+def chosen_lrs(p: QKVProfile, store) -> dict[tuple[str, str], float]:
     """``{(task, design): rate}`` chosen from ``lr_tune``'s finished runs in ``store``."""
     return choose_lrs(p, ((r["tags"]["task"], r["tags"]["design"], r["tags"]["lr"], r["status"],
                            r["final"].get("val_loss")) for r in store.runs("lr_tune", p.name)))
 
 
-def choose_lrs(p: "QKVProfile", rows) -> dict[tuple[str, str], float]:
+def choose_lrs(p: QKVProfile, rows) -> dict[tuple[str, str], float]:
     """The rate with the lowest mean val loss over ``lr_seeds`` per (task, design), from rows
     ``(task, design, lr, status, val_loss)``; only designs whose whole grid has finished. A
     diverged run (or one without a loss) counts as infinite loss; ties go to the smaller rate."""

@@ -20,6 +20,8 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from qkvlab.report.blocks import Figure
+from qkvlab.studies.qkv.effects import SCALES, effect
+from qkvlab.studies.qkv.experiments import SCALED, choose_lrs
 from qkvlab.studies.qkv.figures_q import (  # noqa: F401
     ARMS,
     LABELS,
@@ -42,8 +44,7 @@ from qkvlab.studies.qkv.figures_q import (  # noqa: F401
     label,
     q3_lm,
 )
-from qkvlab.studies.qkv.effects import SCALES, effect
-from qkvlab.studies.qkv.experiments import SCALED, choose_lrs
+from qkvlab.studies.qkv.figures_zoo import fig_q2_zoo
 from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, chance, select
 
 # Per question, the rows of its forest plot: (experiments, design, task), top to bottom.
@@ -262,7 +263,7 @@ def fig_lr(data: StudyData, out: Path) -> Figure | None:
 
 
 FIGURES = {"q1": [fig_forest_q1, fig_q1_loss, fig_q1_scale, fig_q1_convex],
-           "q2": [fig_forest_q2, fig_q2_own, fig_q2_pretrained, fig_q2_emergence],
+           "q2": [fig_forest_q2, fig_q2_own, fig_q2_pretrained, fig_q2_zoo, fig_q2_emergence],
            "q3": [fig_forest_q3, fig_q3_bind, fig_q3_kv]}
 
 

@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from qkvlab.analysis.zoo import load_manifest
 from qkvlab.env import environment
 from qkvlab.experiments.frames import runs_frame
 from qkvlab.experiments.registry import get_profile
@@ -37,7 +38,10 @@ from qkvlab.studies.qkv import page, results
 from qkvlab.studies.qkv.experiments import ORDER, QKVProfile
 from qkvlab.train import RunSpec, make_task
 
-PRETRAINED = ("minilm", "whisper-tiny", "smollm2")
+ZOO = load_manifest()  # every pretrained model the study can analyse, by name
+# The quick profile's: the zoo models `make` installs (manifest profile "quick"); every other
+# profile analyses the whole zoo, a model not fetched becoming a note naming `qkvlab zoo fetch`.
+PRETRAINED = tuple(n for n, m in ZOO.items() if m.profile == "quick")
 # Bump when a measure's code changes meaning: old stored values are then recomputed.
 MEASURE_VERSION = 2
 # Designs compared by speed and cache size: labels as in the experiments' tags.
@@ -55,20 +59,28 @@ class StudyConfig:
     out: str = "reports"
     workers: int = 1
     progress: bool = True
-    pretrained: tuple[str, ...] = PRETRAINED
+    pretrained: tuple[str, ...] | None = None  # None: the profile's (see ``pretrained_for``)
     log: Callable[[str], None] = field(default=print, repr=False)
 
     def __post_init__(self) -> None:
         get_profile(self.profile)  # ValueError naming the allowed profiles
         if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1:
             raise ValueError(f"workers: {self.workers!r} must be a positive integer")
-        bad = sorted(set(self.pretrained) - set(PRETRAINED))
+        if self.pretrained is None:
+            self.pretrained = pretrained_for(self.profile)
+        bad = sorted(set(self.pretrained) - set(ZOO))
         if bad:
-            raise ValueError(f"pretrained: {bad[0]!r} is not one of {list(PRETRAINED)}")
+            raise ValueError(f"pretrained: {bad[0]!r} is not one of {list(ZOO)}")
 
     @property
     def report_dir(self) -> Path:
         return Path(self.out) / self.profile
+
+
+def pretrained_for(profile: str) -> tuple[str, ...]:
+    """The pretrained models a profile analyses: quick (and smoke) the installed few, the larger
+    profiles the whole zoo."""
+    return PRETRAINED if profile in ("quick", "smoke") else tuple(ZOO)
 
 
 class Recorder:
@@ -197,7 +209,7 @@ def run_measures(rec: Recorder, cfg: StudyConfig) -> None:
 
 
 def run_pretrained(rec: Recorder, cfg: StudyConfig) -> None:
-    """Symmetry and subspace overlaps of the built-in pretrained models, against the null."""
+    """Symmetry and subspace overlaps of the profile's pretrained models, against the null."""
     p = get_profile(cfg.profile)
     for source in cfg.pretrained:
         rec("pretrained", {"source": source, "n_null": p.n_null, "cka": p.cka},

@@ -11,12 +11,12 @@ Each ``verdict_qN(data)`` takes ``results.StudyData`` and returns a ``blocks.Ver
 
 from __future__ import annotations
 
-
 from qkvlab.experiments.stats import decide, mean_ci, paired
 from qkvlab.report.blocks import Verdict
 from qkvlab.studies.qkv.effects import LEGEND, WORDS, effect, finite  # noqa: F401 (re-exported)
 from qkvlab.studies.qkv.experiments import MARGINS
 from qkvlab.studies.qkv.results import StudyData, chance
+from qkvlab.studies.qkv.zoo_view import large_heads
 
 INCONCLUSIVE = "inconclusive at this scale"
 # Published reference (not measured here): tied K=V costs about +3.1% perplexity at
@@ -263,6 +263,7 @@ def verdict_q2(data: StudyData) -> Verdict:
         details.append("Symmetry s of W_QK in pretrained models: " + "; ".join(pre)
                        + f". Published reference values for whole layers (not measured here): "
                        f"{ref} ({data.published_source}).")
+    details.append(large_heads(data))
     details.append(_emergence_sentence(data))
     return Verdict(headline, tuple(d for d in details if d))
 

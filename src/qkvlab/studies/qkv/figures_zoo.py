@@ -1,0 +1,64 @@
+"""Q2's zoo figure: across every pretrained model analysed, the symmetry of W_QK and the
+Q–K / K–V / Q–V subspace overlaps against parameter count, by family (marker) and attention role
+(colour), each point beside its random null (grey), with Saponati et al.'s published whole-layer
+values where a family matches (open star). The numbers are ``zoo_view.zoo_table``'s."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
+
+from qkvlab.report.blocks import Figure
+from qkvlab.studies.qkv.figures_q import _save, color
+from qkvlab.studies.qkv.results import StudyData
+from qkvlab.studies.qkv.zoo_view import MEASURE_LABELS, MEASURES, zoo_table
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "<", ">")
+
+
+def fig_q2_zoo(data: StudyData, out: Path) -> Figure | None:
+    """One panel per measure: mean over heads (coloured, by role) and the random null's 95%
+    range (grey bar) per model, x = parameters on a log axis."""
+    df = zoo_table(data)
+    if df.empty:
+        return None
+    families = sorted(df.family.unique())
+    marker = {f: MARKERS[i % len(MARKERS)] for i, f in enumerate(families)}
+    fig, axes = plt.subplots(2, 3, figsize=(11, 6.2), sharex=True)
+    flat = axes.ravel()
+    for ax, m in zip(flat, MEASURES):
+        g = df[df.measure == m]
+        for r in g.itertuples():
+            ax.vlines(r.params, r.null_lo, r.null_hi, colors="#999999", lw=4, alpha=0.6)
+            ax.plot(r.params, r.mean, marker[r.family], color=color(r.role), ms=6,
+                    mec="white", mew=0.5)
+            if r.published_model and r.published == r.published:  # a number, not NaN
+                ax.plot(r.params, r.published, "*", mfc="none", mec=color(r.role), ms=11)
+        ax.set_xscale("log")
+        ax.set_title(MEASURE_LABELS[m], fontsize=9)
+        ax.set_ylim(min(-0.05, ax.get_ylim()[0]), max(0.6, ax.get_ylim()[1]))
+    for ax in axes[-1]:
+        ax.set_xlabel("parameters (log)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("mean over heads")
+    flat[-1].axis("off")
+    roles = [r for r in ("encoder", "decoder", "cross") if r in set(df.role)]
+    handles = ([Line2D([], [], ls="", marker="o", color=color(r), label=f"{r} attention")
+                for r in roles]
+               + [Line2D([], [], ls="", marker=marker[f], color="#444444", label=f)
+                  for f in families]
+               + [Line2D([], [], color="#999999", lw=4, alpha=0.6,
+                         label="random null, 95% of heads"),
+                  Line2D([], [], ls="", marker="*", mfc="none", mec="#444444", ms=11,
+                         label="published (whole layer)")])
+    flat[-1].legend(handles=handles, loc="center", frameon=False, fontsize=8, ncol=2)
+    models = ", ".join(dict.fromkeys(df.title))
+    return _save(fig, df, out, "q2_zoo", "What the pretrained zoo shows",
+                 f"Per model and attention role, the mean over heads of each measure (colour: "
+                 f"role; marker: family) beside the random null of the same shapes (grey: 95% "
+                 f"of null heads), against parameter count. Symmetry s = 1 for tied Q=K; an "
+                 f"overlap is 1 for identical subspaces and d_head/d_model for random ones. "
+                 f"Open stars: whole-layer symmetry published by {data.published_source} for "
+                 f"the matching family (reference, not measured here). Models: {models}.")
