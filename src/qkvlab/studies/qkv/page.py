@@ -315,7 +315,28 @@ def q3_blocks(data: StudyData) -> list[Block]:
                          tuple((F.LABELS.get(r["design"], r["design"]),
                                 num(r["cache_bytes_per_token"]), num(r["decode_tokens_per_s"]))
                                for r in dec.sort_values("design").to_dict("records"))))
+    out += tie_cost_blocks(data)
     return out
+
+
+def tie_cost_blocks(data: StudyData) -> list[Block]:
+    """What forcing each tie costs a trained decoder (stored by `qkvlab tiecost MODEL`)."""
+    tc = data.measure("tie_cost")
+    if tc.empty:
+        return [Para("What a tie would cost a trained model: not measured in this store; "
+                     "`qkvlab tiecost smollm2` (also gemma3-270m, qwen2.5-coder-0.5b after "
+                     "`qkvlab zoo fetch NAME`) stores it here.", note=True)]
+    rows = tc[tc.layers.astype(str) == "all"].sort_values(["model", "stage", "tie"])
+    body = tuple((r["model"], r["tie"], r["stage"], num(r["ppl"], 4), f"{r['delta_nll']:+.3f}",
+                  f"{100 * math.expm1(r['delta_nll']):+.0f}%", num(r["kv_cache"]),
+                  num(r["attn_params"]), str(int(r["eval_tokens"])))
+                 for r in rows.to_dict("records"))
+    return [Table("What each tie costs a trained decoder: every layer tied at once by its best "
+                  "fit on real activations (K=V: W_V ← W_K·M, M folded into W_O; Q=K: the nearest "
+                  "tied score form; GQA: kv heads mean-pooled, a reference), held-out Bible "
+                  "perplexity; alt folds exactly, so it costs nothing. From `qkvlab tiecost`.",
+                  ("model", "tie", "stage", "perplexity", "Δ nll", "Δ perplexity",
+                   "KV cache ×", "attention params ×", "eval tokens"), body)]
 
 
 def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Verdict]

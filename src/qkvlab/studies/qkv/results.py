@@ -172,7 +172,9 @@ def measures(store: Store, runs: pd.DataFrame, profile: str) -> dict[str, pd.Dat
         df = measures_frame(store, name)
         if df.empty:
             continue
-        df = df[df["spec.profile"] == profile]
+        if "spec.profile" in df:  # this study's measures, per profile
+            df = df[df["spec.profile"] == profile]
+        # else another tool's (e.g. `qkvlab tiecost`'s tie_cost): the same at every profile
         if df.empty:
             continue
         if df.run_id.notna().any():
