@@ -193,7 +193,8 @@ PROFILES = {p.name: register_profile(p) for p in (
                task_train=TASK_TRAIN["smoke"], probe_d_heads=(16, 64), probe_steps=4,
                probe_seeds=(0,), bind_d_heads=(4,), measure_batch=8, rounds=3,
                decode_tokens=16, n_null=32, cka=False, scale_widths=(16, 32)),
-    # quick: the whole study in about 12 minutes on the 2-core CPU (see the README)
+    # quick: the whole study took 1,162 s on the 2-core AMD EPYC (2026-11-23, idle; the
+    # target is 15 minutes, see DEVELOPERS.md): tied_qk_qkv 422 s and bind 271 s are the most
     QKVProfile("quick", seeds=(0, 1, 2), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=200, lr=3e-3, eval_batches=8, task_options=TASK_OPTIONS["quick"],
                task_train=TASK_TRAIN["quick"], probe_d_heads=(16, 32, 64, 128, 256),
