@@ -108,28 +108,21 @@ def check_layers(view, rec, keep, *, qk_norm=False):
 
 
 # ---- safetensors folders ----------------------------------------------------------------------
-def test_sre_embedding_matches_transformers_bert():
-    folder = fetched("sre-embedding")
+@pytest.mark.parametrize("name, family, attn, names", [
+    ("sre-embedding", "bert", lambda lay: lay.attention.self,
+     {"q": "query", "k": "key", "v": "value"}),
+    ("mpnet", "mpnet", lambda lay: lay.attention.attn, {"q": "q", "k": "k", "v": "v"}),
+])
+def test_safetensors_encoder_matches_transformers(name, family, attn, names):
+    folder = fetched(name)
     from qkvlab.analysis.sources import resolve
 
-    view = resolve("sre-embedding")
+    view = resolve(name)
+    if family == "mpnet":
+        assert view.family == "mpnet" and any("relative position bias" in n for n in view.notes)
     hf = transformers.AutoModel.from_pretrained(folder, local_files_only=True).eval()
     tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    rec, keep = run_hf(hf, tok, [lay.attention.self for lay in hf.encoder.layer],
-                       {"q": "query", "k": "key", "v": "value"}, texts())
-    check_layers(view, rec, keep)
-
-
-def test_mpnet_matches_transformers_mpnet():
-    folder = fetched("mpnet")
-    from qkvlab.analysis.sources import resolve
-
-    view = resolve("mpnet")
-    assert view.family == "mpnet" and any("relative position bias" in n for n in view.notes)
-    hf = transformers.AutoModel.from_pretrained(folder, local_files_only=True).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    rec, keep = run_hf(hf, tok, [lay.attention.attn for lay in hf.encoder.layer],
-                       {"q": "q", "k": "k", "v": "v"}, texts())
+    rec, keep = run_hf(hf, tok, [attn(lay) for lay in hf.encoder.layer], names, texts())
     check_layers(view, rec, keep)
 
 
