@@ -118,3 +118,19 @@ def test_report_draws_the_grid_and_lists_each_chosen_rate(profile, tmp_path):
     blocks = page.lr_blocks(data, {"setup": [fig]})
     table = blocks[-1]
     assert len(table.rows) == n_designs and {r[4] for r in table.rows} == {"no"}
+
+
+def test_task_seeds_and_arms_narrow_only_the_tasks_they_name():
+    p = dataclasses.replace(E.PROFILES["smoke"], seeds=(0, 1), task_seeds={"mqar": (5,)},
+                            task_arms={"mlm": ("equal",)})
+    runs = registry.runs_of("tied_qk_qkv", p)
+    got = {(tg["task"], tg["seed"], tg["arm"]) for _, tg in runs}
+    seeds, arms = (0, 1), ("equal", "matched")
+    want = ({("lm", s, a) for s in seeds for a in arms}
+            | {("relation", s, a) for s in seeds for a in arms}
+            | {("mlm", s, "equal") for s in seeds}
+            | {("mqar", 5, a) for a in arms})
+    assert got == want
+    # the experiments that name their own seeds or arms keep them
+    assert {tg["seed"] for _, tg in registry.runs_of("lm_scaling", dataclasses.replace(
+        p, scale_widths=(16,), scale_seeds=(3,)))} == {3}

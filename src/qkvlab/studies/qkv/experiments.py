@@ -59,6 +59,10 @@ class QKVProfile(Profile):
     lr_seeds: tuple[int, ...] = ()
     scale_widths: tuple[int, ...] = ()
     scale_seeds: tuple[int, ...] = ()
+    # per task: the seeds and arms of its design comparisons (absent: the profile's seeds and
+    # both arms), so a budget can give diagnostics fewer seeds than real text
+    task_seeds: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    task_arms: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     lrs: Mapping[tuple[str, str], float] | None = None  # (task, design) -> rate; see prepared
 
     def prepared(self, store) -> QKVProfile:
@@ -179,8 +183,8 @@ TASK_TRAIN: dict[str, dict[str, dict[str, Any]]] = {
               "bind": {"steps": 800, "lr": 3e-3, "batch_size": 128},
               "relation": {"steps": 600, "lr": 1e-3, "batch_size": 32}},
     # lm and mlm evaluate every quarter: the report shows the val loss at half the budget
-    "standard": {"lm": {"eval_every": 300}, "mlm": {"eval_every": 300},
-                 "translate": {"steps": 1000, "eval_every": 500},
+    "standard": {"lm": {"eval_every": 250}, "mlm": {"eval_every": 250},
+                 "translate": {"steps": 800, "eval_every": 400},
                  "mqar": {"steps": 600, "lr": 1e-2, "batch_size": 32},
                  "bind": {"steps": 800, "lr": 3e-3, "batch_size": 128},
                  "relation": {"steps": 600, "lr": 1e-3, "batch_size": 32}},
@@ -201,22 +205,29 @@ PROFILES = {p.name: register_profile(p) for p in (
                probe_steps=60, probe_seeds=(0,), bind_d_heads=(1, 2, 4),
                bind_seeds=(0, 1, 2, 3, 4), measure_batch=16, rounds=5, decode_tokens=48,
                n_null=128, cka=True),
-    # standard: the questions decided on a 2-core CPU in about 2 hours (estimate from runs of
-    # single models on the 2-core AMD EPYC, one thread each: lm at d_model 64 runs ~40k
-    # tokens/s, so 1,200 steps of 16 x 64 tokens take ~30 s; translate 1,000 steps ~60 s;
-    # d_model 128 costs ~4x). lm val loss at 2,000 steps: 1.50 at lr 3e-3, 1.44 at 1e-2, and
-    # 1.35 after 4,000 steps: not flat at any affordable budget, so the report shows each
-    # design's loss at half and full budget. 8 seeds on real text; each design at its own
-    # rate from a 3-point grid on one tuning seed; widths 32/64/128 on 3 seeds (64 shares the
-    # comparisons' runs).
+    # standard: the questions decided on a 2-core CPU within 2 hours. Sized from single runs
+    # on the 2-core AMD EPYC (AVX2; 2026-11-23, two runs side by side, one thread each, as
+    # the sweep's two workers run): lm at d_model 64 takes 33 ms a step (1,200 steps: 48 s,
+    # val loss 1.64), translate 72 ms (1,000 steps: 83 s, chrF 12.8); bind 20 ms, relation
+    # 23 ms, mqar 28 ms (quick's stored runs); d_model 128 ~3.8x d_model 64. The first plan
+    # (lm/mlm 1,200 steps, translate 1,000, every comparison 8 seeds and both arms, widths
+    # up to 128) summed to ~20,000 CPU-seconds, 2.8 hours on two workers, so: lm/mlm 1,000
+    # steps and translate 800 (val loss still falls there: 1.70 at 1,000 steps, 1.50 at
+    # 2,000, 1.35 at 4,000; no affordable budget is flat, so the report shows each design's
+    # loss at half and full budget); 8 seeds on real text (lm, mlm, translate), mqar 3 and
+    # relation 4 (their differences are tens of points), bind 5; mlm's tied designs at equal
+    # width only (lm carries the parameter-matched arm); widths 32/64/96 on 3 seeds (64
+    # shares the comparisons' runs). Each design at its own rate from a 3-point grid on one
+    # tuning seed. Estimate: ~13,300 CPU-seconds, ~1.9 hours with the measures and report.
     QKVProfile("standard", seeds=tuple(range(8)), d_model=64, n_layers=2, n_heads=4,
-               batch_size=16, steps=1200, lr=3e-3, eval_batches=16,
+               batch_size=16, steps=1000, lr=3e-3, eval_batches=16,
                task_options=TASK_OPTIONS["standard"], task_train=TASK_TRAIN["standard"],
                probe_d_heads=(16, 32, 64, 128, 256), probe_steps=60, probe_seeds=(0, 1, 2),
-               bind_d_heads=(1, 2, 4), bind_seeds=tuple(range(8)), measure_batch=16,
+               bind_d_heads=(1, 2, 4), bind_seeds=tuple(range(5)), measure_batch=16,
                rounds=5, decode_tokens=48, n_null=128, cka=True,
-               lr_grid=(1 / 3, 1.0, 3.0), lr_seeds=(100,), scale_widths=(32, 64, 128),
-               scale_seeds=(0, 1, 2)),
+               lr_grid=(1 / 3, 1.0, 3.0), lr_seeds=(100,), scale_widths=(32, 64, 96),
+               scale_seeds=(0, 1, 2), task_seeds={"mqar": (0, 1, 2), "relation": (0, 1, 2, 3)},
+               task_arms={"mlm": ("equal",)}),
     QKVProfile("full", seeds=(0, 1, 2, 3, 4), d_model=384, n_layers=6, n_heads=6, batch_size=64,
                steps=5000, lr=1e-3, eval_batches=50, task_options=TASK_OPTIONS["full"],
                task_train=TASK_TRAIN["full"], probe_d_heads=(16, 32, 64, 128, 256),
@@ -265,7 +276,12 @@ ORDER = ("scale_probe", "lr_tune", "alt_vs_standard", "alt_init", "lm_tied_kv", 
 
 
 def arms(task: str, p: QKVProfile, labels: tuple[str, ...], **kw) -> list[Run]:
-    """``design_arms`` of some design labels, each at its tuned learning rate (if tuned)."""
+    """``design_arms`` of some design labels, each at its tuned learning rate (if tuned), on
+    the task's seeds and arms of the profile unless ``kw`` names them."""
+    if task in p.task_seeds:
+        kw.setdefault("seeds", p.task_seeds[task])
+    if task in p.task_arms:
+        kw.setdefault("arms", p.task_arms[task])
     return design_arms(task, p, {d: design_options(d, p) for d in labels},
                        lrs=p.design_lrs(task, labels), **kw)
 
