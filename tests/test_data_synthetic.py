@@ -1,4 +1,4 @@
-"""Synthetic tasks (mqar, bind, relation): generators checked against brute-force answers,
+"""Synthetic tasks (mqar, bind, relation, successor, successor_causal): generators checked against brute-force answers,
 determinism, option errors, and (slow) that a tiny model learns them above chance."""
 
 from __future__ import annotations
@@ -7,13 +7,15 @@ import pytest
 import torch
 
 from qkvlab.data import IGNORE, TASKS, get_task
-from qkvlab.models import DecoderLM, ModelConfig
+from qkvlab.models import KINDS, ModelConfig
 
-SYNTHETIC = ("mqar", "bind", "relation")
+SYNTHETIC = ("mqar", "bind", "relation", "successor", "successor_causal")
 SMALL = {
     "mqar": {"seq_len": 32, "vocab": 32, "n_pairs": 4},
     "bind": {"n_keys": 16, "n_values": 8, "group_size": 4, "n_items": 10, "n_queries": 3, "n_near": 2},
     "relation": {"vocab": 20, "n_context": 10, "n_queries": 6},
+    "successor": {"vocab": 20, "n_items": 7},
+    "successor_causal": {"vocab": 20, "n_items": 7},
 }
 
 
@@ -61,7 +63,30 @@ def brute_relation(task, idx: torch.Tensor) -> torch.Tensor:
     return out
 
 
-BRUTE = {"mqar": brute_mqar, "bind": brute_bind, "relation": brute_relation}
+def candidates(task, t: int) -> int:
+    """How many tokens position t may answer with (0: no answer is asked there)."""
+    if task.name == "successor":
+        return task.n_items - 1
+    return t if t >= 2 else 0
+
+
+def brute_successor(task, idx: torch.Tensor) -> torch.Tensor:
+    """The token that follows each one in the cyclic order of ids, among the tokens it may see
+    (all others; causal: those before it, from the third position on)."""
+    out = torch.full_like(idx, IGNORE)
+    for b in range(idx.shape[0]):
+        row = idx[b].tolist()
+        for t, x in enumerate(row):
+            if not candidates(task, t):
+                continue
+            seen = [y for j, y in enumerate(row) if j != t and (task.name == "successor" or j < t)]
+            larger = [y for y in seen if y > x]
+            out[b, t] = min(larger) if larger else min(seen)
+    return out
+
+
+BRUTE = {"mqar": brute_mqar, "bind": brute_bind, "relation": brute_relation,
+         "successor": brute_successor, "successor_causal": brute_successor}
 
 
 @pytest.mark.parametrize("name", SYNTHETIC)
@@ -141,6 +166,18 @@ def test_relation_directions(direction):
     assert all(len(set(r[:task.n_context].tolist())) == task.n_context for r in b["idx"])
 
 
+@pytest.mark.parametrize("name", ["successor", "successor_causal"])
+def test_successor_chance_is_a_uniform_pick_among_the_candidates(name):
+    task = get_task(name, **SMALL[name])
+    b = task.batch("train", 4, gen(0))
+    asked = [t for t in range(task.seq_len) if candidates(task, t)]
+    assert [t for t in range(task.seq_len) if (b["targets"][:, t] != IGNORE).all()] == asked
+    assert (b["targets"][:, [t for t in range(task.seq_len) if t not in asked]] == IGNORE).all()
+    want = sum(1 / candidates(task, t) for t in asked) / len(asked)
+    assert task.chance == pytest.approx(want, rel=1e-12)
+    assert all(len(set(r.tolist())) == task.n_items for r in b["idx"])  # distinct tokens
+
+
 @pytest.mark.parametrize("name", SYNTHETIC)
 def test_same_seed_same_batches_other_seed_other_batches(name):
     task = get_task(name, **SMALL[name])
@@ -155,7 +192,8 @@ def test_same_seed_same_batches_other_seed_other_batches(name):
 
 
 def test_registry_and_errors():
-    assert list(TASKS) == ["lm", "mlm", "translate", "mqar", "bind", "relation"]
+    assert list(TASKS) == ["lm", "mlm", "translate", "mqar", "bind", "relation", "successor",
+                           "successor_causal"]
     with pytest.raises(ValueError, match=r"task: unknown task 'nope'.*allowed: \['bind'"):
         get_task("nope")
     with pytest.raises(ValueError, match=r"mqar\.n_pair: unknown key.*'n_pairs'"):
@@ -172,6 +210,10 @@ def test_registry_and_errors():
         get_task("mqar", seq_len=20, n_pairs=8)
     with pytest.raises(ValueError, match=r"relation: split 'dev' is not one of \['train', 'val', 'test'\]"):
         get_task("relation").batch("dev", 2, gen(0))
+    with pytest.raises(ValueError, match=r"successor\.seq_len: 9 must equal n_items = 8"):
+        get_task("successor", seq_len=9)
+    with pytest.raises(ValueError, match=r"successor_causal\.n_items: 40 must be an integer in \[3, 32\]"):
+        get_task("successor_causal", n_items=40)
 
 
 def test_config_is_what_a_run_id_hashes():
@@ -182,9 +224,10 @@ def test_config_is_what_a_run_id_hashes():
 
 
 def tiny_decoder(task, d_model=32, n_layers=1, seed=0):
+    """A small model of the task's kind (a DecoderLM, or an Encoder for ``successor``)."""
     torch.manual_seed(seed)
-    return DecoderLM(ModelConfig(d_vocab=task.d_vocab, n_ctx=task.seq_len, d_model=d_model,
-                                 n_layers=n_layers, n_heads=2))
+    return KINDS[task.model_kind](ModelConfig(d_vocab=task.d_vocab, n_ctx=task.seq_len,
+                                              d_model=d_model, n_layers=n_layers, n_heads=2))
 
 
 @pytest.mark.parametrize("name", SYNTHETIC)
@@ -228,6 +271,8 @@ LEARNABLE = {  # (options, learning rate, steps): small enough to learn in secon
     "mqar": ({"seq_len": 16, "vocab": 16, "n_pairs": 2}, 1e-3, 2000),
     "bind": ({"n_keys": 8, "n_values": 4, "group_size": 2, "n_items": 6, "n_queries": 2, "n_near": 1},
              3e-3, 600),
+    "successor": ({"vocab": 16, "n_items": 6}, 3e-3, 1000),
+    "successor_causal": ({"vocab": 16, "n_items": 6}, 3e-3, 1000),
 }
 
 
@@ -245,7 +290,4 @@ def test_tiny_model_beats_chance(name, one_thread):
         loss.backward()
         opt.step()
     acc = task.evaluate(model, gen(123), n_batches=4, batch_size=64)["accuracy"]
-    chance = {"relation": 1 / task.n_context if name == "relation" else 0,
-              "mqar": 1 / task.n_pairs if name == "mqar" else 0,
-              "bind": 1 / task.n_values if name == "bind" else 0}[name]
-    assert acc > max(3 * chance, 0.5), (name, acc, chance)
+    assert acc > max(3 * task.chance, 0.5), (name, acc, task.chance)
