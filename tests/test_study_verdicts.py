@@ -183,3 +183,35 @@ def test_alt_init_sentence_names_the_explanation_the_numbers_support(tmp_path, i
     assert s.startswith("Why alt differs on translate (one learning rate for all designs): "
                         "with its random W_h alt is ")
     assert "(better)" in s and s.endswith(ends)
+
+
+def test_directed_relation_sentence_gives_standard_chance_and_both_kinds(tmp_path):
+    """Encoder tie equivalent (every seed within 0.5 pp), decoder tie worse: the sentence
+    names standard's accuracy and chance per kind, each verdict, and, since the encoder kept
+    up, that the direction went around the heads."""
+    from qkvlab.data import get_task
+    enc_std, dec_std = [0.99, 1.0, 0.995], [0.98, 0.99, 0.985]
+    with Store(tmp_path / "r.db") as store:
+        _fill(store, "directed_relation", "successor",
+              {("standard", "equal"): enc_std, ("tied_qk", "equal"): [0.988, 0.997, 0.994],
+               ("tied_qk_selfmask", "equal"): enc_std}, metric="accuracy")
+        _fill(store, "directed_relation", "successor_causal",
+              {("standard", "equal"): dec_std, ("tied_qk", "equal"): [0.90, 0.92, 0.91],
+               ("tied_qk_selfmask", "equal"): [0.95, 0.96, 0.96]}, metric="accuracy")
+        data = results.load(store, "smoke")
+    s = verdicts.directed_sentence(data)
+    opts = results.get_profile("smoke").task_options
+    ch = {t: 100 * get_task(t, **opts[t]).chance for t in ("successor", "successor_causal")}
+    assert (f"standard reaches encoder {100 * np.mean(enc_std):.1f}% (chance "
+            f"{ch['successor']:.1f}%) and decoder {100 * np.mean(dec_std):.1f}% (chance "
+            f"{ch['successor_causal']:.1f}%)") in s
+    d = 100 * (np.array([0.90, 0.92, 0.91]) - np.array(dec_std))
+    half = T975_DF2 * d.std(ddof=1) / np.sqrt(3)
+    assert f"tied Q=K in the decoder: {d.mean():+.1f} pp ± {half:.1f} pp" in s
+    assert "tied Q=K in the encoder: " in s and "(equivalent" in s.split("in the decoder")[0]
+    assert "(worse)" in s.split("tied Q=K in the decoder")[1].split(";")[0]
+    assert ("with the self-mask in the encoder: +0.0 pp ± 0.0 pp accuracy (equivalent: every "
+            "seed scores the same for both)") in s
+    assert s.endswith("One head need not hold one directed relation.")
+    with Store(tmp_path / "empty.db") as store:
+        assert verdicts.directed_sentence(results.load(store, "smoke")) == ""

@@ -151,23 +151,31 @@ TASK_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
               "translate": {"seq_len": 48, "vocab_size": 1000, "n_decode": 8, "decode_batch": 8},
               "mqar": {"seq_len": 32, "vocab": 64, "n_pairs": 4},
               "bind": {"n_keys": 16, "n_values": 8, "group_size": 4, "n_items": 8, "n_queries": 2},
-              "relation": {"vocab": 16, "n_context": 16, "n_queries": 8}},
+              "relation": {"vocab": 16, "n_context": 16, "n_queries": 8},
+              "successor": {"vocab": 16, "n_items": 6},
+              "successor_causal": {"vocab": 16, "n_items": 6}},
     "quick": {"lm": {"seq_len": 64}, "mlm": {"seq_len": 64},
               "translate": {"seq_len": 48, "vocab_size": 1000, "n_decode": 32, "decode_batch": 32},
               "mqar": {"seq_len": 32, "vocab": 64, "n_pairs": 4},
               "bind": {"n_keys": 8, "n_values": 8, "group_size": 2, "n_items": 8, "n_queries": 4},
-              "relation": {"vocab": 32, "n_context": 12, "n_queries": 11}},
+              "relation": {"vocab": 32, "n_context": 12, "n_queries": 11},
+              "successor": {"vocab": 32, "n_items": 8},
+              "successor_causal": {"vocab": 32, "n_items": 8}},
     "standard": {"lm": {"seq_len": 64}, "mlm": {"seq_len": 64},
                  "translate": {"seq_len": 48, "vocab_size": 1000, "n_decode": 100,
                                "decode_batch": 50},
                  "mqar": {"seq_len": 32, "vocab": 64, "n_pairs": 4},
                  "bind": {"n_keys": 8, "n_values": 8, "group_size": 2, "n_items": 8,
                           "n_queries": 4},
-                 "relation": {"vocab": 32, "n_context": 12, "n_queries": 11}},
+                 "relation": {"vocab": 32, "n_context": 12, "n_queries": 11},
+                 "successor": {"vocab": 32, "n_items": 8},
+                 "successor_causal": {"vocab": 32, "n_items": 8}},
     "full": {"lm": {"seq_len": 256}, "mlm": {"seq_len": 128}, "translate": {"seq_len": 128},
              "mqar": {"seq_len": 128, "n_pairs": 16},
              "bind": {"n_keys": 64, "n_items": 32, "n_queries": 8},
-             "relation": {"n_context": 64, "n_queries": 32}},
+             "relation": {"n_context": 64, "n_queries": 32},
+             "successor": {"vocab": 64, "n_items": 32},
+             "successor_causal": {"vocab": 64, "n_items": 32}},
 }
 
 # Training per task and profile (TrainConfig fields), over the profile's steps/lr/batch_size.
@@ -177,18 +185,24 @@ TASK_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
 # evaluates (greedy decoding for chrF) at half time and at the end only.
 TASK_TRAIN: dict[str, dict[str, dict[str, Any]]] = {
     "smoke": {"translate": {"steps": 4}, "mqar": {"lr": 1e-2}, "bind": {"lr": 1e-2},
-              "relation": {"lr": 1e-2}},
+              "relation": {"lr": 1e-2}, "successor": {"lr": 1e-2},
+              "successor_causal": {"lr": 1e-2}},
     "quick": {"translate": {"steps": 300, "eval_every": 150},
               "mqar": {"steps": 300, "lr": 1e-2, "batch_size": 32},
               "bind": {"steps": 800, "lr": 3e-3, "batch_size": 128},
-              "relation": {"steps": 600, "lr": 1e-3, "batch_size": 32}},
+              "relation": {"steps": 600, "lr": 1e-3, "batch_size": 32},
+              "successor": {"steps": 500, "batch_size": 32},
+              "successor_causal": {"steps": 500, "batch_size": 32}},
     # lm and mlm evaluate every quarter: the report shows the val loss at half the budget
     "standard": {"lm": {"eval_every": 250}, "mlm": {"eval_every": 250},
                  "translate": {"steps": 800, "eval_every": 400},
                  "mqar": {"steps": 600, "lr": 1e-2, "batch_size": 32},
                  "bind": {"steps": 800, "lr": 3e-3, "batch_size": 128},
-                 "relation": {"steps": 600, "lr": 1e-3, "batch_size": 32}},
-    "full": {"mqar": {"steps": 3000}, "bind": {"steps": 3000}, "relation": {"steps": 3000}},
+                 "relation": {"steps": 600, "lr": 1e-3, "batch_size": 32},
+                 "successor": {"steps": 1000, "batch_size": 32},
+                 "successor_causal": {"steps": 1000, "batch_size": 32}},
+    "full": {"mqar": {"steps": 3000}, "bind": {"steps": 3000}, "relation": {"steps": 3000},
+             "successor": {"steps": 3000}, "successor_causal": {"steps": 3000}},
 }
 
 PROFILES = {p.name: register_profile(p) for p in (
@@ -272,7 +286,7 @@ MARGINS = {
 # The experiments behind the three questions, in the order the study runs them (cheapest
 # first, so a smoke study fails fast on a broken set-up).
 ORDER = ("scale_probe", "lr_tune", "alt_vs_standard", "alt_init", "lm_tied_kv", "lm_gqa",
-         "tied_qk_qkv", "symmetry_emergence", "bind_vs_dhead", "kv_translate", "lm_scaling")
+         "tied_qk_qkv", "directed_relation", "symmetry_emergence", "bind_vs_dhead", "kv_translate", "lm_scaling")
 
 
 def arms(task: str, p: QKVProfile, labels: tuple[str, ...], **kw) -> list[Run]:
@@ -330,6 +344,17 @@ TIED_QK = ("tied_qk", "tied_qk_selfmask", "tied_qkv")
 @experiment("tied_qk_qkv", "Q2: what does one matrix W = W_Q = W_K (= W_V) cost?")
 def tied_qk_qkv(p: QKVProfile) -> list[Run]:
     return [r for t in ("lm", "mlm", "mqar", "relation") for r in arms(t, p, TIED_QK)]
+
+
+DIRECTED = ("successor", "successor_causal")
+
+
+@experiment("directed_relation", "Q2: does tied Q=K break a relation between contents, in an "
+                                 "encoder and in a decoder?")
+def directed_relation(p: QKVProfile) -> list[Run]:
+    # The same rule (each token's cyclic successor by id) seen whole by an encoder and causally
+    # by a decoder; equal width only (the tie's cost, not its parameters, is the question).
+    return [r for t in DIRECTED for r in arms(t, p, TIED_QK[:2], arms=("equal",))]
 
 
 @experiment("symmetry_emergence", "Q2: do encoders learn a more symmetric W_QK than decoders?")

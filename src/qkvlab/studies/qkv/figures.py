@@ -51,7 +51,9 @@ from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, chance, select
 FOREST = {
     "q1": [*(("alt_vs_standard", "alt", t) for t in ("lm", "translate")),
            ("alt_init", "alt_identity", "translate")],
-    "q2": [("tied_qk_qkv", d, t) for d in TIED_QK for t in ("lm", "mlm", "mqar", "relation")],
+    "q2": [*(("tied_qk_qkv", d, t) for d in TIED_QK for t in ("lm", "mlm", "mqar", "relation")),
+           *(("directed_relation", d, t) for d in TIED_QK[:2]
+             for t in ("successor", "successor_causal"))],
     "q3": [(("lm_tied_kv", "lm_gqa"), "tied_kv", "lm"), (("lm_tied_kv", "lm_gqa"), "gqa_half", "lm"),
            ("kv_translate", "tied_kv_cross", "translate"), ("bind_vs_dhead", "tied_kv", "bind")],
 }

@@ -38,7 +38,8 @@ from qkvlab.studies.qkv.verdicts import all_verdicts, ci_text
 
 SECTION_IDS = ("summary", "q1", "q2", "q3", "setup")
 # comparisons in the summary table: (experiments, design) rows, equal width
-SUMMARY_SOURCES = ("alt_vs_standard", "tied_qk_qkv", "lm_tied_kv", "lm_gqa", "kv_translate")
+SUMMARY_SOURCES = ("alt_vs_standard", "tied_qk_qkv", "directed_relation", "lm_tied_kv", "lm_gqa",
+                   "kv_translate")
 
 
 def num(x, digits: int = 3) -> str:
@@ -252,7 +253,10 @@ def q1_blocks(data: StudyData) -> list[Block]:
 
 def q2_blocks(data: StudyData) -> list[Block]:
     out: list[Block] = [compare_table(data.compared("tied_qk_qkv"), "tied Q=K, tied Q=K + "
-                                      "self-mask and Q=K=V vs standard", ("val_loss", "accuracy"))]
+                                      "self-mask and Q=K=V vs standard", ("val_loss", "accuracy")),
+                          compare_table(data.compared("directed_relation"), "a relation between "
+                                        "contents (successor): tied Q=K and tied Q=K + self-mask "
+                                        "vs standard, encoder and decoder", ("accuracy",))]
     out += weight_similarity_table(data)
     pt = data.measure("pretrained")
     if pt.empty:

@@ -35,7 +35,8 @@ from qkvlab.studies.qkv.experiments import ORDER, QKVProfile
 # on accuracy at the queried positions (chance-level loss says little there).
 TASK_METRIC = {"lm": ("val_loss", True), "mlm": ("val_loss", True),
                "translate": ("val_loss", True), "mqar": ("accuracy", False),
-               "relation": ("accuracy", False), "bind": ("accuracy", False)}
+               "relation": ("accuracy", False), "bind": ("accuracy", False),
+               "successor": ("accuracy", False), "successor_causal": ("accuracy", False)}
 # extra metrics compared per experiment, besides each task's own
 EXTRA_METRICS = {"alt_vs_standard": ("tokens_per_s", "chrf", "bleu"), "tied_qk_qkv": ("tokens_per_s",),
                  "lm_tied_kv": ("tokens_per_s",), "lm_gqa": ("tokens_per_s",),

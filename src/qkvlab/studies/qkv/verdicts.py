@@ -263,9 +263,43 @@ def verdict_q2(data: StudyData) -> Verdict:
         details.append("Symmetry s of W_QK in pretrained models: " + "; ".join(pre)
                        + f". Published reference values for whole layers (not measured here): "
                        f"{ref} ({data.published_source}).")
+    details.append(directed_sentence(data))
     details.append(large_heads(data))
     details.append(_emergence_sentence(data))
     return Verdict(headline, tuple(d for d in details if d))
+
+
+DIRECTED_KINDS = (("successor", "encoder"), ("successor_causal", "decoder"))
+
+
+def directed_sentence(data: StudyData) -> str:
+    """Tied Q=K (with and without the self-mask) on a relation between contents, the encoder
+    and the decoder version side by side, with standard's accuracy and chance."""
+    rows = rows_of(data, "directed_relation")
+    eff = {(d, t): _task_effects(rows, d, t, False, data)[0]
+           for d in ("tied_qk", "tied_qk_selfmask") for t, _ in DIRECTED_KINDS}
+    if all(e["status"] == "missing" for e in eff.values()):
+        return ""
+    base = []
+    for task, kind in DIRECTED_KINDS:
+        r = pick(rows, design="tied_qk", task=task, arm="equal", metric="accuracy")
+        if r and finite(r.get("baseline_mean")):
+            base.append(f"{kind} {100 * r['baseline_mean']:.1f}% (chance "
+                        f"{100 * chance(task, data.profile):.1f}%)")
+    s = ("A relation between contents (`successor`: each token's next token in the cyclic "
+         "order of ids, which a symmetric score cannot rank for every token of a cycle; see "
+         "`qkvlab.data.successor`)" + (f": standard reaches {' and '.join(base)}" if base else "")
+         + "; " + "; ".join(f"{label} in the {kind}: {eff[(d, t)]['text']}"
+                            for d, label in (("tied_qk", "tied Q=K"),
+                                             ("tied_qk_selfmask", "with the self-mask"))
+                            for t, kind in DIRECTED_KINDS) + ".")
+    enc = eff[("tied_qk", "successor")]["status"]
+    if enc in ("equivalent", "better"):
+        s += (" Since no symmetric score orders a cycle, an encoder that keeps up with standard "
+              "routes the direction around its heads: attention can fetch both neighbours and "
+              "the readout, which sees the query token through the residual stream, pick the "
+              "next one. One head need not hold one directed relation.")
+    return s
 
 
 def emergence_series(data: StudyData) -> dict[str, dict[int, list[float]]]:
