@@ -135,7 +135,7 @@ def test_every_experiment_builds_at_every_profile_with_matched_arms():
     assert set(experiment_names()) == {"alt_vs_standard", "scale_probe", "tied_qk_qkv",
                                        "symmetry_emergence", "bind_vs_dhead", "kv_translate",
                                        "lm_tied_kv", "lm_gqa", "lr_tune", "lm_scaling",
-                                       "alt_init"}
+                                       "alt_init", "directed_relation"}
     assert profile_names() == ["smoke", "quick", "standard", "full"]
     optional = {"lr_tune", "lm_scaling"}  # empty where a profile has no grid / no widths
     tuned = {"alt_vs_standard", "tied_qk_qkv", "kv_translate", "lm_tied_kv", "lm_gqa",
@@ -152,6 +152,7 @@ def test_every_experiment_builds_at_every_profile_with_matched_arms():
     quick = runs_of("tied_qk_qkv", "quick")
     assert {t["seed"] for _, t in quick} == {0, 1, 2}  # >= 3 seeds where a verdict depends on it
     assert {t["arm"] for _, t in quick} == {"equal", "matched"}
+    assert {t["task"] for _, t in quick} == {"lm", "mlm", "relation"}  # mqar: not learned at quick
 
 
 def test_matched_arm_has_standards_non_embedding_params():

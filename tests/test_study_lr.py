@@ -131,6 +131,9 @@ def test_task_seeds_and_arms_narrow_only_the_tasks_they_name():
             | {("mlm", s, "equal") for s in seeds}
             | {("mqar", 5, a) for a in arms})
     assert got == want
+    # no seeds leave the task out
+    gone = registry.runs_of("tied_qk_qkv", dataclasses.replace(p, task_seeds={"mqar": ()}))
+    assert {tg["task"] for _, tg in gone} == {"lm", "mlm", "relation"}
     # the experiments that name their own seeds or arms keep them
     assert {tg["seed"] for _, tg in registry.runs_of("lm_scaling", dataclasses.replace(
         p, scale_widths=(16,), scale_seeds=(3,)))} == {3}
