@@ -188,3 +188,16 @@ def test_bible_translate(tmp_path, target):
     assert task.d_vocab == 8000
     m = task.evaluate(tiny(task), gen(0), n_batches=1, batch_size=8)
     assert set(m) == {"val_loss", "accuracy", "chrf", "bleu"}
+
+
+@pytest.mark.parametrize("name", ["lm", "mlm"])
+def test_chance_is_the_context_free_loss(files, name):
+    """A text task's chance level is the cross-entropy of the best context-free guess, the
+    train split's unigram distribution, scored on the train split (a float64 reference)."""
+    task = prepared(name, files, seq_len=16)
+    tokens = torch.tensor(np.array(task.data.tokens["train"], dtype=np.int64))
+    p = torch.bincount(tokens, minlength=task.d_vocab).double() / tokens.numel()
+    want = torch.nn.functional.nll_loss(p.clamp_min(1e-300).log()[None].expand(len(tokens), -1),
+                                        tokens).item()
+    assert task.chance == pytest.approx(want, rel=1e-9, abs=0)
+    assert 0 < task.chance < math.log(task.d_vocab)

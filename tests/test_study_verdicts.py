@@ -215,3 +215,17 @@ def test_directed_relation_sentence_gives_standard_chance_and_both_kinds(tmp_pat
     assert s.endswith("One head need not hold one directed relation.")
     with Store(tmp_path / "empty.db") as store:
         assert verdicts.directed_sentence(results.load(store, "smoke")) == ""
+
+
+def test_a_loss_task_neither_design_learned_is_not_a_verdict():
+    """A val loss comparison where neither design halves the context-free perplexity (loss
+    within ln 2 of the unigram entropy) reads 'not learned', however tight its CI."""
+    ctx_free = 3.04
+    row = {**_row([0.003, 0.004, 0.002]), "mean": 2.78, "baseline_mean": 2.775}
+    e = verdicts.effect(row, lower_is_better=True, chance=ctx_free)
+    assert e["status"] == "not_learned" and e["value"] is None
+    assert "context-free 3.040" in e["text"] and "not learned" in e["text"]
+    learned = verdicts.effect({**row, "mean": 2.34, "baseline_mean": 2.345},
+                              lower_is_better=True, chance=ctx_free)
+    assert learned["status"] != "not_learned" and learned["value"] is not None
+    assert verdicts.effect(row, lower_is_better=True)["status"] != "not_learned"  # no chance: judged

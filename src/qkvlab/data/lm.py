@@ -83,6 +83,17 @@ class TextTask(Task):
     def d_vocab(self) -> int:
         return self.data.tokenizer.vocab_size
 
+    @property
+    def chance(self) -> float:
+        """The val loss of a context-free guess (nats per target): the entropy of the train
+        split's token frequencies, which is what a model that ignores the context learns
+        first (the targets of ``lm`` and ``mlm`` are tokens at uniformly drawn positions)."""
+        if "_chance" not in self.__dict__:
+            counts = np.bincount(self.data.tokens["train"], minlength=self.d_vocab)
+            p = counts[counts > 0] / counts.sum()
+            object.__setattr__(self, "_chance", float(-(p * np.log(p)).sum()))
+        return self.__dict__["_chance"]
+
     def windows(self, split: str, batch_size: int, length: int, generator: torch.Generator) -> Tensor:
         """(B, length) int64 token windows at uniformly drawn starts of ``split``."""
         check_split(self, split)

@@ -33,8 +33,10 @@ LEGEND = ("worse / better: the paired 95% CI over seeds excludes zero; equivalen
           "lies inside the practical margin written down before the runs (a TOST at 5%; "
           f"margins: {_margins_text()}); undecided: neither, with n≈ the number of seeds at "
           "which the observed paired spread would decide it; not learned: neither design "
-          "reached 1.5× the task's chance accuracy, so a difference between two guessers is "
-          "noise.")
+          "reached 1.5× the task's chance accuracy, or half the perplexity of a context-free "
+          "guess (the unigram entropy of the text), so the difference is between two guessers.")
+
+LN2 = math.log(2)  # a loss task counts as learned once a design halves context-free perplexity
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,9 @@ def effect(c: dict | None, lower_is_better: bool = True, what: str | None = None
     Returns ``{text, status, value, half, lo, hi, seeds, unit}``: ``value`` ± ``half`` in the
     display unit (``lo``/``hi`` the 95% CI mapped there; for perplexity the map is not linear,
     so ``half`` is half of ``hi − lo``), ``seeds`` the count that would decide an undecided
-    one. With ``chance`` (an accuracy task's guessing rate), a comparison where neither design
-    got to 1.5× chance is ``not_learned``.
+    one. With ``chance`` (the task's chance level, ``results.chance``), a comparison where
+    neither design got to 1.5× an accuracy task's guessing rate, or to half the perplexity of a
+    loss task's context-free guess (val loss ``chance − ln 2``), is ``not_learned``.
     """
     metric = (c or {}).get("metric", "")
     sc = SCALES.get(metric, SCALES["val_loss"] if "loss" in metric else None)
@@ -86,12 +89,17 @@ def effect(c: dict | None, lower_is_better: bool = True, what: str | None = None
             "unit": "" if sc is None else sc.unit}
     if sc is None or not finite(raw):
         return {**none, "text": "not measured", "status": "missing"}
-    if chance is not None and finite(c.get("mean")) and finite(c.get("baseline_mean")) \
-            and max(c["mean"], c["baseline_mean"]) < 1.5 * chance:
-        return {**none, "status": "not_learned", "at_chance": True,
-                "text": f"both at chance ({100 * c['mean']:.1f}% vs standard "
-                        f"{100 * c['baseline_mean']:.1f}%, chance {100 * chance:.1f}%: not "
-                        f"learned, no verdict)"}
+    if chance is not None and finite(c.get("mean")) and finite(c.get("baseline_mean")):
+        if not lower_is_better and max(c["mean"], c["baseline_mean"]) < 1.5 * chance:
+            return {**none, "status": "not_learned", "at_chance": True,
+                    "text": f"both at chance ({100 * c['mean']:.1f}% vs standard "
+                            f"{100 * c['baseline_mean']:.1f}%, chance {100 * chance:.1f}%: not "
+                            f"learned, no verdict)"}
+        if lower_is_better and min(c["mean"], c["baseline_mean"]) > chance - LN2:
+            return {**none, "status": "not_learned", "at_chance": True,
+                    "text": f"neither halves a context-free guess's perplexity (val loss "
+                            f"{c['mean']:.3f} vs standard {c['baseline_mean']:.3f}, context-free "
+                            f"{chance:.3f}: not learned, no verdict)"}
     what = what or sc.what
     n = int(c.get("n_pairs") or 0)
     d = decide(raw, sd if finite(sd) else float("nan"), n, sc.margin,

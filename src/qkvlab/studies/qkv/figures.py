@@ -81,7 +81,7 @@ def forest_frame(data: StudyData, question: str) -> pd.DataFrame:
         if task == "bind" and "d_head" in c:
             c = c[c.d_head == c.d_head.max()]
         acc = metric == "accuracy"
-        ch = chance(task, data.profile) if acc else None
+        ch = chance(task, data.profile)
         for r in c.to_dict("records"):
             e = effect(r, not acc)  # the difference even between two guessers, drawn as such
             if e["value"] is None:

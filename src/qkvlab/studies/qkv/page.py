@@ -137,7 +137,7 @@ def summary_table(data: StudyData) -> Table:
                 cells.append("—")
                 continue
             lower = TASK_METRIC[t.split(" ")[0]][1]
-            e = effect(r, lower, chance=None if lower else chance(t.split(" ")[0], data.profile))
+            e = effect(r, lower, chance=chance(t.split(" ")[0], data.profile))
             cells.append(cell(e))
         c = cost.get(design, {})
         body.append((F.LABELS.get(design, design), num(c.get("params")), num(c.get("time")),

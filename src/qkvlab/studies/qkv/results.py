@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from qkvlab.analysis.measures import PUBLISHED_SOURCE, PUBLISHED_SYMMETRY
-from qkvlab.data import get_task
+from qkvlab.data import MissingSourceError, get_task
 from qkvlab.experiments.frames import measures_frame, metrics_frame, runs_frame
 from qkvlab.experiments.registry import get_profile
 from qkvlab.experiments.stats import compare_frame
@@ -95,8 +95,12 @@ def _py(v):
 
 
 def chance(task: str, profile: QKVProfile) -> float | None:
-    """Guessing accuracy of a task at a profile's options (None for tasks without one)."""
-    return getattr(get_task(task, **profile.task_options.get(task, {})), "chance", None)
+    """The chance level of a task's own metric (``TASK_METRIC``) at a profile: a synthetic
+    task's guessing accuracy, or a text task's context-free val loss (nats); None if unknown."""
+    try:
+        return getattr(get_task(task, **profile.task_options.get(task, {})), "chance", None)
+    except MissingSourceError:  # a corpus not installed: no chance level, no "not learned"
+        return None
 
 
 def comparisons(runs: pd.DataFrame) -> pd.DataFrame:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from qkvlab.experiments.stats import decide, mean_ci, paired
 from qkvlab.report.blocks import Verdict
-from qkvlab.studies.qkv.effects import LEGEND, WORDS, effect, finite  # noqa: F401 (re-exported)
+from qkvlab.studies.qkv.effects import LEGEND, LN2, WORDS, effect, finite  # noqa: F401 (re-exported)
 from qkvlab.studies.qkv.experiments import MARGINS
 from qkvlab.studies.qkv.results import StudyData, chance
 from qkvlab.studies.qkv.zoo_view import large_heads
@@ -52,7 +52,7 @@ def rows_of(data: StudyData, *experiments: str) -> list[dict]:
 def _task_effects(rows: list[dict], design: str, task: str, lower: bool,
                   data: StudyData | None = None) -> tuple[dict, dict]:
     metric = "accuracy" if not lower else "val_loss"
-    ch = None if lower or data is None else chance(task, data.profile)
+    ch = None if data is None else chance(task, data.profile)
     eq = effect(pick(rows, design=design, task=task, arm="equal", metric=metric), lower, chance=ch)
     mt = effect(pick(rows, design=design, task=task, arm="matched", metric=metric), lower, chance=ch)
     return eq, mt
@@ -318,10 +318,11 @@ def _emergence_sentence(data: StudyData) -> str:
     ser = emergence_series(data)
     if "encoder" not in ser or "decoder" not in ser:
         return ""
-    last = max(set(ser["encoder"]) & set(ser["decoder"]))
-    enc, dec = ser["encoder"][last], ser["decoder"][last]
-    s = (f"Trained from the same initial weights for {last} steps, qkvlab's encoder (mlm) "
-         f"reaches symmetry {ci_text(enc, '{:.3f}')} and its decoder (lm) {ci_text(dec, '{:.3f}')}")
+    n_enc, n_dec = max(ser["encoder"]), max(ser["decoder"])  # each at the end of its training
+    enc, dec = ser["encoder"][n_enc], ser["decoder"][n_dec]
+    s = (f"Trained from the same initial weights, qkvlab's encoder (mlm, {n_enc} steps) "
+         f"reaches symmetry {ci_text(enc, '{:.3f}')} and its decoder (lm, {n_dec} steps) "
+         f"{ci_text(dec, '{:.3f}')}")
     if len(enc) == len(dec) and len(enc) >= 2:  # same seeds: paired, encoder − decoder
         d = paired(enc, dec)
         margin = MARGINS["symmetry"].value
@@ -338,7 +339,23 @@ def _emergence_sentence(data: StudyData) -> str:
             s += f" ({diff}: undecided, the CI straddles zero and reaches past ±{margin:g}{more})."
     else:
         s += f" ({INCONCLUSIVE}: too few seeds for a CI)."
-    return s
+    return s + _unlearned(data, "symmetry_emergence", (("mlm", "encoder"), ("lm", "decoder")))
+
+
+def _unlearned(data: StudyData, experiment: str, tasks) -> str:
+    """A caveat naming each kind whose standard runs in ``experiment`` did not halve a
+    context-free guess's perplexity (their weights' geometry then says little)."""
+    runs = data.runs
+    if runs.empty or "val_loss" not in runs:
+        return ""
+    out = []
+    for task, kind in tasks:
+        v = runs[(runs.experiment == experiment) & (runs.task == task)].val_loss.dropna()
+        ch = chance(task, data.profile)
+        if len(v) and ch is not None and v.mean() > ch - LN2:
+            out.append(f"the {kind} ({task}) has not learned its task at this budget (val loss "
+                       f"{v.mean():.3f}, context-free {ch:.3f}), so its symmetry says little")
+    return (" Caveat: " + "; ".join(out) + ".") if out else ""
 
 
 # ---- Q3 --------------------------------------------------------------------------------------
