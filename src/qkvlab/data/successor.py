@@ -11,13 +11,16 @@ Why: thread 003 asks why not one matrix W = W_Q = W_K, since "one attention head
 for one syntactic or semantic relation between any two words". ``relation`` (induction) showed
 that under a causal mask a symmetric score s(x, y) = s(y, x) costs nothing but the diagonal:
 that relation is between *positions*. Here it is between *contents*, so a head that answers by
-its attention alone needs the direction in its score. A symmetric score cannot rank every
-token's successor above its predecessor: around a cycle a0 → a1 → ... → a0 that would need
-s(a0, a1) > s(a0, a_{k-1}) = s(a_{k-1}, a0) > s(a_{k-1}, a_{k-2}) > ... > s(a1, a0) = s(a0, a1).
-A causal mask does not change that (each pair of *tokens* occurs in both orders across
-sequences), and the self-mask removes only the diagonal. A model can still route around its
-heads: attend to both neighbours symmetrically and let the readout, which knows the query token
-and has its own asymmetric weights, pick the larger one. The study measures which happens.
+its attention alone needs the direction in its score. In the encoder a symmetric score cannot
+rank every token's successor above its predecessor: for the tokens of one sequence, a0 → a1 →
+... → a0 in the cycle, that would need s(a0, a1) > s(a0, a_{k-1}) = s(a_{k-1}, a0) >
+s(a_{k-1}, a_{k-2}) > ... > s(a1, a0) = s(a0, a1), whatever the layer (the vectors compared may
+carry context; the score of a pair is still the same both ways). The self-mask removes only
+the diagonal. In the decoder each token chooses among the tokens before it, so no such cycle
+arises within a sequence: the two versions tell whether the causal mask spares the tie here
+too. A model can also route around its heads: attend to both neighbours and let the readout,
+which knows the query token and has its own asymmetric weights, pick the next one. The study
+measures which happens.
 
 Batch: ``idx`` (B, T) with T = ``n_items`` (``seq_len`` is derived), ``targets`` (B, T) the
 successor's id (``IGNORE`` where no answer is asked). ``chance``: the mean over answered
