@@ -40,7 +40,7 @@ from qkvlab.data.base import IGNORE, Task, check_int, check_split, register
 def successors(idx: Tensor, causal: bool) -> Tensor:
     """The cyclic successor (by id) of each token among the row's tokens (``causal``: among the
     tokens before it; ``IGNORE`` at the first two positions). ``idx`` (B, T) distinct per row."""
-    B, T = idx.shape
+    T = idx.shape[1]
     a, b = idx[:, :, None], idx[:, None, :]  # query a at i, candidate b at j
     ok = b != a
     if causal:

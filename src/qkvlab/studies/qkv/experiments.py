@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from qkvlab.data import get_task
 from qkvlab.experiments.registry import (
     Profile,
     Run,
@@ -27,7 +28,6 @@ from qkvlab.experiments.registry import (
     register_profile,
     task_info,
 )
-from qkvlab.data import get_task
 from qkvlab.train import InitConfig, ProbeConfig
 
 
