@@ -229,3 +229,10 @@ def test_a_loss_task_neither_design_learned_is_not_a_verdict():
                               lower_is_better=True, chance=ctx_free)
     assert learned["status"] != "not_learned" and learned["value"] is not None
     assert verdicts.effect(row, lower_is_better=True)["status"] != "not_learned"  # no chance: judged
+
+
+def test_q2_says_why_a_profile_leaves_mqar_out(tmp_path):
+    with Store(tmp_path / "r.db") as store:
+        quick, smoke = results.load(store, "quick"), results.load(store, "smoke")
+    assert verdicts.MQAR_LEFT_OUT in verdicts.verdict_q2(quick).details
+    assert verdicts.MQAR_LEFT_OUT not in verdicts.verdict_q2(smoke).details  # smoke runs it

@@ -219,6 +219,14 @@ def _scale_sentence(probe: list[dict]) -> str:
 
 
 # ---- Q2 --------------------------------------------------------------------------------------
+MQAR_LEFT_OUT = (
+    "mqar is not compared at this profile: standard attention does not leave its chance level "
+    "(1/n_pairs) within the budget (seq 16–64, 4–8 pairs, lr 3e-4 to 1e-2, up to 2,500 steps, "
+    "with and without noise tokens; Zoology trains it for 100 epochs of 10,000 examples, about "
+    "31,000 steps at batch 32), so its comparisons could not count; relation is the recall "
+    "task standard learns here.")
+
+
 def verdict_q2(data: StudyData) -> Verdict:
     rows = rows_of(data, "tied_qk_qkv")
     head, parts = [], []
@@ -232,6 +240,8 @@ def verdict_q2(data: StudyData) -> Verdict:
                 (head if task in ("lm", "relation") else parts).append(s)
     headline = "; ".join(head) + "." if head else "No tied Q=K runs finished."
     details = ["; ".join(parts) + "."] if parts else []
+    if "mqar" in data.profile.task_seeds and not data.profile.task_seeds["mqar"]:
+        details.append(MQAR_LEFT_OUT)
     own = records(data.measure("own_position"))
     if own:
         def ow(design, task="lm"):
