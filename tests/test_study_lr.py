@@ -23,25 +23,35 @@ def profile():
 
 
 def _finish_grid(store: Store, p, loss, skip=()) -> None:
-    """Register lr_tune's runs and finish each with val_loss = loss(task, design, lr, seed)
-    (None: diverged); runs whose (task, design) is in ``skip`` stay pending."""
+    """Register lr_tune's runs and finish each with val_loss = loss(task, design, arm, lr,
+    seed) (None: diverged); runs whose (task, design) is in ``skip`` stay pending."""
     runs = registry.runs_of("lr_tune", p)
     ids = store.add("lr_tune", p.name, runs)
     for rid, (_, tags) in zip(ids, runs):
         if (tags["task"], tags["design"]) in skip or not store.claim(rid):
             continue
-        v = loss(tags["task"], tags["design"], tags["lr"], tags["seed"])
+        v = loss(tags["task"], tags["design"], tags["arm"], tags["lr"], tags["seed"])
         store.finish(rid, "diverged" if v is None else "done", 1,
                      {} if v is None else {"val_loss": v}, {"n_params": 1})
 
 
 def test_lr_tune_covers_every_tuned_design_rate_and_seed(profile):
     runs = registry.runs_of("lr_tune", profile)
-    want = {(t, d, float(f"{E.task_lr(t, profile) * m:.3g}"), s)
+    want = {(t, d, a, float(f"{E.task_lr(t, profile) * m:.3g}"), s)
             for t, labels in E.TUNED.items() for d in ("standard", *labels)
-            for m in GRID for s in (100, 101)}
-    got = {(tg["task"], tg["design"], tg["lr"], tg["seed"]) for _, tg in runs}
+            for a in profile.tuned_arms(t, d) for m in GRID for s in (100, 101)}
+    got = {(tg["task"], tg["design"], tg["arm"], tg["lr"], tg["seed"]) for _, tg in runs}
     assert got == want and len(runs) == len(want)
+    # the matched arm is tuned where the comparisons run one: not for standard (its matched
+    # arm is its equal run), GQA or identity-init alt (equal width only), or a task whose
+    # profile runs equal width only
+    assert {(t, d) for t, d, a, _, _ in want if a == "matched"} == {
+        (t, d) for t, labels in E.TUNED.items() for d in labels if d not in E.EQUAL_ONLY}
+    narrow = dataclasses.replace(profile, task_arms={"mlm": ("equal",)})
+    assert not {tg["design"] for _, tg in registry.runs_of("lr_tune", narrow)
+                if tg["task"] == "mlm" and tg["arm"] == "matched"}
+    matched_spec = {tg["design"]: s.model for s, tg in runs if tg["arm"] == "matched"}
+    assert matched_spec["tied_qk"]["d_head"] > profile.d_model // profile.n_heads  # widened
     assert all(spec.train.lr == tags["lr"] and spec.train.seed == tags["seed"]
                for spec, tags in runs)
     assert not set(profile.lr_seeds) & set(profile.seeds)
@@ -53,20 +63,29 @@ def test_comparisons_wait_for_the_grid_with_a_clear_error(profile, tmp_path):
         registry.runs_of("lm_tied_kv", profile)
     with Store(tmp_path / "r.db") as store:
         _finish_grid(store, profile, lambda *a: 2.0, skip={("lm", "tied_kv")})
-        with pytest.raises(ValueError, match=r"not finished for \['tied_kv'\]"):
+        with pytest.raises(E.RatesPending, match=r"not finished for \['tied_kv \(equal\)', "
+                                                 r"'tied_kv \(matched\)'\]"):
             registry.runs_of("lm_tied_kv", profile, store)
         assert sweep_plan("lm_gqa", profile, store=store)  # its grid is complete
 
 
-def test_each_design_trains_at_the_rate_with_the_lowest_mean_val_loss(profile, tmp_path):
-    base = E.task_lr("lm", profile)
-    best = {"standard": 0.5, "tied_kv": 2.0}  # multiplier with the lowest loss per design
+def n_tuned(p) -> int:
+    """How many (task, design, arm) rates ``lr_tune`` chooses at profile ``p``."""
+    return sum(len(p.tuned_arms(t, d)) for t, labels in E.TUNED.items()
+               for d in ("standard", *labels))
 
-    def loss(task, design, lr, seed):
+
+def test_each_design_and_arm_trains_at_the_rate_with_the_lowest_mean_val_loss(profile,
+                                                                              tmp_path):
+    base = E.task_lr("lm", profile)
+    # multiplier with the lowest loss per (design, arm): the matched tied K=V its own
+    best = {("standard", "equal"): 0.5, ("tied_kv", "equal"): 2.0, ("tied_kv", "matched"): 0.5}
+
+    def loss(task, design, arm, lr, seed):
         m = lr / E.task_lr(task, profile)
-        if design == "tied_kv" and m == 1.0 and seed == 101:
+        if design == "tied_kv" and arm == "equal" and m == 1.0 and seed == 101:
             return None  # diverged: counts as an infinite loss, so 1.0 cannot win
-        return 2.0 + abs(math.log(m / best.get(design, 1.0))) + 0.01 * (seed - 100)
+        return 2.0 + abs(math.log(m / best.get((design, arm), 1.0))) + 0.01 * (seed - 100)
 
     with Store(tmp_path / "r.db") as store:
         _finish_grid(store, profile, loss)
@@ -74,20 +93,34 @@ def test_each_design_trains_at_the_rate_with_the_lowest_mean_val_loss(profile, t
         chosen = E.chosen_lrs(profile, store)
     assert {(s.train.lr, t["design"], t["arm"]) for s, t in runs} == {
         (float(f"{base * 0.5:.3g}"), "standard", "equal"),
-        (float(f"{base * 0.5:.3g}"), "standard", "matched"),
+        (float(f"{base * 0.5:.3g}"), "standard", "matched"),  # standard's equal run
         (float(f"{base * 2.0:.3g}"), "tied_kv", "equal"),
-        (float(f"{base * 2.0:.3g}"), "tied_kv", "matched")}
-    assert chosen[("lm", "alt")] == float(f"{base:.3g}")
-    assert len(chosen) == sum(1 + len(v) for v in E.TUNED.values())
+        (float(f"{base * 0.5:.3g}"), "tied_kv", "matched")}
+    assert chosen[("lm", "alt", "equal")] == float(f"{base:.3g}")
+    assert len(chosen) == n_tuned(profile)
+
+
+def test_the_choice_reads_only_the_grid_the_profile_lists_now(profile, tmp_path):
+    # a store keeps the runs of an earlier grid (other rates, same memberships' experiment):
+    # they neither complete nor change the current choice
+    old = dataclasses.replace(profile, lr_grid=(0.1, 1.0))
+    with Store(tmp_path / "r.db") as store:
+        _finish_grid(store, old, lambda *a: 1.0)  # the old grid's 0.1 wins everywhere
+        assert E.chosen_lrs(profile, store) == {}  # the current grid has not run yet
+        _finish_grid(store, profile,
+                     lambda t, d, a, lr, s: 2.0 + abs(math.log(lr / E.task_lr(t, profile))))
+        chosen = E.chosen_lrs(profile, store)
+    assert len(chosen) == n_tuned(profile)
+    assert all(lr == float(f"{E.task_lr(t, profile):.3g}") for (t, _, _), lr in chosen.items())
 
 
 def test_ties_go_to_the_smaller_rate_and_all_diverged_chooses_nothing(profile, tmp_path):
     with Store(tmp_path / "r.db") as store:
         _finish_grid(store, profile,
-                     lambda t, d, lr, s: None if d == "alt" and t == "lm" else 2.0)
+                     lambda t, d, a, lr, s: None if d == "alt" and t == "lm" else 2.0)
         chosen = E.chosen_lrs(profile, store)
-    assert ("lm", "alt") not in chosen
-    assert chosen[("lm", "standard")] == float(f"{E.task_lr('lm', profile) * 0.5:.3g}")
+    assert ("lm", "alt", "equal") not in chosen and ("lm", "alt", "matched") not in chosen
+    assert chosen[("lm", "standard", "equal")] == float(f"{E.task_lr('lm', profile) * 0.5:.3g}")
 
 
 def test_report_draws_the_grid_and_lists_each_chosen_rate(profile, tmp_path):
@@ -96,7 +129,7 @@ def test_report_draws_the_grid_and_lists_each_chosen_rate(profile, tmp_path):
 
     from qkvlab.studies.qkv import figures, page, results
 
-    def loss(task, design, lr, seed):
+    def loss(task, design, arm, lr, seed):
         return 2.0 + abs(math.log(lr / E.task_lr(task, profile))) + (0.5 if design == "alt" else 0)
 
     with Store(tmp_path / "r.db") as store:
@@ -105,19 +138,21 @@ def test_report_draws_the_grid_and_lists_each_chosen_rate(profile, tmp_path):
     with plt.rc_context(figures.STYLE):
         fig = figures.fig_lr(data, tmp_path / "figs")
     df = pd.read_csv(tmp_path / "figs" / fig.csv)
-    n_designs = sum(1 + len(v) for v in E.TUNED.values())
+    n_designs = n_tuned(profile)
     assert len(df) == n_designs * len(GRID) and df.seeds.eq(2).all()
     chosen = df[df.chosen]
     assert len(chosen) == n_designs
     assert all(r.lr == float(f"{E.task_lr(r.task, profile):.3g}") for r in chosen.itertuples())
     assert not chosen.edge.any()  # the middle rate won everywhere
-    want = {("lm", "alt", float(f"{E.task_lr('lm', profile) * 2:.3g}")): 2.5 + math.log(2)}
-    got = df.set_index(["task", "design", "lr"]).val_loss
+    want = {("lm", "alt", "matched", float(f"{E.task_lr('lm', profile) * 2:.3g}")):
+            2.5 + math.log(2)}
+    got = df.set_index(["task", "design", "arm", "lr"]).val_loss
     for k, v in want.items():
         assert got[k] == pytest.approx(v, rel=1e-12)
     blocks = page.lr_blocks(data, {"setup": [fig]})
     table = blocks[-1]
-    assert len(table.rows) == n_designs and {r[4] for r in table.rows} == {"no"}
+    assert len(table.rows) == n_designs and {r[5] for r in table.rows} == {"no"}
+    assert {r[2] for r in table.rows} == {"equal", "matched"}
 
 
 def test_task_seeds_and_arms_narrow_only_the_tasks_they_name():
@@ -137,3 +172,4 @@ def test_task_seeds_and_arms_narrow_only_the_tasks_they_name():
     # the experiments that name their own seeds or arms keep them
     assert {tg["seed"] for _, tg in registry.runs_of("lm_scaling", dataclasses.replace(
         p, scale_widths=(16,), scale_seeds=(3,)))} == {3}
+

@@ -131,6 +131,13 @@ def runs_of(name: str, profile: Profile | str, store: Any = None) -> list[Run]:
     return EXPERIMENTS[name](p if store is None else p.prepared(store))
 
 
+def member_keys(runs: list[Run]) -> set[tuple[str, str]]:
+    """``(run id, canonical tags)`` of each listed run: the memberships an experiment's
+    current definition makes (a store keeps those of earlier definitions too)."""
+    return {(run_id(s.to_dict() if hasattr(s, "to_dict") else dict(s)), canonical(dict(t)))
+            for s, t in runs}
+
+
 def describe(profile: str = "quick") -> list[dict[str, Any]]:
     """Name, question and number of runs (and distinct run ids) per experiment."""
     p = get_profile(profile)
@@ -221,14 +228,14 @@ def make_run(task: str, model: dict[str, Any], p: Profile, seed: int, tags: dict
 
 def design_arms(task: str, p: Profile, designs: dict[str, dict[str, Any]],
                 arms: tuple[str, ...] = ("equal", "matched"), seeds: tuple[int, ...] = (),
-                lrs: Mapping[str, float] | None = None, **model_over) -> list[Run]:
+                lrs: Mapping[tuple[str, str], float] | None = None, **model_over) -> list[Run]:
     """``standard`` and each design, per arm and seed (``seeds`` or the profile's).
-    ``designs`` maps a label to model options; ``lrs`` a label (``standard`` included) to its
-    own learning rate (absent: the profile's and task's)."""
+    ``designs`` maps a label to model options; ``lrs`` a (label, arm) (``standard`` included)
+    to its own learning rate (absent: the profile's and task's)."""
     lrs = lrs or {}
 
-    def train(label: str) -> dict[str, Any] | None:
-        return {"lr": lrs[label]} if label in lrs else None
+    def train(label: str, arm: str) -> dict[str, Any] | None:
+        return {"lr": lrs[(label, arm)]} if (label, arm) in lrs else None
 
     _, kind = task_info(task)
     base = base_model(p, **model_over)
@@ -236,11 +243,11 @@ def design_arms(task: str, p: Profile, designs: dict[str, dict[str, Any]],
     for seed in seeds or p.seeds:
         for arm in arms:
             runs.append(make_run(task, base, p, seed, {"design": "standard", "arm": arm},
-                                 train=train("standard")))
+                                 train=train("standard", arm)))
             for label, opts in designs.items():
                 m = {**base, **opts}
                 if arm == "matched":
                     m = matched(m, base, kind)
                 runs.append(make_run(task, m, p, seed, {"design": label, "arm": arm},
-                                     train=train(label)))
+                                     train=train(label, arm)))
     return runs

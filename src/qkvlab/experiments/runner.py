@@ -270,7 +270,7 @@ def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str =
     with Store(db) as store:
         ids: list[str] = []
         for n, runs in plan:
-            for i in store.add(n, profile, runs):
+            for i in store.add(n, profile, runs, replace=True):
                 if i not in ids:  # one run may be listed twice (a baseline in both arms)
                     ids.append(i)
         threads = threads or max(1, (os.cpu_count() or 1) // workers)

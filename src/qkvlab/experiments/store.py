@@ -146,15 +146,23 @@ class Store:
         self.conn.execute("COMMIT")
 
     # ---- writing -------------------------------------------------------------------------
-    def add(self, experiment: str, profile: str, runs: Iterable[tuple[Any, Mapping]]) -> list[str]:
+    def add(self, experiment: str, profile: str, runs: Iterable[tuple[Any, Mapping]],
+            replace: bool = False) -> list[str]:
         """Register (spec, tags) pairs under an experiment; returns their ids in order.
 
         A spec is a ``RunSpec`` (its canonical ``to_dict()`` is stored) or a plain mapping.
 
-        Existing runs are kept as they are (finished ones are not re-run).
+        Existing runs are kept as they are (finished ones are not re-run). ``replace``: the
+        pairs are the experiment's whole list at ``profile`` (a sweep's), so memberships it no
+        longer makes (a profile's earlier settings: other ids or tags) are dropped in the same
+        transaction; their runs and results stay in the store, and come back as they were if
+        a later definition lists them again.
         """
         ids, now = [], time.time()
         with self.tx() as c:
+            if replace:
+                c.execute("DELETE FROM members WHERE experiment=? AND profile=?",
+                          (experiment, profile))
             for spec, tags in runs:
                 d = spec.to_dict() if hasattr(spec, "to_dict") else dict(spec)  # a RunSpec
                 rid = run_id(d)

@@ -25,10 +25,17 @@ from qkvlab.experiments.registry import (
     design_arms,
     experiment,
     make_run,
+    matched,
+    member_keys,
     register_profile,
     task_info,
 )
+from qkvlab.experiments.store import canonical
 from qkvlab.train import InitConfig, ProbeConfig
+
+
+class RatesPending(ValueError):
+    """A comparison's runs depend on the rates ``lr_tune`` chooses, and it has not finished."""
 
 
 @dataclass(frozen=True)
@@ -39,11 +46,13 @@ class QKVProfile(Profile):
     whether it runs the models on text for CKA), and the learning-rate grid.
 
     Learning rates: with an empty ``lr_grid`` every design trains at the task's rate. Otherwise
-    experiment ``lr_tune`` trains each design of ``TUNED`` at ``lr_grid`` × the task's rate on
-    ``lr_seeds`` (disjoint from ``seeds``), and the comparisons train each design at the rate
-    with the lowest mean validation loss over those seeds (``prepared`` reads it from the store
-    into ``lrs``; a diverged run counts as infinite loss; ties go to the smaller rate). The
-    chosen rate is applied to both arms; the reported numbers come from the other seeds.
+    experiment ``lr_tune`` trains each design of ``TUNED`` in each arm its comparisons run
+    (``tuned_arms``) at ``lr_grid`` × the task's rate on ``lr_seeds`` (disjoint from
+    ``seeds``), and the comparisons train each (design, arm) at the rate with the lowest mean
+    validation loss over those seeds (``prepared`` reads it from the store into ``lrs``; a
+    diverged run counts as infinite loss; ties go to the smaller rate). The parameter-matched
+    arm is a model of another width, so it gets its own rate; standard's matched arm is its
+    equal-width run. The reported numbers come from the other seeds.
     """
 
     probe_d_heads: tuple[int, ...] = ()
@@ -65,30 +74,42 @@ class QKVProfile(Profile):
     # seeds than real text
     task_seeds: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     task_arms: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
-    lrs: Mapping[tuple[str, str], float] | None = None  # (task, design) -> rate; see prepared
+    # (task, design, arm) -> rate; see prepared
+    lrs: Mapping[tuple[str, str, str], float] | None = None
 
     def prepared(self, store) -> QKVProfile:
         if not self.lr_grid or self.lrs is not None:
             return self
         return dataclasses.replace(self, lrs=chosen_lrs(self, store))
 
-    def design_lrs(self, task: str, designs) -> dict[str, float]:
-        """``{label: learning rate}`` of ``standard`` and ``designs`` on ``task`` (empty when
-        every design trains at the task's rate).
+    def tuned_arms(self, task: str, label: str) -> tuple[str, ...]:
+        """The arms whose rate ``lr_tune`` tunes for a design: those its comparisons run."""
+        if label == "standard" or label in EQUAL_ONLY:
+            return ("equal",)
+        return tuple(self.task_arms.get(task, ("equal", "matched")))
+
+    def design_lrs(self, task: str, designs, arms=("equal", "matched")
+                   ) -> dict[tuple[str, str], float]:
+        """``{(label, arm): learning rate}`` of ``standard`` and ``designs`` in ``arms`` on
+        ``task`` (empty when every design trains at the task's rate).
 
         Raises:
-            ValueError: the profile tunes rates and ``lr_tune`` has not chosen them yet.
+            RatesPending: the profile tunes rates and ``lr_tune`` has not chosen them yet.
         """
         if not self.lr_grid or task not in TUNED:
             return {}
-        want = ["standard", *designs]
-        missing = [d for d in want if (task, d) not in (self.lrs or {})]
+        lrs = self.lrs or {}
+
+        def key(d: str, arm: str) -> tuple[str, str, str]:
+            return (task, d, "equal" if d == "standard" else arm)
+        want = [(d, arm) for arm in arms for d in ("standard", *designs)]
+        missing = sorted({f"{d} ({key(d, a)[2]})" for d, a in want if key(d, a) not in lrs})
         if missing:
-            raise ValueError(
+            raise RatesPending(
                 f"profile {self.name}: {task} trains each design at the learning rate that "
                 f"experiment lr_tune chose, and it has not finished for {missing}; run "
                 f"`qkvlab sweep lr_tune --profile {self.name}` first (qkvlab study does)")
-        return {d: self.lrs[(task, d)] for d in want}
+        return {(d, a): lrs[key(d, a)] for d, a in want}
 
 
 # The designs each tuned task compares (model options per label), and so the learning-rate grid.
@@ -103,6 +124,8 @@ DESIGNS: dict[str, dict[str, Any]] = {
 TUNED = {"lm": ("alt", "tied_qk", "tied_qk_selfmask", "tied_qkv", "tied_kv", "gqa_half"),
          "mlm": ("tied_qk", "tied_qk_selfmask", "tied_qkv"),
          "translate": ("alt", "alt_identity", "tied_kv_cross")}
+# designs compared at equal width only (lm_gqa, alt_init): no matched-width rate to tune
+EQUAL_ONLY = frozenset({"gqa_half", "alt_identity"})
 
 
 def design_options(label: str, p: Profile) -> dict[str, Any]:
@@ -112,26 +135,38 @@ def design_options(label: str, p: Profile) -> dict[str, Any]:
     return dict(DESIGNS[label])
 
 
-def chosen_lrs(p: QKVProfile, store) -> dict[tuple[str, str], float]:
-    """``{(task, design): rate}`` chosen from ``lr_tune``'s finished runs in ``store``."""
-    return choose_lrs(p, ((r["tags"]["task"], r["tags"]["design"], r["tags"]["lr"], r["status"],
-                           r["final"].get("val_loss")) for r in store.runs("lr_tune", p.name)))
+def chosen_lrs(p: QKVProfile, store) -> dict[tuple[str, str, str], float]:
+    """``{(task, design, arm): rate}`` chosen from ``lr_tune``'s finished runs in ``store``
+    (only the runs the profile's grid lists now: a store keeps those of earlier grids)."""
+    listed = member_keys(lr_tune(p))
+    return choose_lrs(p, ((r["tags"]["task"], r["tags"]["design"], r["tags"]["arm"],
+                           r["tags"]["lr"], r["status"], r["final"].get("val_loss"))
+                          for r in store.runs("lr_tune", p.name)
+                          if (r["id"], canonical(r["tags"])) in listed))
 
 
-def choose_lrs(p: QKVProfile, rows) -> dict[tuple[str, str], float]:
-    """The rate with the lowest mean val loss over ``lr_seeds`` per (task, design), from rows
-    ``(task, design, lr, status, val_loss)``; only designs whose whole grid has finished. A
-    diverged run (or one without a loss) counts as infinite loss; ties go to the smaller rate."""
-    scores: dict[tuple[str, str], dict[float, list[float]]] = {}
-    for task, design, lr, status, loss in rows:
+def lr_of(task: str, mult: float, p: Profile) -> float:
+    """A grid point: ``mult`` × the task's rate, to 3 significant digits (so the same rate is
+    the same run id whichever multiplier reaches it)."""
+    return float(f"{task_lr(task, p) * mult:.3g}")
+
+
+def choose_lrs(p: QKVProfile, rows) -> dict[tuple[str, str, str], float]:
+    """The rate with the lowest mean val loss over ``lr_seeds`` per (task, design, arm), from
+    rows ``(task, design, arm, lr, status, val_loss)``; only designs whose whole grid has
+    finished. A diverged run (or one without a loss) counts as infinite loss; ties go to the
+    smaller rate."""
+    scores: dict[tuple[str, str, str], dict[float, list[float]]] = {}
+    for task, design, arm, lr, status, loss in rows:
         if status not in ("done", "diverged"):
             continue
         ok = status == "done" and loss is not None and math.isfinite(loss)
-        scores.setdefault((task, design), {}).setdefault(float(lr), []).append(
+        scores.setdefault((task, design, arm), {}).setdefault(float(lr), []).append(
             loss if ok else math.inf)
     out = {}
     for key, by_lr in scores.items():
-        if len(by_lr) == len(p.lr_grid) and all(len(v) == len(p.lr_seeds) for v in by_lr.values()):
+        grid = {lr_of(key[0], m, p) for m in p.lr_grid}
+        if set(by_lr) == grid and all(len(v) == len(p.lr_seeds) for v in by_lr.values()):
             means = {lr: sum(v) / len(v) for lr, v in by_lr.items()}
             best = min(sorted(means), key=lambda lr: means[lr])
             if math.isfinite(means[best]):
@@ -246,15 +281,19 @@ PROFILES = {p.name: register_profile(p) for p in (
     # 16-character windows; translate 600; 8 seeds on real text (lm, mlm, translate); mqar and
     # relation 3 seeds and successor 4 (their differences are tens of points), bind 4; mlm's
     # tied designs at equal width only (lm carries the parameter-matched arm); widths 32/64/96
-    # on 3 seeds (64 shares the comparisons' runs). Each design at its own rate from a 3-point
-    # grid on one tuning seed. Estimate: ~11,800 CPU-seconds, ~1.8 hours with the measures.
+    # on 3 seeds (64 shares the comparisons' runs). Estimate: ~11,800 CPU-seconds, ~1.8 hours
+    # with the measures; measured end to end from a fresh clone: 4,414 s (2026-11-24). That
+    # run tuned each design on a 3-point grid (1/3, 1, 3 x) at equal width only: every lm
+    # design chose the top (1.8e-2) and, trained at it, parameter-matched tied designs (wider
+    # heads) stalled on a plateau in 4 of 32 seeds (val loss 2.0-2.3 vs 1.6-1.7). So the grid
+    # has a 4th point (9x) and each parameter-matched arm is tuned at its own width.
     QKVProfile("standard", seeds=tuple(range(8)), d_model=64, n_layers=2, n_heads=4,
                batch_size=16, steps=1000, lr=3e-3, eval_batches=16,
                task_options=TASK_OPTIONS["standard"], task_train=TASK_TRAIN["standard"],
                probe_d_heads=(16, 32, 64, 128, 256), probe_steps=60, probe_seeds=(0, 1, 2),
                bind_d_heads=(1, 2, 4), bind_seeds=tuple(range(4)), measure_batch=16,
                rounds=5, decode_tokens=48, n_null=128, cka=True,
-               lr_grid=(1 / 3, 1.0, 3.0), lr_seeds=(100,), scale_widths=(32, 64, 96),
+               lr_grid=(1 / 3, 1.0, 3.0, 9.0), lr_seeds=(100,), scale_widths=(32, 64, 96),
                scale_seeds=(0, 1, 2),
                task_seeds={"mqar": (0, 1, 2), "relation": (0, 1, 2),
                            "successor": tuple(range(4)), "successor_causal": tuple(range(4))},
@@ -315,22 +354,29 @@ def arms(task: str, p: QKVProfile, labels: tuple[str, ...], **kw) -> list[Run]:
         kw.setdefault("seeds", p.task_seeds[task])
     if task in p.task_arms:
         kw.setdefault("arms", p.task_arms[task])
+    arm_list = kw.get("arms", ("equal", "matched"))
     return design_arms(task, p, {d: design_options(d, p) for d in labels},
-                       lrs=p.design_lrs(task, labels), **kw)
+                       lrs=p.design_lrs(task, labels, arm_list), **kw)
 
 
 @experiment("lr_tune", "Every design at its own learning rate: the grid the comparisons pick from")
 def lr_tune(p: QKVProfile) -> list[Run]:
     runs = []
     for task, labels in TUNED.items():
-        base = base_model(p)
+        base, kind = base_model(p), task_info(task)[1]
         for mult in p.lr_grid:
-            lr = float(f"{task_lr(task, p) * mult:.3g}")
+            lr = lr_of(task, mult, p)
             for seed in p.lr_seeds:
-                for d in ("standard", *labels):
-                    runs.append(make_run(task, {**base, **design_options(d, p)}, p, seed,
-                                         {"design": d, "arm": "equal", "lr": lr},
-                                         train={"lr": lr}))
+                for arm in ("equal", "matched"):
+                    for d in ("standard", *labels):
+                        if arm not in p.tuned_arms(task, d):
+                            continue
+                        m = {**base, **design_options(d, p)}
+                        if arm == "matched":
+                            m = matched(m, base, kind)
+                        runs.append(make_run(task, m, p, seed,
+                                             {"design": d, "arm": arm, "lr": lr},
+                                             train={"lr": lr}))
     return runs
 
 

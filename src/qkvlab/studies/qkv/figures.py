@@ -216,24 +216,27 @@ def fig_scaling(data: StudyData, out: Path) -> Figure | None:
 
 
 def lr_frame(data: StudyData) -> pd.DataFrame:
-    """lr_tune's grid: task, design, lr, mean val loss over the tuning seeds (a diverged run
-    makes it infinite, drawn as missing), seeds, and whether the comparisons use that rate."""
-    cols = ["task", "design", "lr", "val_loss", "seeds", "chosen", "edge"]
+    """lr_tune's grid: task, design, arm, lr, mean val loss over the tuning seeds (a diverged
+    run makes it infinite, drawn as missing), seeds, and whether the comparisons use that
+    rate (``edge``: chosen at the end of the grid, so the best rate may lie beyond it)."""
+    cols = ["task", "design", "arm", "lr", "val_loss", "seeds", "chosen", "edge"]
     runs = data.runs
     g = runs[runs.experiment == "lr_tune"] if not runs.empty else runs
     if g.empty:
         return pd.DataFrame(columns=cols)
     loss = g.val_loss if "val_loss" in g else pd.Series(float("nan"), index=g.index)
-    rows = list(zip(g.task, g.design, g.lr, g.status, loss.where(loss.notna(), None)))
+    rows = list(zip(g.task, g.design, g.arm, g.lr, g.status, loss.where(loss.notna(), None)))
     chosen = choose_lrs(data.profile, rows)
     out = []
-    for (task, design, lr), sub in g.assign(val_loss=loss).groupby(["task", "design", "lr"]):
+    for key, sub in g.assign(val_loss=loss).groupby(["task", "design", "arm", "lr"]):
+        task, design, arm, lr = key
         ok = (sub.status == "done") & sub.val_loss.notna()
-        grid = sorted(g[(g.task == task) & (g.design == design)].lr.unique())
-        out.append({"task": task, "design": design, "lr": lr,
+        grid = sorted(g[(g.task == task) & (g.design == design) & (g.arm == arm)].lr.unique())
+        pick = chosen.get((task, design, arm))
+        out.append({"task": task, "design": design, "arm": arm, "lr": lr,
                     "val_loss": sub.val_loss.mean() if ok.all() else float("inf"),
-                    "seeds": len(sub), "chosen": chosen.get((task, design)) == lr,
-                    "edge": chosen.get((task, design)) == lr and lr in (grid[0], grid[-1])})
+                    "seeds": len(sub), "chosen": pick == lr,
+                    "edge": pick == lr and lr in (grid[0], grid[-1])})
     return pd.DataFrame(out, columns=cols)
 
 
@@ -246,10 +249,13 @@ def fig_lr(data: StudyData, out: Path) -> Figure | None:
     fig, axes = plt.subplots(1, len(tasks), squeeze=False, figsize=(3.8 * len(tasks) + 1.5, 3.6))
     for ax, task in zip(axes[0], tasks):
         sub = df[df.task == task]
-        for design, g in sub.groupby("design", sort=False):
+        for (design, arm), g in sub.groupby(["design", "arm"], sort=False):
             g = g.sort_values("lr")
             y = g.val_loss.where(g.val_loss < float("inf"))
-            ax.plot(g.lr, y, "o-", color=color(design), label=label(design), ms=4, lw=1.3)
+            eq = arm == "equal"
+            ax.plot(g.lr, y, "o-" if eq else "s--", color=color(design),
+                    label=label(design) + ("" if eq else " (matched)"), ms=4, lw=1.3,
+                    mfc=None if eq else "white")
             c = g[g.chosen]
             ax.plot(c.lr, c.val_loss, "*", color=color(design), ms=13, mec="black", mew=0.6)
         ax.set_xscale("log")
@@ -260,7 +266,8 @@ def fig_lr(data: StudyData, out: Path) -> Figure | None:
     fig.legend(h, lab, loc="outside right center", frameon=False, fontsize=8)
     return _save(fig, df, out, "lr_grid", "Learning rate per design",
                  "Validation loss after training at each rate of the grid, mean over the tuning "
-                 "seeds (disjoint from the seeds the comparisons report); star: the rate each "
+                 "seeds (disjoint from the seeds the comparisons report); solid: equal width, "
+                 "dashed: the parameter-matched width (its own rate); star: the rate each "
                  "design's comparisons train at. A missing point: a run diverged.")
 
 

@@ -32,7 +32,7 @@ from qkvlab.report.blocks import Heading as H
 from qkvlab.studies.qkv import claims as C
 from qkvlab.studies.qkv import figures as F
 from qkvlab.studies.qkv.effects import LEGEND, cell, effect
-from qkvlab.studies.qkv.experiments import MARGINS, TUNED, task_lr
+from qkvlab.studies.qkv.experiments import MARGINS, TUNED, lr_of, task_lr
 from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, chance, select
 from qkvlab.studies.qkv.verdicts import all_verdicts, ci_text
 
@@ -157,15 +157,18 @@ def lr_blocks(data: StudyData, figs: dict[str, list[Figure]]) -> list[Block]:
                      + ", ".join(f"{t} {task_lr(t, p):g}" for t in TASK_METRIC) + ".")]
     df = F.lr_frame(data)
     chosen = df[df.chosen]
-    body = tuple((r.task, F.LABELS.get(r.design, r.design), f"{r.lr:g}", num(r.val_loss, 4),
-                  "yes: widen the grid" if r.edge else "no")
+    body = tuple((r.task, F.LABELS.get(r.design, r.design), r.arm, f"{r.lr:g}",
+                  num(r.val_loss, 4), "yes: widen the grid" if r.edge else "no")
                  for r in chosen.itertuples())
-    return [Para(f"Learning rates: each design of {', '.join(TUNED)} trains at the rate of the "
-                 f"grid {', '.join(f'{m:g}' for m in p.lr_grid)} × the task's rate with the "
-                 f"lowest mean validation loss over tuning seeds "
-                 f"{', '.join(map(str, p.lr_seeds))} (not the reported seeds)."),
+    grids = "; ".join(f"{t}: {', '.join(f'{lr_of(t, m, p):g}' for m in p.lr_grid)}"
+                      for t in TUNED)
+    return [Para(f"Learning rates: each design of {', '.join(TUNED)} trains, in each arm "
+                 f"(equal width, and parameter-matched: another width, so its own rate), at "
+                 f"the rate of its task's grid ({grids}) with the lowest mean validation loss "
+                 f"over tuning seeds {', '.join(map(str, p.lr_seeds))} (not the reported "
+                 f"seeds)."),
             *figs.get("setup", []),
-            Table("Chosen learning rate per design", ("task", "design", "rate",
+            Table("Chosen learning rate per design", ("task", "design", "arm", "rate",
                                                       "val loss (tuning seeds)", "at the grid's edge"),
                   body)]
 
@@ -177,7 +180,7 @@ def scaling_blocks(data: StudyData) -> list[Block]:
         return []
     rows = data.compared("lm_scaling", metric="val_loss")
     body = tuple((F.LABELS.get(r["design"], r["design"]), str(int(r["d_model"])),
-                  num(r.get("baseline_params")), str(r.get("n_pairs")), cell(effect(r, True)))
+                  num(r.get("baseline_params")), str(int(r["n_pairs"])), cell(effect(r, True)))
                  for r in F.diffs(rows).to_dict("records"))
     return [Table("lm at three widths (same depth and d_head): each design vs standard",
                   ("design", "d_model", "params (standard)", "seeds", "perplexity vs standard"),
