@@ -1,4 +1,5 @@
-"""Synthetic tasks (mqar, bind, relation, successor, successor_causal): generators checked against brute-force answers,
+"""Synthetic tasks (mqar, bind, bind_codes, relation, successor, successor_causal): generators
+checked against brute-force answers,
 determinism, option errors, and (slow) that a tiny model learns them above chance."""
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ import torch
 from qkvlab.data import IGNORE, TASKS, get_task
 from qkvlab.models import KINDS, ModelConfig
 
-SYNTHETIC = ("mqar", "bind", "relation", "successor", "successor_causal")
+SYNTHETIC = ("mqar", "bind", "bind_codes", "relation", "successor", "successor_causal")
 SMALL = {
     "mqar": {"seq_len": 32, "vocab": 32, "n_pairs": 4},
     "bind": {"n_keys": 16, "n_values": 8, "group_size": 4, "n_items": 10, "n_queries": 3, "n_near": 2},
+    "bind_codes": {"m": 3, "n_items": 6, "n_queries": 3},
     "relation": {"vocab": 20, "n_context": 10, "n_queries": 6},
     "successor": {"vocab": 20, "n_items": 7},
     "successor_causal": {"vocab": 20, "n_items": 7},
@@ -46,6 +48,20 @@ def brute_bind(task, idx: torch.Tensor) -> torch.Tensor:
             matches = [v for key, v in items if key == k]
             assert len(matches) == 1  # exactly one item carries the queried key
             out[b, t] = task.answer_base + matches[0]
+    return out
+
+
+def brute_bind_codes(task, idx: torch.Tensor) -> torch.Tensor:
+    """Items (k, v) with distinct keys, then queries of distinct keys among them, each answered
+    by its item's value."""
+    out, n = torch.full_like(idx, IGNORE), 2 ** task.m
+    for b in range(idx.shape[0]):
+        items = dict(divmod(int(x), n) for x in idx[b, :task.n_items])
+        assert len(items) == task.n_items  # distinct keys
+        queried = [int(x) - task.query_base for x in idx[b, task.n_items:]]
+        assert len(set(queried)) == len(queried) and set(queried) <= set(items)
+        for t, k in enumerate(queried, start=task.n_items):
+            out[b, t] = task.answer_base + items[k]
     return out
 
 
@@ -85,7 +101,8 @@ def brute_successor(task, idx: torch.Tensor) -> torch.Tensor:
     return out
 
 
-BRUTE = {"mqar": brute_mqar, "bind": brute_bind, "relation": brute_relation,
+BRUTE = {"mqar": brute_mqar, "bind": brute_bind, "bind_codes": brute_bind_codes,
+         "relation": brute_relation,
          "successor": brute_successor, "successor_causal": brute_successor}
 
 
@@ -192,8 +209,8 @@ def test_same_seed_same_batches_other_seed_other_batches(name):
 
 
 def test_registry_and_errors():
-    assert list(TASKS) == ["lm", "mlm", "translate", "mqar", "bind", "relation", "successor",
-                           "successor_causal"]
+    assert list(TASKS) == ["lm", "mlm", "translate", "mqar", "bind", "bind_codes", "relation",
+                           "successor", "successor_causal"]
     with pytest.raises(ValueError, match=r"task: unknown task 'nope'.*allowed: \['bind'"):
         get_task("nope")
     with pytest.raises(ValueError, match=r"mqar\.n_pair: unknown key.*'n_pairs'"):
@@ -210,6 +227,10 @@ def test_registry_and_errors():
         get_task("mqar", seq_len=20, n_pairs=8)
     with pytest.raises(ValueError, match=r"relation: split 'dev' is not one of \['train', 'val', 'test'\]"):
         get_task("relation").batch("dev", 2, gen(0))
+    with pytest.raises(ValueError, match=r"bind_codes\.n_items: 9 must be an integer in \[1, 8\]"):
+        get_task("bind_codes", m=3, n_items=9)
+    with pytest.raises(ValueError, match=r"bind_codes\.seq_len: 5 must equal n_items \+ n_queries"):
+        get_task("bind_codes", m=2, seq_len=5)
     with pytest.raises(ValueError, match=r"successor\.seq_len: 9 must equal n_items = 8"):
         get_task("successor", seq_len=9)
     with pytest.raises(ValueError, match=r"successor_causal\.n_items: 40 must be an integer in \[3, 32\]"):
@@ -271,6 +292,7 @@ LEARNABLE = {  # (options, learning rate, steps): small enough to learn in secon
     "mqar": ({"seq_len": 16, "vocab": 16, "n_pairs": 2}, 1e-3, 2000),
     "bind": ({"n_keys": 8, "n_values": 4, "group_size": 2, "n_items": 6, "n_queries": 2, "n_near": 1},
              3e-3, 600),
+    "bind_codes": ({"m": 2, "n_queries": 2}, 3e-3, 600),
     "successor": ({"vocab": 16, "n_items": 6}, 3e-3, 1000),
     "successor_causal": ({"vocab": 16, "n_items": 6}, 3e-3, 1000),
 }
@@ -291,3 +313,46 @@ def test_tiny_model_beats_chance(name, one_thread):
         opt.step()
     acc = task.evaluate(model, gen(123), n_batches=4, batch_size=64)["accuracy"]
     assert acc > max(3 * task.chance, 0.5), (name, acc, task.chance)
+
+
+def test_bind_codes_inputs_are_the_key_and_value_bits():
+    task = get_task("bind_codes", m=3)
+    assert (task.n_items, task.seq_len, task.chance, task.d_vocab) == (8, 12, 1 / 8, 80)
+    codes = task.input_codes()
+    assert codes.shape == (task.d_vocab, 6)
+    # reference: bit i of an id, 0 -> -1 and 1 -> +1, in float64
+    bits = torch.tensor([[1.0 if (x >> i) & 1 else -1.0 for i in range(3)] for x in range(8)],
+                        dtype=torch.float64)
+    zero = torch.zeros(8, 3, dtype=torch.float64)
+    want = torch.cat([torch.cat([bits[k], bits[v]])[None] for k in range(8) for v in range(8)]
+                     + [torch.cat([bits, zero], 1), torch.cat([zero, bits], 1)])
+    torch.testing.assert_close(codes.double(), want, rtol=0, atol=0)
+    b = task.batch("val", 4, gen(0))  # every item code has the same norm: LayerNorm scales alike
+    norms = codes[b["idx"][:, :task.n_items]].norm(dim=-1)
+    torch.testing.assert_close(norms, torch.full_like(norms, 6 ** 0.5), rtol=0, atol=1e-6)
+
+
+def test_a_run_freezes_the_embedding_to_the_task_codes(tmp_path):
+    from qkvlab.train.trainer import FINAL_MODEL, apply_input_codes, build_seeded, run_from_spec
+
+    task = get_task("bind_codes", m=2, n_queries=2)
+    tied = build_seeded(ModelConfig(d_vocab=task.d_vocab, n_ctx=task.seq_len, d_model=16,
+                                    n_layers=1, n_heads=1), "decoder", 0)
+    with pytest.raises(ValueError, match=r"model\.tie_embeddings: task bind_codes fixes"):
+        apply_input_codes(tied, task)
+    narrow = build_seeded(ModelConfig(d_vocab=task.d_vocab, n_ctx=task.seq_len, d_model=2,
+                                      n_layers=1, n_heads=1, tie_embeddings=False), "decoder", 0)
+    with pytest.raises(ValueError, match=r"at most d_model=2 columns"):
+        apply_input_codes(narrow, task)
+    spec = {"task": "bind_codes", "task_options": {"m": 2, "n_queries": 2}, "kind": "decoder",
+            "model": {"d_model": 16, "n_layers": 1, "n_heads": 1, "tie_embeddings": False},
+            "train": {"steps": 5, "batch_size": 8, "eval_batches": 1, "eval_every": 0,
+                      "log_every": 1, "seed": 0}}
+    res = run_from_spec(spec, run_dir=tmp_path, progress=False)
+    assert res.status == "done"
+    from qkvlab.models.io import load_model
+
+    wte = load_model(tmp_path / FINAL_MODEL).embed.wte.weight
+    want = torch.zeros(task.d_vocab, 16)
+    want[:, :4] = task.input_codes()
+    torch.testing.assert_close(wte, want, rtol=0, atol=0)  # untouched by 5 optimizer steps

@@ -300,6 +300,34 @@ def apply_init(model: nn.Module, init: InitConfig | None, seed: int = 0) -> None
             att.W_in.normal_(0.0, att.cfg.d_model ** -0.5, generator=gen)
 
 
+def apply_input_codes(model: nn.Module, task) -> None:
+    """Freeze the token embedding to the task's fixed input codes, if it has them
+    (``input_codes()``: (d_vocab, d_code), written into the first d_code dimensions, the rest
+    zero), so that what a token carries is set by the task, not learned (``bind_codes``).
+
+    Raises:
+        ValueError: the model ties its readout to the embedding (which must then learn), or
+            the codes are wider than ``d_model``.
+    """
+    codes = getattr(task, "input_codes", None)
+    if codes is None:
+        return
+    codes, cfg = codes(), model.cfg
+    if cfg.tie_embeddings:
+        raise ValueError(f"model.tie_embeddings: task {task.name} fixes each token's input code "
+                         "and freezes the token embedding, so the readout must not share it; "
+                         "set tie_embeddings=False")
+    if codes.shape != (cfg.d_vocab, codes.shape[1]) or codes.shape[1] > cfg.d_model:
+        raise ValueError(f"model.d_model: task {task.name}'s input codes are "
+                         f"{tuple(codes.shape)}; they need d_vocab={cfg.d_vocab} rows and at "
+                         f"most d_model={cfg.d_model} columns")
+    wte = model.embed.wte.weight
+    with torch.no_grad():
+        wte.zero_()
+        wte[:, :codes.shape[1]] = codes.to(wte.dtype)
+    wte.requires_grad_(False)
+
+
 def model_config(spec: RunSpec, task) -> ModelConfig:
     """The ``ModelConfig`` of a run spec: its ``model`` options plus the task's vocab/context."""
     opts = dict(spec.model)
@@ -325,6 +353,7 @@ def run_from_spec(spec: RunSpec | Mapping[str, Any], *, run_dir: str | Path | No
     kind = spec.kind or getattr(task, "model_kind", "decoder")
     model = build_seeded(model_config(spec, task), kind, cfg.seed)
     apply_init(model, spec.init, cfg.seed)
+    apply_input_codes(model, task)
     callback = callback_factory(model, task) if callback_factory is not None else None
     setup_s = time.perf_counter() - t0
     result = train(model, task, cfg, run_dir=run_dir, on_log=on_log, callback=callback,
