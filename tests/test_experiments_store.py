@@ -258,3 +258,25 @@ def test_a_sweep_lists_what_the_experiment_defines_now_and_keeps_old_results(tmp
         with Store(db) as s:  # reused as they were, not re-run
             assert {r["id"] for r in s.runs(name, "smoke")} == {run_id(sp) for sp, _ in before}
             assert all(r["attempts"] == 1 for r in s.runs(name, "smoke"))
+
+
+def test_width_price_runs_one_head_per_m_and_d_head():
+    from qkvlab.studies.qkv.experiments import PROFILES, width_grid
+
+    p = PROFILES["standard"]
+    runs = runs_of("bind_vs_dhead", "standard")
+    got = {(t["m"], t["d_head"], t["design"], t["arm"], t["seed"]) for _, t in runs}
+    assert got == {(m, dh, d, a, s) for m in p.bind_bits for dh in width_grid(m)
+                   for d in ("standard", "tied_kv") for a in ("equal", "matched")
+                   for s in p.bind_seeds}
+    assert width_grid(3) == (2, 3, 4, 5, 6) and width_grid(1) == (1, 2)
+    for spec, t in runs:
+        assert spec.task == "bind_codes" and spec.task_options["m"] == t["m"]
+        assert (spec.model["n_layers"], spec.model["n_heads"]) == (1, 1)
+        assert spec.model["tie_embeddings"] is False
+        if t["arm"] == "equal" or t["design"] == "standard":
+            assert spec.model["d_head"] == t["d_head"]
+        else:  # tied K=V widened to standard's parameters: Q, K=V, O vs Q, K, V, O
+            assert spec.model["d_head"] == round(4 * t["d_head"] / 3)
+    quick = runs_of("bind_vs_dhead", "quick")
+    assert {t["arm"] for _, t in quick} == {"equal"}

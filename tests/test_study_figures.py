@@ -35,6 +35,7 @@ TIED_QK["tied_qk"][("mqar", "equal")] = [0.80, 0.70, 0.90]  # not a constant rat
 KV = {"equal": [2.10, 2.25, 2.30], "matched": [2.05, 2.15, 2.25]}
 GQA = [2.03, 2.14, 2.28]
 KV_CROSS = {"equal": [4.3, 4.35, 4.2], "matched": [4.2, 4.3, 4.1]}
+BIND_M = 2  # bind_codes' bits: the forest and summary read d_head = m at the largest m
 BIND_STD = {2: [0.50, 0.55, 0.52], 8: [0.80, 0.82, 0.79]}
 BIND_KV = {2: [0.30, 0.35, 0.31], 8: [0.78, 0.83, 0.80]}
 DECODE = [{"design": "standard", "cache_bytes_per_token": 512.0, "decode_tokens_per_s": 100.0},
@@ -109,8 +110,8 @@ def fill(store: Store) -> None:
     for dh, std in BIND_STD.items():
         for d, vals in (("standard", std), ("tied_kv", BIND_KV[dh])):
             for seed, v in zip(SEEDS, vals):
-                _run(store, "bind_vs_dhead", "bind", d, seed, {"accuracy": v},
-                     tags={"d_head": dh})
+                _run(store, "bind_vs_dhead", "bind_codes", d, seed, {"accuracy": v},
+                     tags={"m": BIND_M, "d_head": dh})
     for kind, task in (("encoder", "mlm"), ("decoder", "lm")):
         for seed in SEEDS:
             rid = _run(store, "symmetry_emergence", task, "standard", seed, {"val_loss": 3.0},
@@ -185,8 +186,8 @@ def test_every_figure_drawn_with_files(drawn):
 
 def test_bind_figure_csv(drawn):
     df = _csv(drawn, "q3_bind").sort_values(["design", "d_head"])
-    got = df[["design", "arm", "d_head"]].to_numpy().tolist()
-    want = [[d, "equal", dh] for d in ("standard", "tied_kv") for dh in sorted(BIND_STD)]
+    got = df[["m", "design", "arm", "d_head"]].to_numpy().tolist()
+    want = [[BIND_M, d, "equal", dh] for d in ("standard", "tied_kv") for dh in sorted(BIND_STD)]
     assert got == want
     exp = [[len(SEEDS), *_ci(vals[dh])] for vals in (BIND_STD, BIND_KV) for dh in sorted(vals)]
     np.testing.assert_allclose(df[["n", "mean", "half"]].to_numpy(), exp, rtol=1e-9)
@@ -206,7 +207,7 @@ def test_forest_q2_loss_and_accuracy_rows(drawn):
                                rtol=1e-9, atol=1e-12)
 
 
-def test_forest_q3_rows_and_widest_bind(drawn):
+def test_forest_q3_rows_and_bind_at_d_head_m(drawn):
     df = _csv(drawn, "forest_q3")
     cases = [("tied_kv", "lm", "equal", KV["equal"], STD["lm"]),
              ("tied_kv", "lm", "matched", KV["matched"], STD_MATCHED["lm"]),
@@ -215,12 +216,13 @@ def test_forest_q3_rows_and_widest_bind(drawn):
              ("tied_kv_cross", "translate", "matched", KV_CROSS["matched"],
               STD_MATCHED["translate"])]
     want = [[d, t, arm, *_effect(a, b, False)] for d, t, arm, a, b in cases]
-    want.append(["tied_kv", "bind", "equal", *_effect(BIND_KV[8], BIND_STD[8], True)])
+    want.append(["tied_kv", "bind_codes", "equal",
+                 *_effect(BIND_KV[BIND_M], BIND_STD[BIND_M], True)])
     assert df[["design", "task", "arm"]].to_numpy().tolist() == [w[:3] for w in want]
     np.testing.assert_allclose(df[["value", "lo", "hi"]].to_numpy(), [w[3:] for w in want],
                                rtol=1e-9)
     assert df.d_head.isna().tolist() == [True] * 5 + [False]
-    assert df.d_head.iloc[-1] == max(BIND_STD)
+    assert df.d_head.iloc[-1] == BIND_M
 
 
 def test_one_colour_per_design_across_figures(drawn):

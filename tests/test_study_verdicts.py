@@ -95,47 +95,45 @@ def test_q3_verdict_and_summary_from_store(tmp_path):
     assert "val_loss ±2% perplexity" in table.legend
 
 
-def test_bind_gap_closes_where_ci_includes_zero(tmp_path):
+def _width(store: Store, m: int, acc: dict[tuple[str, str], dict[int, list[float]]]) -> None:
+    """bind_codes runs at bits ``m``: accuracy per (design, arm) and d_head over 3 seeds."""
+    for (design, arm), by_dh in acc.items():
+        for dh, vals in by_dh.items():
+            _fill(store, "bind_vs_dhead", "bind_codes", {(design, arm): vals},
+                  metric="accuracy", extra_tags={"m": m, "d_head": dh})
+
+
+def test_width_price_is_the_d_head_each_design_needs(tmp_path):
+    hi, lo = [1.0, 0.95, 0.98], [0.6, 0.7, 0.65]  # means 0.977 and 0.65
     with Store(tmp_path / "r.db") as store:
-        for dh, tied in ((2, [0.30, 0.32, 0.31]), (8, [0.58, 0.61, 0.60])):
-            _fill(store, "bind_vs_dhead", "bind",
-                  {("standard", "equal"): [0.60, 0.62, 0.58], ("tied_kv", "equal"): tied},
-                  metric="accuracy", extra_tags={"d_head": dh})
+        _width(store, 2, {("standard", "equal"): {1: lo, 2: hi, 3: hi, 4: hi},
+                          ("tied_kv", "equal"): {1: lo, 2: lo, 3: lo, 4: hi},
+                          ("tied_kv", "matched"): {1: lo, 2: lo, 3: hi, 4: hi}})
+        _width(store, 3, {("standard", "equal"): {2: lo, 3: hi, 4: hi, 5: hi, 6: hi},
+                          ("tied_kv", "equal"): {2: lo, 3: lo, 4: lo, 5: lo, 6: hi},
+                          ("tied_kv", "matched"): {2: lo, 3: hi, 4: hi, 5: hi, 6: hi}})
         data = results.load(store, "smoke")
-    gaps = verdicts.bind_gap(data)
-    assert [g[0] for g in gaps] == [2, 8]
-    assert [g[1]["status"] for g in gaps] == ["worse", "undecided"]
-    d2 = 100 * (np.array([0.30, 0.32, 0.31]) - np.array([0.60, 0.62, 0.58]))
-    assert gaps[0][1]["value"] == pytest.approx(d2.mean())
-    assert gaps[0][1]["half"] == pytest.approx(T975_DF2 * d2.std(ddof=1) / np.sqrt(3))
+    need = verdicts.width_needed(data).set_index(["m", "design", "arm"])
+    assert need.needed.to_dict() == {(2, "standard", "equal"): 2, (2, "tied_kv", "equal"): 4,
+                                     (2, "tied_kv", "matched"): 3, (3, "standard", "equal"): 3,
+                                     (3, "tied_kv", "equal"): 6, (3, "tied_kv", "matched"): 3}
+    assert need.acc_at_m[(3, "tied_kv", "equal")] == pytest.approx(np.mean(lo))
     text = verdicts.verdict_q3(data).details[0]
-    assert text.endswith("Tied K=V is significantly worse up to d_head = 2; from d_head = 8 on "
-                         "the gap is no longer significant.")
+    assert ("m = 2: standard 2, tied K=V 4, tied K=V parameter-matched 3; m = 3: standard 3, "
+            "tied K=V 6, tied K=V parameter-matched 3.") in text
+    assert "Tied K=V needs 2× standard's width" in text
+    assert text.endswith("tied K=V recovers standard's width at m = 3 only.")
 
 
-def _bind_text(tmp_path, tied_by_dhead: dict[int, list[float]]) -> tuple[list, str]:
+def test_width_price_says_when_no_width_tried_is_enough(tmp_path):
+    lo = [0.3, 0.4, 0.35]
     with Store(tmp_path / "r.db") as store:
-        for dh, tied in tied_by_dhead.items():
-            _fill(store, "bind_vs_dhead", "bind",
-                  {("standard", "equal"): [1.0, 1.0, 1.0], ("tied_kv", "equal"): tied},
-                  metric="accuracy", extra_tags={"d_head": dh})
+        _width(store, 2, {("standard", "equal"): {1: lo, 2: [0.9, 0.95, 0.92]},
+                          ("tied_kv", "equal"): {1: lo, 2: lo}})
         data = results.load(store, "smoke")
-    return verdicts.bind_gap(data), verdicts.verdict_q3(data).details[0]
-
-
-def test_bind_equal_scores_read_same_and_a_late_gap_does_not_close(tmp_path):
-    gaps, text = _bind_text(tmp_path / "a", {1: [0.5, 0.6, 0.55], 2: [1.0, 1.0, 1.0],
-                                             4: [1.0, 1.0, 1.0]})
-    assert [g[1]["status"] for g in gaps] == ["worse", "equivalent", "equivalent"]
-    assert gaps[1][1]["text"] == ("+0.0 pp ± 0.0 pp accuracy (equivalent: every seed scores "
-                                  "the same for both)")
-    assert text.endswith("from d_head = 2 on the gap is no longer significant.")
-    # a gap that is significant again at the widest d_head has not closed
-    (tmp_path / "b").mkdir()
-    gaps, text = _bind_text(tmp_path / "b", {1: [0.5, 0.6, 0.55], 2: [1.0, 0.9, 1.0],
-                                             4: [0.7, 0.75, 0.72]})
-    assert [g[1]["status"] for g in gaps] == ["worse", "undecided", "worse"]
-    assert text.endswith("The gap does not close up to d_head = 4.")
+    text = verdicts.verdict_q3(data).details[0]
+    assert "m = 2: standard 2, tied K=V > 2." in text
+    assert "needs" not in text.split("m = 2:")[1]  # no ratio without a measured width
 
 
 def test_bad_input_gives_clear_errors():

@@ -41,7 +41,8 @@ class RatesPending(ValueError):
 @dataclass(frozen=True)
 class QKVProfile(Profile):
     """A profile with this study's extra sizes: the scale probe's head widths, steps and
-    seeds, bind's head widths and seeds (empty: the profile's), the measures' sizes
+    seeds, the key/value bits of the width-price task and its seeds (empty: the profile's),
+    the measures' sizes
     (evaluation batch, speed rounds, decode length, null sample of the pretrained analysis and
     whether it runs the models on text for CKA), and the learning-rate grid.
 
@@ -58,7 +59,7 @@ class QKVProfile(Profile):
     probe_d_heads: tuple[int, ...] = ()
     probe_steps: int = 4
     probe_seeds: tuple[int, ...] = (0,)
-    bind_d_heads: tuple[int, ...] = ()
+    bind_bits: tuple[int, ...] = ()  # m of bind_codes: key and value bits per item
     bind_seeds: tuple[int, ...] = ()
     measure_batch: int = 8
     rounds: int = 3
@@ -194,6 +195,7 @@ TASK_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
               "translate": {"seq_len": 48, "vocab_size": 1000, "n_decode": 8, "decode_batch": 8},
               "mqar": {"seq_len": 32, "vocab": 64, "n_pairs": 4},
               "bind": {"n_keys": 16, "n_values": 8, "group_size": 4, "n_items": 8, "n_queries": 2},
+              "bind_codes": {"n_queries": 2},
               "relation": {"vocab": 16, "n_context": 16, "n_queries": 8},
               "successor": {"vocab": 16, "n_items": 6},
               "successor_causal": {"vocab": 16, "n_items": 6}},
@@ -201,6 +203,7 @@ TASK_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
               "translate": {"seq_len": 48, "vocab_size": 1000, "n_decode": 32, "decode_batch": 32},
               "mqar": {"seq_len": 32, "vocab": 64, "n_pairs": 4},
               "bind": {"n_keys": 8, "n_values": 8, "group_size": 2, "n_items": 8, "n_queries": 4},
+              "bind_codes": {"n_queries": 4},
               "relation": {"vocab": 32, "n_context": 12, "n_queries": 11},
               "successor": {"vocab": 32, "n_items": 8},
               "successor_causal": {"vocab": 32, "n_items": 8}},
@@ -210,12 +213,14 @@ TASK_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
                  "mqar": {"seq_len": 32, "vocab": 64, "n_pairs": 4},
                  "bind": {"n_keys": 8, "n_values": 8, "group_size": 2, "n_items": 8,
                           "n_queries": 4},
+                 "bind_codes": {"n_queries": 4},
                  "relation": {"vocab": 32, "n_context": 12, "n_queries": 11},
                  "successor": {"vocab": 32, "n_items": 8},
                  "successor_causal": {"vocab": 32, "n_items": 8}},
     "full": {"lm": {"seq_len": 256}, "mlm": {"seq_len": 128}, "translate": {"seq_len": 128},
              "mqar": {"seq_len": 128, "n_pairs": 16},
              "bind": {"n_keys": 64, "n_items": 32, "n_queries": 8},
+             "bind_codes": {"n_queries": 8},
              "relation": {"n_context": 64, "n_queries": 32},
              "successor": {"vocab": 64, "n_items": 32},
              "successor_causal": {"vocab": 64, "n_items": 32}},
@@ -228,11 +233,13 @@ TASK_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
 # evaluates (greedy decoding for chrF) at half time and at the end only.
 TASK_TRAIN: dict[str, dict[str, dict[str, Any]]] = {
     "smoke": {"translate": {"steps": 4}, "mqar": {"lr": 1e-2}, "bind": {"lr": 1e-2},
+              "bind_codes": {"lr": 1e-2},
               "relation": {"lr": 1e-2}, "successor": {"lr": 1e-2},
               "successor_causal": {"lr": 1e-2}},
     "quick": {"translate": {"steps": 300, "eval_every": 150},
               "mqar": {"steps": 300, "lr": 1e-2, "batch_size": 32},
               "bind": {"steps": 800, "lr": 3e-3, "batch_size": 128},
+              "bind_codes": {"steps": 800, "lr": 3e-3, "batch_size": 128},
               "relation": {"steps": 400, "lr": 1e-3, "batch_size": 32},
               "successor": {"steps": 500, "batch_size": 32},
               "successor_causal": {"steps": 500, "batch_size": 32}},
@@ -241,10 +248,12 @@ TASK_TRAIN: dict[str, dict[str, dict[str, Any]]] = {
                  "translate": {"steps": 600, "eval_every": 300},
                  "mqar": {"steps": 600, "lr": 1e-2, "batch_size": 32},
                  "bind": {"steps": 800, "lr": 3e-3, "batch_size": 128},
+                 "bind_codes": {"steps": 800, "lr": 3e-3, "batch_size": 128},
                  "relation": {"steps": 600, "lr": 1e-3, "batch_size": 32},
                  "successor": {"steps": 1000, "batch_size": 32},
                  "successor_causal": {"steps": 1000, "batch_size": 32}},
-    "full": {"mqar": {"steps": 3000}, "bind": {"steps": 3000}, "relation": {"steps": 3000},
+    "full": {"mqar": {"steps": 3000}, "bind": {"steps": 3000}, "bind_codes": {"steps": 3000},
+             "relation": {"steps": 3000},
              "successor": {"steps": 3000}, "successor_causal": {"steps": 3000}},
 }
 
@@ -252,20 +261,22 @@ PROFILES = {p.name: register_profile(p) for p in (
     QKVProfile("smoke", seeds=(0,), d_model=32, n_layers=1, n_heads=2, batch_size=8, steps=6,
                lr=3e-3, eval_batches=1, task_options=TASK_OPTIONS["smoke"],
                task_train=TASK_TRAIN["smoke"], probe_d_heads=(16, 64), probe_steps=4,
-               probe_seeds=(0,), bind_d_heads=(4,), measure_batch=8, rounds=3,
+               probe_seeds=(0,), bind_bits=(1,), measure_batch=8, rounds=3,
                decode_tokens=16, n_null=32, cka=False, scale_widths=(16, 32)),
     # quick: the whole study took 1,162 s on the 2-core AMD EPYC (2026-11-23, idle), over its
     # 15-minute target (DEVELOPERS.md), and directed_relation adds ~110 CPU-seconds. So quick
     # leaves mqar out (standard sits at its chance level at this budget, so its comparisons
-    # could not count: 218 CPU-s), gives bind 3 seeds (-190), relation 400 steps (standard:
-    # 99.4% at 400, 99.9% at 600, seed 0) and, like mlm, only the equal-width arm (-280).
+    # could not count: 218 CPU-s), relation 400 steps (standard: 99.4% at 400, 99.9% at 600,
+    # seed 0) and, like mlm, only the equal-width arm (-280). The width price (bind_codes)
+    # runs m = 3 on 2 seeds at equal width: 20 runs, about the old bind's 18 (3 seeds).
     QKVProfile("quick", seeds=(0, 1, 2), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=200, lr=3e-3, eval_batches=8, task_options=TASK_OPTIONS["quick"],
                task_train=TASK_TRAIN["quick"], probe_d_heads=(16, 32, 64, 128, 256),
-               probe_steps=60, probe_seeds=(0,), bind_d_heads=(1, 2, 4),
-               bind_seeds=(0, 1, 2), measure_batch=16, rounds=5, decode_tokens=48,
+               probe_steps=60, probe_seeds=(0,), bind_bits=(3,),
+               bind_seeds=(0, 1), measure_batch=16, rounds=5, decode_tokens=48,
                n_null=128, cka=True, task_seeds={"mqar": ()},
-               task_arms={"relation": ("equal",), "mlm": ("equal",)}),
+               task_arms={"relation": ("equal",), "mlm": ("equal",),
+                          "bind_codes": ("equal",)}),
     # standard: the questions decided on a 2-core CPU within 2 hours. Sized from single runs
     # on the 2-core AMD EPYC (AVX2; 2026-11-23, two runs side by side, one thread each, as
     # the sweep's two workers run): lm at d_model 64 takes 33 ms a step (1,200 steps: 48 s,
@@ -286,22 +297,25 @@ PROFILES = {p.name: register_profile(p) for p in (
     # run tuned each design on a 3-point grid (1/3, 1, 3 x) at equal width only: every lm
     # design chose the top (1.8e-2) and, trained at it, parameter-matched tied designs (wider
     # heads) stalled on a plateau in 4 of 32 seeds (val loss 2.0-2.3 vs 1.6-1.7). So the grid
-    # has a 4th point (9x) and each parameter-matched arm is tuned at its own width.
+    # has a 4th point (9x) and each parameter-matched arm is tuned at its own width. mqar is
+    # left out as at quick (standard at chance: 28.4% over 3 seeds, chance 25%), and the width
+    # price (bind_codes, m = 2, 3, 4, one head of d_head m - 1 ... 2m, both arms, 2 seeds:
+    # 90 runs of ~15 s) replaces bind.
     QKVProfile("standard", seeds=tuple(range(8)), d_model=64, n_layers=2, n_heads=4,
                batch_size=16, steps=1000, lr=3e-3, eval_batches=16,
                task_options=TASK_OPTIONS["standard"], task_train=TASK_TRAIN["standard"],
                probe_d_heads=(16, 32, 64, 128, 256), probe_steps=60, probe_seeds=(0, 1, 2),
-               bind_d_heads=(1, 2, 4), bind_seeds=tuple(range(4)), measure_batch=16,
+               bind_bits=(2, 3, 4), bind_seeds=(0, 1), measure_batch=16,
                rounds=5, decode_tokens=48, n_null=128, cka=True,
                lr_grid=(1 / 3, 1.0, 3.0, 9.0), lr_seeds=(100,), scale_widths=(32, 64, 96),
                scale_seeds=(0, 1, 2),
-               task_seeds={"mqar": (0, 1, 2), "relation": (0, 1, 2),
+               task_seeds={"mqar": (), "relation": (0, 1, 2),
                            "successor": tuple(range(4)), "successor_causal": tuple(range(4))},
                task_arms={"mlm": ("equal",)}),
     QKVProfile("full", seeds=(0, 1, 2, 3, 4), d_model=384, n_layers=6, n_heads=6, batch_size=64,
                steps=5000, lr=1e-3, eval_batches=50, task_options=TASK_OPTIONS["full"],
                task_train=TASK_TRAIN["full"], probe_d_heads=(16, 32, 64, 128, 256),
-               probe_steps=1000, probe_seeds=(0, 1, 2), bind_d_heads=(2, 4, 8, 16, 32, 64),
+               probe_steps=1000, probe_seeds=(0, 1, 2), bind_bits=(2, 4, 8, 16),
                measure_batch=32, rounds=7, decode_tokens=128, n_null=256, cka=True),
 )}
 
@@ -439,18 +453,34 @@ def symmetry_emergence(p: QKVProfile) -> list[Run]:
             for seed in p.seeds for t in ("mlm", "lm")]
 
 
-@experiment("bind_vs_dhead", "Q3: does K = V lose the capacity binding needs, and where does "
-                             "the gap close as d_head grows?")
+def width_grid(m: int) -> tuple[int, ...]:
+    """The d_heads tried for m-bit keys and values: m − 1 (too narrow for standard) to 2m
+    (wide enough for tied K=V to hold both codes)."""
+    return tuple(range(max(1, m - 1), 2 * m + 1))
+
+
+# The accuracy at which the width price is read: the d_head a design "needs" is the smallest
+# tried whose mean accuracy over seeds reaches it (chance: 1/2^m, at most 25%).
+WIDTH_ACCURACY = 0.9
+
+
+@experiment("bind_vs_dhead", "Q3: what width does K = V cost? The d_head each design needs to "
+                             "bind m-bit keys to m-bit values")
 def bind_vs_dhead(p: QKVProfile) -> list[Run]:
+    # bind_codes fixes each token's input to its key and value codes, so the information a
+    # head must match and return has dimension m each (bind_codes' docstring). One layer and
+    # one head: the head's width is the axis, and neither a second layer nor another head can
+    # route around it. The parameter-matched tied K=V widens that one head by 4/3.
     runs = []
-    for d_head in p.bind_d_heads:
-        # Equal width only: the d_head sweep is itself the capacity axis. One layer: a query
-        # matching a key and reading its value is one head's job, and a second layer could
-        # route around a tied head's limits (it would also learn more slowly).
-        for spec, tags in design_arms("bind", p, {"tied_kv": {"design": "tied_kv"}},
-                                      arms=("equal",), seeds=p.bind_seeds, d_head=d_head,
-                                      n_layers=1):
-            runs.append((spec, {**tags, "d_head": d_head}))
+    for m in p.bind_bits:
+        opts = {**p.task_options.get("bind_codes", {}), "m": m}
+        pm = dataclasses.replace(p, task_options={**p.task_options, "bind_codes": opts})
+        for d_head in width_grid(m):
+            for spec, tags in design_arms("bind_codes", pm, {"tied_kv": {"design": "tied_kv"}},
+                                          arms=p.task_arms.get("bind_codes", ("equal", "matched")),
+                                          seeds=p.bind_seeds, d_head=d_head, n_layers=1,
+                                          n_heads=1, tie_embeddings=False):
+                runs.append((spec, {**tags, "m": m, "d_head": d_head}))
     return runs
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.lines import Line2D
+from matplotlib.ticker import NullFormatter
 
 from qkvlab.report.blocks import Figure
 from qkvlab.studies.qkv.effects import SCALES, effect
@@ -45,7 +46,7 @@ from qkvlab.studies.qkv.figures_q import (  # noqa: F401
     q3_lm,
 )
 from qkvlab.studies.qkv.figures_zoo import fig_q2_zoo
-from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, chance, select
+from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, row_chance, select
 
 # Per question, the rows of its forest plot: (experiments, design, task), top to bottom.
 FOREST = {
@@ -55,7 +56,7 @@ FOREST = {
            *(("directed_relation", d, t) for d in TIED_QK[:2]
              for t in ("successor", "successor_causal"))],
     "q3": [(("lm_tied_kv", "lm_gqa"), "tied_kv", "lm"), (("lm_tied_kv", "lm_gqa"), "gqa_half", "lm"),
-           ("kv_translate", "tied_kv_cross", "translate"), ("bind_vs_dhead", "tied_kv", "bind")],
+           ("kv_translate", "tied_kv_cross", "translate"), ("bind_vs_dhead", "tied_kv", "bind_codes")],
 }
 FOREST_TITLES = {"q1": "Q1: the 4th matrix (alt) vs standard",
                  "q2": "Q2: one matrix (tied Q=K, Q=K=V) vs standard",
@@ -64,12 +65,22 @@ PANELS = {"loss": "perplexity vs standard (%)\n< 0 better · > 0 worse",
           "accuracy": "accuracy − standard (points)\n< 0 worse · > 0 better"}
 
 
+def bind_point(rows: pd.DataFrame) -> pd.DataFrame:
+    """bind_codes' comparison rows at the largest m and d_head = m: where standard has just
+    the width the task needs, so a design that needs more shows it."""
+    if rows.empty or "m" not in rows:
+        return rows.iloc[0:0]
+    m = rows.m.max()
+    return rows[(rows.m == m) & (rows.d_head == m)]
+
+
 def forest_frame(data: StudyData, question: str) -> pd.DataFrame:
     """The rows of a question's forest plot: panel, design, task, arm, d_head, value, half.
 
     value (lo … hi: 95% CI) is the paired difference to standard as ``effects.effect`` reads
     it: % perplexity for loss tasks, percentage points for accuracy tasks; ``status`` its
-    verdict. bind is shown at its widest d_head.
+    verdict. bind_codes is shown at its largest m and d_head = m, the width the claim says
+    standard needs (``bind_point``).
     """
     rows = []
     for exps, design, task in FOREST[question]:
@@ -78,18 +89,18 @@ def forest_frame(data: StudyData, question: str) -> pd.DataFrame:
         c = diffs(select(cmp, design=design, task=task, metric=metric))
         if c.empty:
             continue
-        if task == "bind" and "d_head" in c:
-            c = c[c.d_head == c.d_head.max()]
+        if task == "bind_codes":
+            c = bind_point(c)
         acc = metric == "accuracy"
-        ch = chance(task, data.profile)
         for r in c.to_dict("records"):
+            ch = row_chance(r, data.profile)
             e = effect(r, not acc)  # the difference even between two guessers, drawn as such
             if e["value"] is None:
                 continue
             status = effect(r, not acc, chance=ch)["status"]
             rows.append({"panel": "accuracy" if acc else "loss", "design": design, "task": task,
                          "arm": r.get("arm", "equal"),
-                         "d_head": r.get("d_head") if task == "bind" else None,
+                         "d_head": r.get("d_head") if task == "bind_codes" else None,
                          "value": e["value"], "lo": e["lo"], "hi": e["hi"],
                          "status": status, "unit": "points" if acc else "% perplexity"})
     df = pd.DataFrame(rows, columns=["panel", "design", "task", "arm", "d_head", "value", "lo",
@@ -205,6 +216,7 @@ def fig_scaling(data: StudyData, out: Path) -> Figure | None:
                     label=f"published ({REF_KV_CITE})")
             ax.legend(fontsize=7, loc="upper left", frameon=False)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short spans
         ax.set_title(label(d), fontsize=10)
         ax.set_xlabel("parameters (standard)")
     axes[0][0].set_ylabel("perplexity vs standard (%)")
@@ -259,6 +271,7 @@ def fig_lr(data: StudyData, out: Path) -> Figure | None:
             c = g[g.chosen]
             ax.plot(c.lr, c.val_loss, "*", color=color(design), ms=13, mec="black", mew=0.6)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short spans
         ax.set_title(task)
         ax.set_xlabel("learning rate")
     axes[0][0].set_ylabel("val loss (mean over tuning seeds)")

@@ -33,7 +33,7 @@ from qkvlab.studies.qkv import claims as C
 from qkvlab.studies.qkv import figures as F
 from qkvlab.studies.qkv.effects import LEGEND, cell, effect
 from qkvlab.studies.qkv.experiments import MARGINS, TUNED, lr_of, task_lr
-from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, chance, select
+from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, row_chance
 from qkvlab.studies.qkv.verdicts import all_verdicts, ci_text
 
 SECTION_IDS = ("summary", "q1", "q2", "q3", "setup")
@@ -65,34 +65,33 @@ def compare_table(df: pd.DataFrame, caption: str, metrics: tuple[str, ...] = ())
     if metrics and not df.empty:
         df = df[df.metric.isin(metrics)]
     rows = [] if df.empty else df.to_dict("records")
-    with_dh = any(isinstance(r.get("d_head"), (int, float)) and math.isfinite(r["d_head"])
-                  for r in rows)
-    headers = ("task", "arm", *(("d_head",) if with_dh else ()), "design", "seeds", "params",
-               "metric", "mean ± 95% CI", "vs standard", "p")
+    def has(col: str) -> bool:
+        return any(isinstance(r.get(col), (int, float)) and math.isfinite(r[col]) for r in rows)
+    extra = tuple(c for c in ("m", "d_head") if has(c))
+    headers = ("task", "arm", *extra, "design", "seeds", "params", "metric", "mean ± 95% CI",
+               "vs standard", "p")
     body = []
     for r in rows:
         eff = effect(r, _lower(r["metric"]))["text"] if r["design"] != "standard" else ""
         body.append((str(r.get("task", "")), str(r.get("arm", "")),
-                     *((num(r.get("d_head")),) if with_dh else ()),
+                     *(num(r.get(c)) for c in extra),
                      F.LABELS.get(r["design"], r["design"]), str(r["n"]), num(r.get("n_params")),
                      r["metric"], pm(r["mean"], r["half"], 4), eff, num(r.get("p"), 2)))
     return Table(caption, headers, tuple(body))
 
 
 def _quality(data: StudyData) -> dict[str, dict[str, dict]]:
-    """``{design: {task label: comparison row}}`` at equal width, each task's own metric; bind
-    at the widest d_head tried, where a capacity gap should have closed."""
+    """``{design: {task label: comparison row}}`` at equal width, each task's own metric;
+    bind_codes at its largest m and d_head = m (``figures.bind_point``)."""
     out: dict[str, dict[str, dict]] = {}
     for exp in SUMMARY_SOURCES:
         for r in data.compared(exp, arm="equal").to_dict("records"):
             if r["design"] != "standard" and r["metric"] == TASK_METRIC[r["task"]][0]:
                 out.setdefault(r["design"], {})[r["task"]] = r
-    bind = data.compared("bind_vs_dhead", arm="equal", metric="accuracy")
-    if not bind.empty:
-        widest = int(bind.d_head.max())
-        for r in select(bind, d_head=widest).to_dict("records"):
-            if r["design"] != "standard":
-                out.setdefault(r["design"], {})[f"bind (d_head {widest})"] = r
+    for r in F.bind_point(data.compared("bind_vs_dhead", arm="equal",
+                                        metric="accuracy")).to_dict("records"):
+        if r["design"] != "standard":
+            out.setdefault(r["design"], {})[f"bind_codes (m = d_head = {int(r['m'])})"] = r
     return out
 
 
@@ -137,7 +136,7 @@ def summary_table(data: StudyData) -> Table:
                 cells.append("—")
                 continue
             lower = TASK_METRIC[t.split(" ")[0]][1]
-            e = effect(r, lower, chance=chance(t.split(" ")[0], data.profile))
+            e = effect(r, lower, chance=row_chance(r, data.profile))
             cells.append(cell(e))
         c = cost.get(design, {})
         body.append((F.LABELS.get(design, design), num(c.get("params")), num(c.get("time")),
@@ -314,7 +313,8 @@ def q3_blocks(data: StudyData) -> list[Block]:
         compare_table(pd.concat([lm, data.compared("kv_translate")], ignore_index=True),
                       "tied K=V (self) and GQA on lm; tied K=V in cross-attention on translate",
                       ("val_loss", "chrf", "bleu")),
-        compare_table(data.compared("bind_vs_dhead"), "bind accuracy by d_head", ("accuracy",))]
+        compare_table(data.compared("bind_vs_dhead"), "bind_codes accuracy by m and d_head",
+                      ("accuracy",))]
     dec = data.measure("decode_speed")
     if not dec.empty:
         out.append(Table("KV cache and batch-1 greedy decoding (untrained weights, same sizes)",

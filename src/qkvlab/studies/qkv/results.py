@@ -36,12 +36,13 @@ from qkvlab.studies.qkv.experiments import ORDER, QKVProfile
 TASK_METRIC = {"lm": ("val_loss", True), "mlm": ("val_loss", True),
                "translate": ("val_loss", True), "mqar": ("accuracy", False),
                "relation": ("accuracy", False), "bind": ("accuracy", False),
+               "bind_codes": ("accuracy", False),
                "successor": ("accuracy", False), "successor_causal": ("accuracy", False)}
 # extra metrics compared per experiment, besides each task's own
 EXTRA_METRICS = {"alt_vs_standard": ("tokens_per_s", "chrf", "bleu"), "tied_qk_qkv": ("tokens_per_s",),
                  "lm_tied_kv": ("tokens_per_s",), "lm_gqa": ("tokens_per_s",),
                  "kv_translate": ("chrf", "bleu")}
-GROUP_BY = ("task", "arm", "d_head", "d_model")  # tags that tell comparisons apart (besides design, seed)
+GROUP_BY = ("task", "arm", "m", "d_head", "d_model")  # tags that tell comparisons apart (besides design, seed)
 PROBE_STATS = ("norm_entropy", "saturated", "grad_WQ", "grad_WK")
 RUN_TAGS = ("experiment", "design", "task", "arm", "seed", "kind")
 
@@ -94,13 +95,23 @@ def _py(v):
     return v.item() if hasattr(v, "item") else v
 
 
-def chance(task: str, profile: QKVProfile) -> float | None:
-    """The chance level of a task's own metric (``TASK_METRIC``) at a profile: a synthetic
-    task's guessing accuracy, or a text task's context-free val loss (nats); None if unknown."""
+def chance(task: str, profile: QKVProfile, **options) -> float | None:
+    """The chance level of a task's own metric (``TASK_METRIC``) at a profile (``options``:
+    task options a run sets over the profile's, e.g. bind_codes' m): a synthetic task's
+    guessing accuracy, or a text task's context-free val loss (nats); None if unknown."""
     try:
-        return getattr(get_task(task, **profile.task_options.get(task, {})), "chance", None)
+        opts = {**profile.task_options.get(task, {}), **options}
+        return getattr(get_task(task, **opts), "chance", None)
     except MissingSourceError:  # a corpus not installed: no chance level, no "not learned"
         return None
+
+
+def row_chance(row, profile: QKVProfile) -> float | None:
+    """``chance`` of a comparison row's task, with the task options its runs set over the
+    profile's (bind_codes' m)."""
+    m = row.get("m")
+    opts = {"m": int(m)} if isinstance(m, (int, float)) and math.isfinite(m) else {}
+    return chance(row["task"], profile, **opts)
 
 
 def comparisons(runs: pd.DataFrame) -> pd.DataFrame:

@@ -11,10 +11,12 @@ Each ``verdict_qN(data)`` takes ``results.StudyData`` and returns a ``blocks.Ver
 
 from __future__ import annotations
 
+import pandas as pd
+
 from qkvlab.experiments.stats import decide, mean_ci, paired
 from qkvlab.report.blocks import Verdict
 from qkvlab.studies.qkv.effects import LEGEND, LN2, WORDS, effect, finite  # noqa: F401 (re-exported)
-from qkvlab.studies.qkv.experiments import MARGINS
+from qkvlab.studies.qkv.experiments import MARGINS, WIDTH_ACCURACY
 from qkvlab.studies.qkv.results import StudyData, chance
 from qkvlab.studies.qkv.zoo_view import large_heads
 
@@ -369,12 +371,69 @@ def _unlearned(data: StudyData, experiment: str, tasks) -> str:
 
 
 # ---- Q3 --------------------------------------------------------------------------------------
-def bind_gap(data: StudyData, arm: str = "equal") -> list[tuple[int, dict]]:
-    """(d_head, effect) of tied_kv vs standard bind accuracy, by d_head."""
-    ch = chance("bind", data.profile)
-    rows = data.compared("bind_vs_dhead", design="tied_kv", arm=arm, metric="accuracy")
-    return sorted((int(r["d_head"]), effect(r, lower_is_better=False, chance=ch))
-                  for r in records(rows))
+def width_needed(data: StudyData) -> pd.DataFrame:
+    """bind_codes: per m, design and arm, the smallest d_head whose mean accuracy over seeds
+    reaches ``WIDTH_ACCURACY`` (NA if none tried does), the widest tried, and the mean
+    accuracy at d_head = m (the width the claim says standard needs)."""
+    cols = ["m", "design", "arm", "needed", "widest", "acc_at_m", "n"]
+    df = data.compared("bind_vs_dhead", metric="accuracy")
+    if df.empty or "m" not in df:
+        return pd.DataFrame(columns=cols)
+    out = []
+    for (m, design, arm), g in df.groupby(["m", "design", "arm"], sort=True):
+        ok = g[g["mean"] >= WIDTH_ACCURACY].d_head
+        at_m = g[g.d_head == m]["mean"]
+        out.append({"m": int(m), "design": design, "arm": arm,
+                    "needed": int(ok.min()) if len(ok) else pd.NA,
+                    "widest": int(g.d_head.max()),
+                    "acc_at_m": float(at_m.iloc[0]) if len(at_m) else float("nan"),
+                    "n": int(g["n"].min())})
+    return pd.DataFrame(out, columns=cols)
+
+
+def width_sentence(data: StudyData) -> str:
+    """The price of K=V in head width, read from ``width_needed`` (empty without runs)."""
+    need = width_needed(data)
+    if need.empty:
+        return ""
+
+    def w(m: int, design: str, arm: str) -> str:
+        r = need[(need.m == m) & (need.design == design) & (need.arm == arm)]
+        if r.empty:
+            return ""
+        r = r.iloc[0]
+        return (f"> {r.widest}" if pd.isna(r.needed) else str(r.needed))
+
+    parts, pattern = [], []
+    for m in sorted(need.m.unique()):
+        std, tied, mt = w(m, "standard", "equal"), w(m, "tied_kv", "equal"), \
+            w(m, "tied_kv", "matched")
+        s = f"m = {m}: standard {std}, tied K=V {tied}"
+        if mt:
+            s += f", tied K=V parameter-matched {mt}"
+        parts.append(s)
+        pattern.append((m, std, tied, mt))
+    n = int(need.n.min())
+    text = (f"The width price of K = V (`bind_codes`: m-bit keys bound to m-bit values, one "
+            f"layer, one head; the d_head a design needs for a mean accuracy ≥ "
+            f"{WIDTH_ACCURACY:.0%} over {n} seeds; a parameter-matched head is given by the "
+            f"standard width it matches): " + "; ".join(parts) + ".")
+    exact = [(m, s, t) for m, s, t, _ in pattern if s.isdigit() and t.isdigit()]
+    if exact:
+        ratios = [int(t) / int(s) for _, s, t in exact]
+        text += (f" Tied K=V needs {min(ratios):.2g}–{max(ratios):.2g}× standard's width"
+                 if min(ratios) != max(ratios) else
+                 f" Tied K=V needs {ratios[0]:.2g}× standard's width")
+        text += (" (the prediction: d_head ≈ m for standard, ≈ 2m for K = V, whose one vector "
+                 "per token must both be matched and carry the value).")
+        rec = [(m, s, mt) for m, s, _, mt in pattern if mt]
+        same = [str(m) for m, s, mt in rec if mt == s]
+        if rec:
+            text += (" With standard's parameters (a 4/3 wider head) tied K=V "
+                     + (f"recovers standard's width at m = {', '.join(same)}"
+                        + ("" if len(same) == len(rec) else " only") if same else
+                        "does not recover standard's width at any m") + ".")
+    return text
 
 
 def verdict_q3(data: StudyData) -> Verdict:
@@ -384,24 +443,9 @@ def verdict_q3(data: StudyData) -> Verdict:
                 f"+{REF_KV_PPL_PCT}% perplexity at 300M–1.2B parameters, {REF_KV_CITE}); "
                 f"{mt['text']} parameter-matched.")
     details = []
-    gaps = bind_gap(data)
-    if gaps and all(e.get("at_chance") for _, e in gaps):
-        details.append("Bind was not learned by either design at any d_head tried (accuracy at "
-                       "chance), so this profile cannot say where a K=V gap closes: "
-                       + "; ".join(f"d_head {dh}: {e['text']}" for dh, e in gaps) + ".")
-    elif gaps:
-        # the gap has closed from the first d_head after the last significant one
-        last_worse = max((i for i, (_, e) in enumerate(gaps) if e["status"] == "worse"), default=-1)
-        s = "Bind accuracy, tied K=V − standard (equal width) by d_head: " + "; ".join(
-            f"{dh}: {e['text']}" for dh, e in gaps) + ". "
-        if last_worse == len(gaps) - 1:
-            s += f"The gap does not close up to d_head = {gaps[-1][0]}."
-        elif last_worse < 0:
-            s += "No d_head tried shows a significant gap."
-        else:
-            s += (f"Tied K=V is significantly worse up to d_head = {gaps[last_worse][0]}; from "
-                  f"d_head = {gaps[last_worse + 1][0]} on the gap is no longer significant.")
-        details.append(s)
+    width = width_sentence(data)
+    if width:
+        details.append(width)
     tr = rows_of(data, "kv_translate")
     teq, tmt = _task_effects(tr, "tied_kv_cross", "translate", True)
     chrf = effect(pick(tr, design="tied_kv_cross", arm="equal", metric="chrf"),
