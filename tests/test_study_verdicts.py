@@ -234,3 +234,14 @@ def test_q2_says_why_a_profile_leaves_mqar_out(tmp_path):
         quick, smoke = results.load(store, "quick"), results.load(store, "smoke")
     assert verdicts.MQAR_LEFT_OUT in verdicts.verdict_q2(quick).details
     assert verdicts.MQAR_LEFT_OUT not in verdicts.verdict_q2(smoke).details  # smoke runs it
+
+
+def test_width_price_below_2m_is_explained_as_margin_not_rank(tmp_path):
+    hi, lo = [1.0, 0.95, 0.98], [0.6, 0.7, 0.65]
+    with Store(tmp_path / "r.db") as store:
+        _width(store, 2, {("standard", "equal"): {1: lo, 2: hi, 3: hi},
+                          ("tied_kv", "equal"): {1: lo, 2: lo, 3: hi}})
+        data = results.load(store, "smoke")
+    text = verdicts.verdict_q3(data).details[0]
+    assert "Tied K=V needs 1.5× standard's width" in text
+    assert "Less than 2m: in exact arithmetic one head of width m can do both" in text

@@ -14,9 +14,13 @@ its readout): item (k, v) → [k, v], query for key k → [k, 0]. A one-layer mo
 sees each item through a linear map of [k, v] (after a LayerNorm, a common scale here: every item
 code has the same norm). A linear score picks item j only if its key is a vertex of the hull of
 the keys' images, and the image of the m-cube in fewer than m dimensions leaves vertices inside
-that hull: matching needs rank m. With K = V the same map must also return v, whose m bits must
-not move the score: 2m dimensions without interference, fewer only by trading matching margin
-against the returned signal. The experiment measures the d_head each design needs.
+that hull: matching needs rank m. With K = V the same map must also return v. In 2m dimensions
+key and value get their own subspaces. In fewer, they share: in exact arithmetic even m
+dimensions do (map [k, v] to A·k + ε·B·v with A and B of rank m: the small value part barely
+moves the score, and the readout, which knows the queried key, reads v from the remainder), but
+the value part then eats into the matching margin and the returned signal is small, so what K = V
+costs below 2m is margin and learnability, not rank. The experiment measures the d_head each
+design needs within a training budget.
 
 All 2^m keys (and values) exist; a sequence holds ``n_items`` items with distinct keys (default:
 all 2^m, at most 8) and random values, then ``n_queries`` queries of distinct keys among them.

@@ -299,13 +299,14 @@ PROFILES = {p.name: register_profile(p) for p in (
     # heads) stalled on a plateau in 4 of 32 seeds (val loss 2.0-2.3 vs 1.6-1.7). So the grid
     # has a 4th point (9x) and each parameter-matched arm is tuned at its own width. mqar is
     # left out as at quick (standard at chance: 28.4% over 3 seeds, chance 25%), and the width
-    # price (bind_codes, m = 2, 3, 4, one head of d_head m - 1 ... 2m, both arms, 2 seeds:
-    # 90 runs of ~15 s) replaces bind.
+    # price (bind_codes, m = 2, 3, 4, one head of d_head m - 1 ... 2m, both arms) replaces
+    # bind. Its first run on 2 seeds (90 runs, 496 s) found seeds disagreeing at the widths
+    # where tied K=V just learns (m = 4, d_head 5: 83% and 98%), so it runs 4 seeds.
     QKVProfile("standard", seeds=tuple(range(8)), d_model=64, n_layers=2, n_heads=4,
                batch_size=16, steps=1000, lr=3e-3, eval_batches=16,
                task_options=TASK_OPTIONS["standard"], task_train=TASK_TRAIN["standard"],
                probe_d_heads=(16, 32, 64, 128, 256), probe_steps=60, probe_seeds=(0, 1, 2),
-               bind_bits=(2, 3, 4), bind_seeds=(0, 1), measure_batch=16,
+               bind_bits=(2, 3, 4), bind_seeds=(0, 1, 2, 3), measure_batch=16,
                rounds=5, decode_tokens=48, n_null=128, cka=True,
                lr_grid=(1 / 3, 1.0, 3.0, 9.0), lr_seeds=(100,), scale_widths=(32, 64, 96),
                scale_seeds=(0, 1, 2),

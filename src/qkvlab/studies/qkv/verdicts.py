@@ -426,6 +426,12 @@ def width_sentence(data: StudyData) -> str:
                  f" Tied K=V needs {ratios[0]:.2g}× standard's width")
         text += (" (the prediction: d_head ≈ m for standard, ≈ 2m for K = V, whose one vector "
                  "per token must both be matched and carry the value).")
+        if max(ratios) < 2:
+            text += (" Less than 2m: in exact arithmetic one head of width m can do both (a "
+                     "value part scaled small against the key part barely moves the score, and "
+                     "the readout, which knows the queried key, reads the value from the "
+                     "remainder), so below 2m the tie costs matching margin and learnability, "
+                     "not rank: a little more width, or more training.")
         rec = [(m, s, mt) for m, s, _, mt in pattern if mt]
         same = [str(m) for m, s, mt in rec if mt == s]
         if rec:
