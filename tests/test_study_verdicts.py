@@ -245,3 +245,24 @@ def test_width_price_below_2m_is_explained_as_margin_not_rank(tmp_path):
     text = verdicts.verdict_q3(data).details[0]
     assert "Tied K=V needs 1.5× standard's width" in text
     assert "Less than 2m: in exact arithmetic one head of width m can do both" in text
+
+
+def test_gap_trend_says_when_a_gap_is_still_closing():
+    import types
+
+    import pandas as pd
+
+    def data(kv_half, kv_full):
+        rows = [{"task": "lm", "design": "standard", "half_step": 500, "steps": 1000,
+                 "seeds": 8, "half": 1.9, "full": 1.6, "change_pct": 0.0},
+                {"task": "lm", "design": "tied_kv", "half_step": 500, "steps": 1000,
+                 "seeds": 8, "half": kv_half, "full": kv_full, "change_pct": 0.0}]
+        return types.SimpleNamespace(budget=pd.DataFrame(rows))
+
+    closing = verdicts.gap_trend(data(2.2, 1.75), "lm", "tied_kv")  # +0.300 -> +0.150
+    assert closing.startswith("Its mean val-loss gap to standard on lm is +0.300 at step 500 "
+                              "and +0.150 at step 1000: still closing")
+    steady = verdicts.gap_trend(data(2.0, 1.7), "lm", "tied_kv")  # +0.100 -> +0.100
+    assert steady == ("Its mean val-loss gap to standard on lm is +0.100 at step 500 and +0.100 "
+                      "at step 1000.")
+    assert verdicts.gap_trend(data(2.0, 1.7), "lm", "alt") == ""

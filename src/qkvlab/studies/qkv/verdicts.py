@@ -442,6 +442,26 @@ def width_sentence(data: StudyData) -> str:
     return text
 
 
+def gap_trend(data: StudyData, task: str, design: str) -> str:
+    """How a design's mean val-loss gap to standard moved between half and full budget (the
+    ``budget`` frame, equal width): a gap that shrank by more than a quarter is still closing,
+    so the full-budget effect overstates what the design costs a model trained to the end."""
+    b = data.budget
+    if b.empty:
+        return ""
+    d, s = b[(b.task == task) & (b.design == design)], b[(b.task == task) & (b.design == "standard")]
+    if d.empty or s.empty:
+        return ""
+    d, s = d.iloc[0], s.iloc[0]
+    half, full = d.half - s.half, d.full - s.full
+    text = (f"Its mean val-loss gap to standard on {task} is {half:+.3f} at step {d.half_step} "
+            f"and {full:+.3f} at step {d.steps}")
+    if half > 0 and full < 0.75 * half:
+        return text + (": still closing, so at this budget the figure above overstates what the "
+                       "tie costs a model trained to the end.")
+    return text + "."
+
+
 def verdict_q3(data: StudyData) -> Verdict:
     lm = rows_of(data, "lm_tied_kv", "lm_gqa")
     eq, mt = _task_effects(lm, "tied_kv", "lm", True)
@@ -449,6 +469,9 @@ def verdict_q3(data: StudyData) -> Verdict:
                 f"+{REF_KV_PPL_PCT}% perplexity at 300M–1.2B parameters, {REF_KV_CITE}); "
                 f"{mt['text']} parameter-matched.")
     details = []
+    trend = gap_trend(data, "lm", "tied_kv")
+    if trend:
+        details.append(trend)
     width = width_sentence(data)
     if width:
         details.append(width)
