@@ -217,6 +217,8 @@ def fig_scaling(data: StudyData, out: Path) -> Figure | None:
             ax.legend(fontsize=7, loc="upper left", frameon=False)
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short spans
+        if d != "tied_kv":  # the measured widths, labelled (tied K=V spans to 1.2B)
+            ax.set_xticks(list(g.params), [f"{p / 1e3:.0f}k" for p in g.params])
         ax.set_title(label(d), fontsize=10)
         ax.set_xlabel("parameters (standard)")
     axes[0][0].set_ylabel("perplexity vs standard (%)")
