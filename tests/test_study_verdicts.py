@@ -266,3 +266,18 @@ def test_gap_trend_says_when_a_gap_is_still_closing():
     assert steady == ("Its mean val-loss gap to standard on lm is +0.100 at step 500 and +0.100 "
                       "at step 1000.")
     assert verdicts.gap_trend(data(2.0, 1.7), "lm", "alt") == ""
+
+
+def test_q2_headline_gives_standards_accuracy_and_chance(tmp_path):
+    from qkvlab.data import get_task
+    from qkvlab.studies.qkv.experiments import PROFILES
+
+    with Store(tmp_path / "r.db") as store:
+        _fill(store, "tied_qk_qkv", "relation",
+              {("standard", "equal"): [0.99, 1.0, 0.98], ("tied_qk", "equal"): [0.4, 0.5, 0.45]},
+              metric="accuracy")
+        data = results.load(store, "smoke")
+    ch = get_task("relation", **PROFILES["smoke"].task_options["relation"]).chance
+    head = verdicts.verdict_q2(data).headline
+    assert head.startswith("tied Q=K on relation: -54.0 pp")
+    assert head.endswith(f" Standard reaches 99.0% on relation (chance {100 * ch:.1f}%).")

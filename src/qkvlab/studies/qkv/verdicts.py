@@ -51,6 +51,16 @@ def rows_of(data: StudyData, *experiments: str) -> list[dict]:
     return data.compared(experiments).to_dict("records")
 
 
+def standard_level(rows: list[dict], task: str, data: StudyData) -> str:
+    """"<mean accuracy> on <task> (chance <c>)" of standard at equal width: what a verdict on
+    an accuracy task is measured against (empty without runs)."""
+    r = pick(rows, design="standard", task=task, arm="equal", metric="accuracy")
+    ch = chance(task, data.profile)
+    if r is None or ch is None:
+        return ""
+    return f"{100 * r['mean']:.1f}% on {task} (chance {100 * ch:.1f}%)"
+
+
 def _task_effects(rows: list[dict], design: str, task: str, lower: bool,
                   data: StudyData | None = None) -> tuple[dict, dict]:
     metric = "accuracy" if not lower else "val_loss"
@@ -240,7 +250,10 @@ def verdict_q2(data: StudyData) -> Verdict:
                 s = (f"{label} on {task}: {eq['text']} at equal width, {mt['text']} "
                      f"parameter-matched")
                 (head if task in ("lm", "relation") else parts).append(s)
-    headline = "; ".join(head) + "." if head else "No tied Q=K runs finished."
+    base = [standard_level(rows, t, data) for t in ("relation", "mqar")]
+    base = [b for b in base if b]
+    headline = ("; ".join(head) + "." if head else "No tied Q=K runs finished.") + \
+        (" Standard reaches " + "; ".join(base) + "." if base and head else "")
     details = ["; ".join(parts) + "."] if parts else []
     if "mqar" in data.profile.task_seeds and not data.profile.task_seeds["mqar"]:
         details.append(MQAR_LEFT_OUT)
@@ -414,9 +427,12 @@ def width_sentence(data: StudyData) -> str:
         parts.append(s)
         pattern.append((m, std, tied, mt))
     n = int(need.n.min())
+    rows = data.compared("bind_vs_dhead", design="standard", arm="equal", metric="accuracy")
+    std_best = float(rows.sort_values("d_head").groupby("m")["mean"].last().min())
     text = (f"The width price of K = V (`bind_codes`: m-bit keys bound to m-bit values, one "
             f"layer, one head; the d_head a design needs for a mean accuracy ≥ "
-            f"{WIDTH_ACCURACY:.0%} over {n} seeds; a parameter-matched head is given by the "
+            f"{WIDTH_ACCURACY:.0%} (chance: 1/2^m) over {n} seeds, standard reaching "
+            f"{std_best:.0%} at its widest; a parameter-matched head is given by the "
             f"standard width it matches): " + "; ".join(parts) + ".")
     exact = [(m, s, t) for m, s, t, _ in pattern if s.isdigit() and t.isdigit()]
     if exact:
