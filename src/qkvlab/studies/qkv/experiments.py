@@ -42,9 +42,9 @@ class RatesPending(ValueError):
 class QKVProfile(Profile):
     """A profile with this study's extra sizes: the scale probe's head widths, steps and
     seeds, the key/value bits of the width-price task and its seeds (empty: the profile's),
-    the measures' sizes
-    (evaluation batch, speed rounds, decode length, null sample of the pretrained analysis and
-    whether it runs the models on text for CKA), and the learning-rate grid.
+    the measures' sizes (evaluation batch, speed rounds, decode length, null sample of the
+    pretrained analysis and whether it runs the models on text for CKA), and the
+    learning-rate grid.
 
     Learning rates: with an empty ``lr_grid`` every design trains at the task's rate. Otherwise
     experiment ``lr_tune`` trains each design of ``TUNED`` in each arm its comparisons run
