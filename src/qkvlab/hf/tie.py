@@ -61,6 +61,11 @@ class TieError(ValueError):
     """A tie that cannot be imposed on this model or with these arguments; the message says why."""
 
 
+class TieRefused(TieError):
+    """The model's architecture cannot take this tie at all (not a wrong argument): a fact about
+    the model worth reporting, e.g. Q=K under q/k RMSNorm, or GQA on a model with one kv head."""
+
+
 @dataclass
 class Calibration:
     """Per layer second moment C = E[x̂ x̂ᵀ] of the attention input, x̂ = [x, 1], float64 [D, D]."""
@@ -276,7 +281,7 @@ def merge_kv_heads(attn: nn.Module, kv_heads: int) -> None:
     """Mean-pool consecutive kv heads into ``kv_heads`` groups (GQA conversion, Ainslie et al.)."""
     n_heads, n_kv, d_head = _shape(attn)
     if n_kv == 1:
-        raise TieError("gqa: the model already has a single kv head (MQA); there are no kv heads "
+        raise TieRefused("gqa: the model already has a single kv head (MQA); there are no kv heads "
                        "to merge")
     if kv_heads >= n_kv or n_kv % kv_heads:
         raise TieError(f"kv_heads: {kv_heads} must divide the model's {n_kv} kv heads and be fewer")
@@ -298,15 +303,16 @@ def tie(model: nn.Module, kind: str, calibration: torch.Tensor | Calibration | N
     ``calibration``: token ids [B, T] or a :class:`Calibration` from :func:`calibrate` (reuse
     one for many ties); required except for ``gqa``. ``kv_heads``: target of ``gqa``.
     Raises:
-        TieError: unknown kind, unsupported model type or tie for it, missing calibration,
-            layer index out of range, a layer already tied.
+        TieRefused: the model's architecture cannot take this tie (see the class).
+        TieError: unknown kind or model type, missing calibration, layer index out of range, a
+            layer already tied.
     """
     if kind not in KINDS:
         raise TieError(f"kind: {kind!r} is not one of {list(KINDS)} ('alt' folds exactly into "
                        f"standard attention, so it has no cost to measure)")
     family = _family(model)
     if kind not in FAMILIES[family]:
-        raise TieError(f"kind: {kind!r} is not supported for {family} (its q/k RMSNorms make Q=K "
+        raise TieRefused(f"kind: {kind!r} is not supported for {family} (its q/k RMSNorms make Q=K "
                        f"a nonlinear fit); supported: {list(FAMILIES[family])}")
     all_layers = decoder_layers(model)
     layers = list(range(len(all_layers))) if layers is None else list(layers)
