@@ -82,16 +82,3 @@ def test_budget_reads_val_loss_at_half_and_full_budget(tmp_path):
                                [2.25, 2.05, 100 * (2.05 / 2.25 - 1)], rtol=1e-12)
     assert page.budget_table(data)[0].rows == (("lm", "standard", "2", "2.25 (step 200)",
                                                 "2.05 (step 400)", "-8.9%"),)
-
-
-def test_another_tools_measures_load_and_show_as_the_tie_cost_table(tmp_path):
-    """Measures without a profile (qkvlab tiecost's) are the same at every profile."""
-    rec = {"model": "m", "n_layers": 2, "tie": "kv", "layers": "all", "stage": "zero-shot",
-           "ppl": 30.0, "ppl_base": 20.0, "delta_ppl": 10.0, "delta_nll": float(np.log(1.5)),
-           "eval_tokens": 64, "calib_tokens": 64, "heal_steps": 0, "heal_tokens": 0,
-           "kv_cache": 0.5, "attn_params": 0.75, "seconds": 1.0}
-    with Store(tmp_path / "r.db") as store:
-        store.measure("tie_cost", {"model": "m", "tie": "kv", "layers": "all"}, lambda: [rec])
-        data = results.load(store, "smoke")
-    table = page.tie_cost_blocks(data)[0]
-    assert table.rows == (("m", "kv", "zero-shot", "30", "+0.405", "+50%", "0.5", "0.75", "64"),)

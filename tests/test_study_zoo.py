@@ -10,7 +10,7 @@ from qkvlab.analysis.zoo import load_manifest
 from qkvlab.experiments.store import Store
 from qkvlab.studies.qkv import results, study
 from qkvlab.studies.qkv.figures_zoo import fig_q2_zoo
-from qkvlab.studies.qkv.zoo_view import MEASURES, large_heads, zoo_table
+from qkvlab.studies.qkv.zoo_view import MEASURES, decoders_vs_published, large_heads, zoo_table
 
 MODELS = {"minilm": ["encoder"], "whisper-tiny": ["encoder", "cross"],
           "qwen2.5-coder-1.5b": ["decoder"]}
@@ -81,10 +81,22 @@ def test_large_heads_sentence(data):
     assert "Llama-3-8B" in s and "50% of them" in s
 
 
+def test_decoders_against_the_published_values(data):
+    s = decoders_vs_published(data)
+    dec = _value(2, 0, MEASURES.index("symmetry_layer"))
+    assert f"Qwen2.5-Coder-1.5B-Instruct {dec['mean']:.3f}" in s
+    assert f"random nulls ≤ {dec['null_hi']:.3f}; every one above" in s
+    enc = [_value(0, 0, 0)["mean"], _value(1, 0, 0)["mean"]]  # minilm, whisper-tiny encoder
+    assert f"encoders range {min(enc):.2f}–{max(enc):.2f}" in s
+    assert "GPT-2's published 0.15" in s and "Llama-3-8B 0.00, Mistral-7B 0.00" in s
+    assert "stops at 1.8 B parameters" in s and "below every encoder's" not in s  # 0.2 > 0.0
+
+
 def test_empty_without_zoo_measures(tmp_path):
     with Store(tmp_path / "r.db") as store:
         d = results.load(store, "smoke")
     assert zoo_table(d).empty and large_heads(d) == "" and fig_q2_zoo(d, tmp_path) is None
+    assert decoders_vs_published(d) == ""
 
 
 def test_profile_picks_the_models():

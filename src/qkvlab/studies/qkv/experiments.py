@@ -31,6 +31,7 @@ from qkvlab.experiments.registry import (
     task_info,
 )
 from qkvlab.experiments.store import canonical
+from qkvlab.hf.cost import CostConfig
 from qkvlab.train import InitConfig, ProbeConfig
 
 
@@ -77,6 +78,11 @@ class QKVProfile(Profile):
     task_arms: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     # (task, design, arm) -> rate; see prepared
     lrs: Mapping[tuple[str, str, str], float] | None = None
+    # What each tie costs a trained decoder (``qkvlab.hf.cost``): the zoo's decoder LMs
+    # measured, the ties also measured one layer at a time, and the sizes (None: not measured)
+    tie_cost: CostConfig | None = None
+    tie_cost_models: tuple[str, ...] = ()
+    tie_cost_per_layer: tuple[str, ...] = ()
 
     def prepared(self, store) -> QKVProfile:
         if not self.lr_grid or self.lrs is not None:
@@ -277,7 +283,8 @@ PROFILES = {p.name: register_profile(p) for p in (
                bind_seeds=(0, 1), measure_batch=16, rounds=5, decode_tokens=48,
                n_null=128, cka=True, task_seeds={"mqar": ()},
                task_arms={"relation": ("equal",), "mlm": ("equal",),
-                          "bind_codes": ("equal",)}),
+                          "bind_codes": ("equal",)},
+               tie_cost=CostConfig(), tie_cost_models=("smollm2",)),
     # standard: the questions decided on a 2-core CPU within 2 hours. Sized from single runs
     # on the 2-core AMD EPYC (AVX2; 2026-11-23, two runs side by side, one thread each, as
     # the sweep's two workers run): lm at d_model 64 takes 33 ms a step (1,200 steps: 48 s,
@@ -313,12 +320,18 @@ PROFILES = {p.name: register_profile(p) for p in (
                scale_seeds=(0, 1, 2),
                task_seeds={"mqar": (), "relation": (0, 1, 2),
                            "successor": tuple(range(4)), "successor_causal": tuple(range(4))},
-               task_arms={"mlm": ("equal",)}),
+               task_arms={"mlm": ("equal",)},
+               tie_cost=CostConfig(heal_steps=8, heal_batch=2), tie_cost_per_layer=("kv",),
+               tie_cost_models=("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b")),
     QKVProfile("full", seeds=(0, 1, 2, 3, 4), d_model=384, n_layers=6, n_heads=6, batch_size=64,
                steps=5000, lr=1e-3, eval_batches=50, task_options=TASK_OPTIONS["full"],
                task_train=TASK_TRAIN["full"], probe_d_heads=(16, 32, 64, 128, 256),
                probe_steps=1000, probe_seeds=(0, 1, 2), bind_bits=(2, 4, 8, 16),
-               measure_batch=32, rounds=7, decode_tokens=128, n_null=256, cka=True),
+               measure_batch=32, rounds=7, decode_tokens=128, n_null=256, cka=True,
+               tie_cost=CostConfig(eval_tokens=8192, calib_tokens=8192, heal_steps=64),
+               tie_cost_per_layer=("kv", "qk"),
+               tie_cost_models=("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b",
+                                "qwen2.5-coder-1.5b")),
 )}
 
 @dataclass(frozen=True)

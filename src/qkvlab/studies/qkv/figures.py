@@ -45,7 +45,7 @@ from qkvlab.studies.qkv.figures_q import (  # noqa: F401
     label,
     q3_lm,
 )
-from qkvlab.studies.qkv.figures_zoo import fig_q2_zoo
+from qkvlab.studies.qkv.figures_zoo import fig_q2_zoo, fig_q3_tie_layers
 from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, row_chance, select
 
 # Per question, the rows of its forest plot: (experiments, design, task), top to bottom.
@@ -288,7 +288,7 @@ def fig_lr(data: StudyData, out: Path) -> Figure | None:
 
 FIGURES = {"q1": [fig_forest_q1, fig_q1_loss, fig_q1_scale, fig_q1_convex],
            "q2": [fig_forest_q2, fig_q2_own, fig_q2_pretrained, fig_q2_zoo, fig_q2_emergence],
-           "q3": [fig_forest_q3, fig_q3_bind, fig_q3_kv]}
+           "q3": [fig_forest_q3, fig_q3_bind, fig_q3_kv, fig_q3_tie_layers]}
 
 
 def all_figures(data: StudyData, out: Path) -> dict[str, list[Figure]]:

@@ -1,7 +1,9 @@
-"""Q2's zoo figure: across every pretrained model analysed, the symmetry of W_QK and the
-Q–K / K–V / Q–V subspace overlaps against parameter count, by family (marker) and attention role
-(colour), each point beside its random null (grey), with Saponati et al.'s published whole-layer
-values where a family matches (open star). The numbers are ``zoo_view.zoo_table``'s."""
+"""The pretrained zoo's figures. Q2: across every pretrained model analysed, the symmetry of
+W_QK and the Q–K / K–V / Q–V subspace overlaps against parameter count, by family (marker) and
+attention role (colour), each point beside its random null (grey), with Saponati et al.'s
+published whole-layer values where a family matches (open star); the numbers are
+``zoo_view.zoo_table``'s. Q3: which layers of a trained decoder tolerate a tie imposed one layer
+at a time (``tie_view.tie_costs``)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from matplotlib.lines import Line2D
 from qkvlab.report.blocks import Figure
 from qkvlab.studies.qkv.figures_q import _save, color
 from qkvlab.studies.qkv.results import StudyData
+from qkvlab.studies.qkv.tie_view import TIE_LABELS, tie_costs
 from qkvlab.studies.qkv.zoo_view import MEASURE_LABELS, MEASURES, zoo_table
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "<", ">")
@@ -62,3 +65,37 @@ def fig_q2_zoo(data: StudyData, out: Path) -> Figure | None:
                  f"overlap is 1 for identical subspaces and d_head/d_model for random ones. "
                  f"Open stars: whole-layer symmetry published by {data.published_source} for "
                  f"the matching family (reference, not measured here). Models: {models}.")
+
+
+def fig_q3_tie_layers(data: StudyData, out: Path) -> Figure | None:
+    """Which layers of a trained decoder tolerate a tie: Δ perplexity (%) with the tie imposed
+    on one layer at a time, against the layer's relative depth, one line per model, one panel
+    per tie measured that way."""
+    tc = tie_costs(data)
+    if tc.empty:
+        return None
+    one = tc[(tc.layers.astype(str) != "all") & (tc.stage == "zero-shot")]
+    if one.empty:
+        return None
+    one = one.assign(layer=one.layers.astype(int),
+                     depth=one.layers.astype(int) / (one.n_layers - 1).clip(lower=1))
+    kinds = list(dict.fromkeys(one.tie))
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5.2 * len(kinds), 3.6), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for i, (title, g) in enumerate(one[one.tie == kind].groupby("title", sort=False)):
+            g = g.sort_values("layer")
+            ax.plot(g.depth, g.pct, marker=MARKERS[i % len(MARKERS)], ms=4, lw=1.2,
+                    label=f"{title} ({int(g.n_layers.iloc[0])} layers)")
+        ax.axhline(0, color="#999999", lw=0.8)
+        ax.set_yscale("symlog", linthresh=1)
+        ax.set_xlabel("layer tied (relative depth: 0 = first, 1 = last)")
+        ax.set_ylabel("Δ held-out perplexity (%)")
+        ax.set_title(f"{TIE_LABELS[kind]} in one layer, the others untied", fontsize=9)
+        ax.legend(fontsize=7, frameon=False)
+    fig.tight_layout()
+    cols = ["model", "title", "tie", "layer", "n_layers", "depth", "ppl", "ppl_base", "pct"]
+    return _save(fig, one[cols], out, "q3_tie_layers", "Which layers of a trained decoder "
+                 "tolerate a tie",
+                 "Each point: a zoo decoder with the tie imposed in that one layer (best fit on "
+                 "real activations, zero-shot), the change in held-out Bible perplexity against "
+                 "the untied model; symmetric log axis (linear within ±1%).")

@@ -35,6 +35,7 @@ from qkvlab.studies.qkv.effects import LEGEND, cell, effect
 from qkvlab.studies.qkv.experiments import MARGINS, TUNED, lr_of, task_lr
 from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, row_chance
 from qkvlab.studies.qkv.verdicts import all_verdicts, ci_text
+from qkvlab.studies.qkv.tie_view import TIE_LABELS, tie_costs
 
 SECTION_IDS = ("summary", "q1", "q2", "q3", "setup")
 # comparisons in the summary table: (experiments, design) rows, equal width
@@ -327,23 +328,38 @@ def q3_blocks(data: StudyData) -> list[Block]:
 
 
 def tie_cost_blocks(data: StudyData) -> list[Block]:
-    """What forcing each tie costs a trained decoder (stored by `qkvlab tiecost MODEL`)."""
-    tc = data.measure("tie_cost")
+    """What forcing each tie costs a trained decoder (``tie_view.tie_costs``)."""
+    tc = tie_costs(data)
     if tc.empty:
-        return [Para("What a tie would cost a trained model: not measured in this store; "
-                     "`qkvlab tiecost smollm2` (also gemma3-270m, qwen2.5-coder-0.5b after "
-                     "`qkvlab zoo fetch NAME`) stores it here.", note=True)]
-    rows = tc[tc.layers.astype(str) == "all"].sort_values(["model", "stage", "tie"])
-    body = tuple((r["model"], r["tie"], r["stage"], num(r["ppl"], 4), f"{r['delta_nll']:+.3f}",
-                  f"{100 * math.expm1(r['delta_nll']):+.0f}%", num(r["kv_cache"]),
-                  num(r["attn_params"]), str(int(r["eval_tokens"])))
+        models = getattr(data.profile, "tie_cost_models", ())
+        return [Para("What a tie would cost a trained model: not measured in this store at this "
+                     "profile's sizes" + (f" (it measures {', '.join(models)}; see the notes)"
+                                          if models else "; `qkvlab tiecost smollm2` stores it")
+                     + ".", note=True)]
+    rows = tc[(tc.layers.astype(str) == "all") & (tc.stage != "refused")]
+    def stage(r: dict) -> str:  # healed rows name the rate validation chose
+        lr = r.get("heal_lr")
+        return r["stage"] + (f" (lr {lr:g})" if isinstance(lr, float) and lr == lr else "")
+
+    body = tuple((r["title"], TIE_LABELS.get(r["tie"], r["tie"]), stage(r), num(r["ppl"], 4),
+                  num(r["ppl_base"], 4), f"{r['delta_nll']:+.3f}", f"{r['pct']:+,.0f}%",
+                  num(r["kv_cache"]), num(r["attn_params"]))
                  for r in rows.to_dict("records"))
-    return [Table("What each tie costs a trained decoder: every layer tied at once by its best "
-                  "fit on real activations (K=V: W_V ← W_K·M, M folded into W_O; Q=K: the nearest "
-                  "tied score form; GQA: kv heads mean-pooled, a reference), held-out Bible "
-                  "perplexity; alt folds exactly, so it costs nothing. From `qkvlab tiecost`.",
-                  ("model", "tie", "stage", "perplexity", "Δ nll", "Δ perplexity",
-                   "KV cache ×", "attention params ×", "eval tokens"), body)]
+    refused = tc[tc.stage == "refused"].drop_duplicates(["model", "tie"])
+    out: list[Block] = [Table(
+        "What each tie costs a trained decoder: every layer tied at once by its best fit on real "
+        "activations (K=V: W_V ← W_K·M, M folded into W_O; Q=K: the nearest tied score form; "
+        "GQA: kv heads mean-pooled, a reference), held-out Bible perplexity; a healed tie is "
+        "compared with the untied model healed the same way (healing on Bible text lowers its "
+        "perplexity too), each at the learning rate its validation loss chose. alt folds "
+        "exactly, so it costs nothing.",
+        ("model", "tie", "stage", "perplexity", "untied, same stage", "Δ nll", "Δ perplexity",
+         "KV cache ×", "attention params ×"), body)]
+    if not refused.empty:
+        out.append(Para("Ties a model's architecture cannot take: " + "; ".join(
+            f"{r['title']} {TIE_LABELS.get(r['tie'], r['tie'])}: {r['reason']}"
+            for r in refused.to_dict("records")) + "."))
+    return out
 
 
 def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Verdict]

@@ -32,6 +32,8 @@ from qkvlab.experiments.registry import get_profile
 from qkvlab.experiments.runner import failure_report, sweep, sweep_ids
 from qkvlab.experiments.store import DEFAULT_DB, Store
 from qkvlab.experiments.timing import sum_parts
+from qkvlab.hf.cost import measure_tie_cost
+from qkvlab.hf.tie import KINDS
 from qkvlab.models import load_model
 from qkvlab.studies.qkv import measures as M
 from qkvlab.studies.qkv import page, results
@@ -105,7 +107,7 @@ def run_study(cfg: StudyConfig) -> Path:
     timings: dict[str, float] = {}
     counts: dict[str, dict[str, int]] = {}
     trained: dict[str, dict[str, float]] = {}  # run id -> its timings, runs trained here
-    steps = [*ORDER, "measures", "pretrained"]
+    steps = [*ORDER, "measures", "pretrained", "tie_cost"]
     bar = tqdm(steps, desc=f"study [{cfg.profile}]", disable=not cfg.progress, unit="step",
                dynamic_ncols=True)
     with Store(cfg.db) as store:
@@ -117,6 +119,8 @@ def run_study(cfg: StudyConfig) -> Path:
                 run_measures(rec, cfg)
             elif step == "pretrained":
                 run_pretrained(rec, cfg)
+            elif step == "tie_cost":
+                run_tie_cost(rec, cfg)
             else:
                 began = time.time()  # each sweep logs where its time went
                 counts[step] = sweep(step, cfg.profile, db=cfg.db, workers=cfg.workers,
@@ -214,3 +218,20 @@ def run_pretrained(rec: Recorder, cfg: StudyConfig) -> None:
     for source in cfg.pretrained:
         rec("pretrained", {"source": source, "n_null": p.n_null, "cka": p.cka},
             lambda source=source: M.pretrained(source, p.n_null, p.cka))
+
+
+def run_tie_cost(rec: Recorder, cfg: StudyConfig) -> None:
+    """Held-out perplexity of the profile's pretrained decoders with each tie imposed
+    (``qkvlab.hf.cost``; stored as measures ``tie_cost`` and ``tie_fit``). A model not fetched
+    becomes a note naming ``qkvlab zoo fetch``."""
+    p = get_profile(cfg.profile)
+    assert isinstance(p, QKVProfile)
+    if p.tie_cost is None:
+        return
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    for name in p.tie_cost_models:
+        try:
+            measure_tie_cost(rec.store, name, KINDS, p.tie_cost, p.tie_cost_per_layer,
+                             env=rec.env, log=cfg.log)
+        except ValueError as e:  # ZooError: not fetched or a file that fails its sha256
+            rec.notes.append(f"tie_cost ({name}): {e}")

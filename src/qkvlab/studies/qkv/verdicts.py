@@ -18,7 +18,8 @@ from qkvlab.report.blocks import Verdict
 from qkvlab.studies.qkv.effects import LEGEND, LN2, WORDS, effect, finite  # noqa: F401 (re-exported)
 from qkvlab.studies.qkv.experiments import MARGINS, WIDTH_ACCURACY
 from qkvlab.studies.qkv.results import StudyData, chance
-from qkvlab.studies.qkv.zoo_view import large_heads
+from qkvlab.studies.qkv.tie_view import tie_cost_sentence
+from qkvlab.studies.qkv.zoo_view import decoders_vs_published, large_heads
 
 INCONCLUSIVE = "inconclusive at this scale"
 # Published reference (not measured here): tied K=V costs about +3.1% perplexity at
@@ -290,6 +291,8 @@ def verdict_q2(data: StudyData) -> Verdict:
                        f"{ref} ({data.published_source}).")
     details.append(directed_sentence(data))
     details.append(large_heads(data))
+    details.append(decoders_vs_published(data))
+    details.append(tie_cost_sentence(data, ("qk", "qkv")))
     details.append(_emergence_sentence(data))
     return Verdict(headline, tuple(d for d in details if d))
 
@@ -521,7 +524,8 @@ def verdict_q3(data: StudyData) -> Verdict:
             f"n_heads/2) {cache['gqa_half']:.2f}×; batch-1 decode speed {speed['tied_kv']:.2f}× "
             f"and {speed['gqa_half']:.2f}× standard's. At that equal cache size GQA costs "
             f"{effect(g)['text']} on lm, tied K=V {eq['text']}.")
-    return Verdict(headline, tuple(details))
+    details.append(tie_cost_sentence(data, ("kv", "gqa")))
+    return Verdict(headline, tuple(d for d in details if d))
 
 
 def all_verdicts(data: StudyData) -> dict[str, Verdict]:

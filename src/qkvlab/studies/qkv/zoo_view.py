@@ -31,6 +31,7 @@ COLUMNS = ["model", "title", "family", "role", "params", "d_head", "measure", "m
            "null_std", "null_lo", "null_hi", "share_above_null", "n_heads", "published_model",
            "published"]
 LARGE_D_HEAD = 100  # "100×100 heads of a large model": d_head at least this
+CAUSAL_FAMILIES = ("llama", "qwen2", "gemma3")  # the zoo's causal LMs (gemma3 also has an encoder)
 
 
 @cache
@@ -93,3 +94,38 @@ def large_heads(data: StudyData) -> str:
             f"per-head symmetry s = {h['mean']:.3f} against a random null of "
             f"{h['null_mean']:+.3f} ± {h['null_std']:.3f} sd "
             f"({above}), far from tied Q=K's s = 1; " + ", ".join(parts) + ref + ".")
+
+
+def decoders_vs_published(data: StudyData) -> str:
+    """Q2's sentence on the zoo's causal decoders against the published decoder values: where
+    they sit beside their null, GPT-2's value and the ≈0 of the 7-8 B decoders, with the
+    encoders' range for scale, and what the zoo's size range can and cannot say."""
+    df = zoo_table(data)
+    lay = df[df.measure == "symmetry_layer"]
+    dec = lay[(lay.role == "decoder") & lay.family.isin(CAUSAL_FAMILIES)]
+    if dec.empty:
+        return ""
+    pub = data.published
+    vals = ", ".join(f"{r.title} {r.mean:.3f}" for r in dec.itertuples())
+    above = (dec["mean"] > dec.null_hi).all()
+    enc = lay[lay.role == "encoder"]
+    enc_text = (f"; the zoo's encoders range {enc['mean'].min():.2f}–{enc['mean'].max():.2f}"
+                if not enc.empty else "")
+    trend = []
+    for fam, g in dec.groupby("family"):
+        if len(g) > 1:
+            g = g.sort_values("params")
+            trend.append(f"within {fam}, " + " → ".join(
+                f"{r.mean:.3f} at {r.params / 1e9:.1f} B" for r in g.itertuples()))
+    big = ", ".join(f"{m} {pub[m]:.2f}" for m in ("Llama-3-8B", "Mistral-7B") if m in pub)
+    gpt2 = f"GPT-2's published {pub['GPT-2']:.2f}" if "GPT-2" in pub else ""
+    return (f"Causal decoders of the zoo, whole-layer symmetry: {vals} (random nulls ≤ "
+            f"{dec.null_hi.max():.3f}; {'every one above' if above else 'not all above'} its null's "
+            f"95% range){enc_text}. They sit with {gpt2} (124 M parameters), not at the ≈0 "
+            f"published for the 7–8 B decoders ({big}; {data.published_source}). The zoo stops "
+            f"at {dec.params.max() / 1e9:.1f} B parameters, so it cannot say whether a decoder's "
+            f"symmetric part vanishes with scale" + (f" ({'; '.join(trend)})" if trend else "")
+            + "; what it shows is that decoders up to that size keep a small symmetric part of "
+            "W_QK, far from tied Q=K's 1" + (", below every encoder's" if not enc.empty and
+                                             dec["mean"].max() < enc["mean"].min() else "")
+            + ".")

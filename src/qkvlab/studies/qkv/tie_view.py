@@ -1,0 +1,110 @@
+"""What a tie costs the zoo's trained decoders, as the study reads it: the stored ``tie_cost``
+records (``qkvlab.hf.cost``) of the profile's sizes, with each model's title, and the sentences
+Q2 (Q=K, Q=K=V) and Q3 (K=V, GQA) draw from them.
+
+Used by the tie-cost table (``page``), the per-layer figure (``figures_zoo``) and the verdicts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+import pandas as pd
+
+from qkvlab.hf.cost import VERSION
+from qkvlab.studies.qkv.results import StudyData
+from qkvlab.studies.qkv.zoo_view import manifest
+
+TIE_LABELS = {"none": "untied", "kv": "K=V", "qk": "Q=K", "qkv": "Q=K=V",
+              "gqa": "GQA (kv heads mean-pooled to 1)"}
+
+
+def tie_costs(data: StudyData) -> pd.DataFrame:
+    """Records of the current ``tie_cost`` version measured at the profile's sizes (every stored
+    size when the profile measures none, e.g. rows a user stored with ``qkvlab tiecost``), with
+    ``title`` (the zoo's name of the model) and ``pct`` (Δ perplexity in %)."""
+    tc = data.measure("tie_cost")
+    if tc.empty or "spec.version" not in tc:
+        return pd.DataFrame()
+    tc = tc[tc["spec.version"] == VERSION]
+    cfg = getattr(data.profile, "tie_cost", None)
+    if cfg is not None:
+        for k, v in asdict(cfg).items():
+            col = f"spec.{k}"
+            if col not in tc:
+                return pd.DataFrame()
+            stored = tc[col].map(lambda x: tuple(x) if isinstance(x, list) else x)  # JSON lists
+            tc = tc[stored.map(lambda x: x == v)]
+    if tc.empty:
+        return pd.DataFrame()
+    models = manifest()
+    tc = tc.assign(title=[models[m].title if m in models else m for m in tc.model],
+                   params=[models[m].params if m in models else math.nan for m in tc.model])
+    if "delta_nll" in tc:
+        tc = tc.assign(pct=100 * tc.delta_nll.map(lambda x: math.expm1(x) if x == x else x))
+    return tc.sort_values(["params", "model"], kind="stable").reset_index(drop=True)
+
+
+def _ratio(pct: float) -> str:
+    """+38% below 100%, ×6.2 above (perplexity ratios of thousands read better as factors)."""
+    return f"{pct:+.0f}%" if pct < 100 else f"×{1 + pct / 100:,.3g}"
+
+
+def tie_cost_sentence(data: StudyData, kinds: tuple[str, ...]) -> str:
+    """Per model, what imposing each tie of ``kinds`` on every layer of a trained decoder does to
+    its held-out perplexity, zero-shot and healed (against the untied model healed the same
+    way), the one-layer-at-a-time spread where measured, and the ties its architecture refuses."""
+    tc = tie_costs(data)
+    if tc.empty:
+        return ""
+    allx = tc[(tc.layers.astype(str) == "all")]
+    parts = []
+    for model, g in allx.groupby("model", sort=False):
+        base = g[(g.tie == "none") & (g.stage == "zero-shot")]
+        if base.empty:
+            continue
+        b = base.iloc[0]
+        bits = []
+        for kind in kinds:
+            k = g[g.tie == kind]
+            if k.empty:
+                continue
+            if (k.stage == "refused").any():
+                bits.append(f"{TIE_LABELS[kind]} not possible ({k.reason.iloc[0].split(': ', 1)[-1]})")
+                continue
+            z = k[k.stage == "zero-shot"].iloc[0]
+            text = f"{TIE_LABELS[kind]} {z.ppl:,.4g} ({_ratio(z.pct)})"
+            h = k[k.stage == "healed"]
+            if not h.empty:
+                h = h.iloc[0]
+                text += (f", healed {h.ppl:,.4g} against the untied model healed the same way "
+                         f"{h.ppl_base:,.4g} ({_ratio(h.pct)})")
+            one = tc[(tc.model == model) & (tc.tie == kind) & (tc.layers.astype(str) != "all")
+                     & (tc.stage == "zero-shot")]
+            if not one.empty:
+                text += (f"; one layer at a time: median {_ratio(one.pct.median())}, "
+                         f"{(one.pct < 1).sum()} of {len(one)} layers under +1%, worst "
+                         f"{_ratio(one.pct.max())} (layer {one.loc[one.pct.idxmax(), 'layers']})")
+            bits.append(text)
+        if bits:
+            parts.append(f"{b.title} (perplexity {b.ppl:,.4g}): " + "; ".join(bits))
+    if not parts:
+        return ""
+    heal = allx[allx.stage == "healed"]
+    how = ""
+    if not heal.empty:
+        h = heal.iloc[0]
+        rates = ", ".join(f"{float(x):g}" for x in h["spec.heal_lrs"]) if "spec.heal_lrs" in heal else ""
+        how = (f" Healing: {int(h.heal_steps)} Adam steps on the attention projections only "
+               f"({int(h.heal_tokens):,} tokens of the train chapters), each healed model at the "
+               f"rate{f' of {rates}' if rates else ''} with the lowest loss on "
+               f"{int(h['spec.val_tokens']) if 'spec.val_tokens' in heal else 'held-out'} "
+               f"validation tokens of the train chapters.")
+    first = allx.iloc[0]
+    return ("Imposed on a trained decoder after training, every layer at once by its best fit on "
+            f"real activations ({int(first.calib_tokens):,} calibration tokens), held-out Bible "
+            f"perplexity on {int(first.eval_tokens):,} tokens of chapters no fit has read: "
+            + " | ".join(parts) + "." + how
+            + " A retrofit measures how much the trained weights rely on what the tie removes; "
+            "it is not the price of a model trained tied from the start (the comparisons above).")

@@ -1,0 +1,129 @@
+"""The study's tie-cost step: ``run_tie_cost`` measures the profile's decoders through the store,
+and the table, the per-layer figure and the verdict sentences read back exactly what it stored,
+at the profile's sizes only. Tiny random HF models stand in for the zoo's GGUF files."""
+
+import dataclasses
+import math
+
+import pandas as pd
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+from qkvlab.experiments.registry import get_profile  # noqa: E402
+from qkvlab.experiments.store import Store  # noqa: E402
+from qkvlab.hf import cost  # noqa: E402
+from qkvlab.hf.cost import CostConfig  # noqa: E402
+from qkvlab.studies.qkv import page, results, study  # noqa: E402
+from qkvlab.studies.qkv.figures_zoo import fig_q3_tie_layers  # noqa: E402
+from qkvlab.studies.qkv.tie_view import tie_cost_sentence, tie_costs  # noqa: E402
+from test_hf_cost import tiny_gemma3_mqa, tiny_llama  # noqa: E402
+
+CFG = CostConfig(seq_len=8, eval_tokens=16, calib_tokens=24, batch=2, heal_steps=2, heal_batch=2,
+                 heal_lrs=(1e-2, 1e-3), val_tokens=16)
+
+
+@pytest.fixture
+def profile(monkeypatch):
+    """smoke with a tie-cost plan over two stand-in models; loads counted."""
+    p = dataclasses.replace(get_profile("smoke"), tie_cost=CFG, tie_cost_per_layer=("kv",),
+                            tie_cost_models=("tiny", "gemma-mqa"))
+    monkeypatch.setattr(study, "get_profile", lambda name: p)
+    loads = []
+
+    def load(source):
+        loads.append(source)
+        return {"tiny": tiny_llama, "gemma-mqa": tiny_gemma3_mqa}[source](), None
+
+    def ids(tok, split, n, seq_len, translation, skip=0):
+        import torch
+        g = torch.Generator().manual_seed({"train": 1, "test": 2}[split] + skip)
+        return torch.randint(0, 50, (n // seq_len, seq_len), generator=g)
+
+    monkeypatch.setattr(cost, "load_lm", load)
+    monkeypatch.setattr(cost, "bible_ids", ids)
+    return p, loads
+
+
+def _run(tmp_path, p):
+    cfg = study.StudyConfig(profile="smoke", db=str(tmp_path / "r.db"), pretrained=(),
+                            log=lambda s: None)
+    with Store(cfg.db) as store:
+        rec = study.Recorder(store, "smoke")
+        study.run_tie_cost(rec, cfg)
+        stored = {m: cost.measure_tie_cost(store, m, cost.KINDS, CFG, ("kv",), log=lambda s: None)
+                  for m in p.tie_cost_models}  # read back: nothing new is computed
+        data = results.load(store, p)
+    return rec, stored, data
+
+
+def test_study_measures_each_model_once_and_the_report_reads_it_back(tmp_path, profile):
+    p, loads = profile
+    rec, stored, data = _run(tmp_path, p)
+    assert loads == ["tiny", "gemma-mqa"] and rec.notes == []
+    table, refused = page.tie_cost_blocks(data)
+    want = [r for m in p.tie_cost_models for r in stored[m]
+            if r["tie"] != "fit" and r["layers"] == "all" and r["stage"] != "refused"]
+    assert len(table.rows) == len(want) == 5 * 2 + 2 * 2  # tiny: untied and 4 ties, gemma: untied and K=V; × 2 stages
+    got = {(row[0], row[1], row[2]): row for row in table.rows}
+    label = {"none": "untied", "kv": "K=V", "qk": "Q=K", "qkv": "Q=K=V",
+             "gqa": "GQA (kv heads mean-pooled to 1)"}
+    for r in want:
+        stage = r["stage"] + (f" (lr {r['heal_lr']:g})" if r["stage"] == "healed" else "")
+        row = got[(r["model"], label[r["tie"]], stage)]
+        assert row[3] == page.num(r["ppl"], 4) and row[4] == page.num(r["ppl_base"], 4)
+        assert row[5] == f"{r['delta_nll']:+.3f}" and row[6] == f"{100 * math.expm1(r['delta_nll']):+,.0f}%"
+    # the healed untied model is the healed ties' baseline
+    healed = {(r["model"], r["tie"]): r for m in stored.values() for r in m if r.get("stage") == "healed"}
+    assert healed["tiny", "kv"]["ppl_base"] == healed["tiny", "none"]["ppl"]
+    assert "gemma-mqa Q=K" in refused.text and "gemma-mqa GQA" in refused.text
+    assert "single kv head" in refused.text and "RMSNorms" in refused.text
+
+
+def test_figure_and_sentences_are_the_stored_records(tmp_path, profile):
+    p, _ = profile
+    _, stored, data = _run(tmp_path, p)
+    fig = fig_q3_tie_layers(data, tmp_path)
+    csv = pd.read_csv(tmp_path / fig.csv)
+    want = [r for m in p.tie_cost_models for r in stored[m]
+            if r["tie"] == "kv" and r["layers"] != "all"]
+    assert len(csv) == len(want) == 4
+    for r in want:
+        row = csv[(csv.model == r["model"]) & (csv.layer == int(r["layers"]))].iloc[0]
+        assert math.isclose(row.pct, 100 * math.expm1(r["delta_nll"]), rel_tol=1e-9)
+        assert row.depth == int(r["layers"]) / (r["n_layers"] - 1)
+    q3 = tie_cost_sentence(data, ("kv", "gqa"))
+    kv = next(r for r in stored["tiny"] if r["tie"] == "kv" and r.get("stage") == "zero-shot" and r["layers"] == "all")
+    assert f"K=V {kv['ppl']:,.4g}" in q3 and "GQA (kv heads mean-pooled to 1) not possible" in q3
+    assert "2 Adam steps" in q3 and "32 tokens" in q3 and "one layer at a time: median" in q3
+    assert "rate of 0.01, 0.001 with the lowest loss on 16 validation tokens" in q3
+    q2 = tie_cost_sentence(data, ("qk", "qkv"))
+    assert "Q=K not possible" in q2 and "Q=K=V" in q2
+
+
+def test_other_sizes_and_old_versions_are_not_shown(tmp_path, profile):
+    p, _ = profile
+    with Store(tmp_path / "r.db") as store:
+        other = dataclasses.replace(CFG, eval_tokens=32)
+        cost.measure_tie_cost(store, "tiny", ("kv",), other, log=lambda s: None)
+        rec = {"model": "tiny", "tie": "kv", "layers": "all", "stage": "zero-shot", "ppl": 1.0}
+        store.measure("tie_cost", {"model": "tiny", "tie": "kv", "layers": "all", "version": 1}, lambda: [rec])
+        data = results.load(store, p)
+        assert tie_costs(data).empty and tie_cost_sentence(data, ("kv",)) == ""
+        assert "not measured in this store" in page.tie_cost_blocks(data)[0].text
+        # a profile that measures none shows what a user stored at any size (current version)
+        shown = tie_costs(results.load(store, get_profile("smoke")))
+    assert set(shown["spec.eval_tokens"]) == {32}
+
+
+def test_a_model_not_fetched_is_a_note(tmp_path, monkeypatch):
+    monkeypatch.setenv("QKVLAB_ZOO", str(tmp_path / "empty"))
+    p = dataclasses.replace(get_profile("smoke"), tie_cost=CFG, tie_cost_models=("gemma3-270m",))
+    monkeypatch.setattr(study, "get_profile", lambda name: p)
+    cfg = study.StudyConfig(profile="smoke", db=str(tmp_path / "r.db"), pretrained=())
+    with Store(cfg.db) as store:
+        rec = study.Recorder(store, "smoke")
+        study.run_tie_cost(rec, cfg)
+        assert store.measure_rows("tie_cost") == []
+    (note,) = rec.notes
+    assert note.startswith("tie_cost (gemma3-270m):") and "qkvlab zoo fetch gemma3-270m" in note
