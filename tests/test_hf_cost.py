@@ -87,7 +87,7 @@ def test_heal_trains_the_tied_attention(fake_sources, tmp_path):
     # on the validation tokens (train chapters after the healing text) is evaluated on the test
     heal_ids = cost.bible_ids(None, "train", 2 * 2 * 8, 8, "3", skip=24)
     val_ids = cost.bible_ids(None, "train", 16, 8, "3", skip=24 + 2 * 2 * 8)
-    healed = {}
+    healed = {0.0: tiny_llama()}  # rate 0: no healing is one of the choices
     for lr in cfg.heal_lrs:
         healed[lr] = base = tiny_llama()
         cost.heal(base, heal_ids, steps=2, batch=2, lr=lr)
@@ -98,13 +98,29 @@ def test_heal_trains_the_tied_attention(fake_sources, tmp_path):
     assert none["heal_lr"] == best and none["heal_val"] == pytest.approx({repr(k): v for k, v in val.items()},
                                                                           rel=1e-9)
     assert math.isclose(none["ppl"], want, rel_tol=1e-6)
-    assert set(kv["heal_val"]) == {"0.1", "0.001"} and kv["heal_val"][repr(kv["heal_lr"])] == min(kv["heal_val"].values())
+    assert set(kv["heal_val"]) == {"0.0", "0.1", "0.001"}
+    assert kv["heal_val"][repr(kv["heal_lr"])] == min(kv["heal_val"].values())
     assert want != got["none", "zero-shot"]["ppl"]
     # a healed tie is measured against the healed untied model, a zero-shot one against the loaded
     assert kv["ppl_base"] == got["none", "healed"]["ppl"] and got["none", "healed"]["delta_nll"] == 0
     assert got["kv", "zero-shot"]["ppl_base"] == got["none", "zero-shot"]["ppl"]
     assert math.isclose(kv["delta_nll"], math.log(kv["ppl"] / kv["ppl_base"]), rel_tol=1e-9)
     assert kv["ppl_loaded"] == got["none", "zero-shot"]["ppl"]
+
+
+def test_healing_that_hurts_on_validation_is_not_taken(fake_sources, tmp_path):
+    """A rate that wrecks the model (lr 10) loses to no healing on the validation tokens: the
+    healed record is the model as tied, rate 0, and says so."""
+    cfg = CostConfig(seq_len=8, eval_tokens=16, calib_tokens=24, batch=2, heal_steps=2, heal_batch=2,
+                     heal_lrs=(10.0,), val_tokens=16)
+    with Store(tmp_path / "r.db") as store:
+        recs = [r for r in measure_tie_cost(store, "tiny", ("kv",), cfg, log=lambda s: None) if r["tie"] != "fit"]
+    got = {(r["tie"], r["stage"]): r for r in recs}
+    for kind in ("none", "kv"):
+        h, z = got[kind, "healed"], got[kind, "zero-shot"]
+        assert h["heal_lr"] == 0.0 and h["heal_val"]["10.0"] > h["heal_val"]["0.0"]
+        assert h["ppl"] == z["ppl"]
+    assert got["kv", "healed"]["ppl_base"] == got["none", "zero-shot"]["ppl"]
 
 
 def tiny_gemma3_mqa():

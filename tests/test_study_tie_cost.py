@@ -69,7 +69,8 @@ def test_study_measures_each_model_once_and_the_report_reads_it_back(tmp_path, p
     label = {"none": "untied", "kv": "K=V", "qk": "Q=K", "qkv": "Q=K=V",
              "gqa": "GQA (kv heads mean-pooled to 1)"}
     for r in want:
-        stage = r["stage"] + (f" (lr {r['heal_lr']:g})" if r["stage"] == "healed" else "")
+        stage = r["stage"] + ("" if r["stage"] != "healed" else f" (lr {r['heal_lr']:g})" if r["heal_lr"]
+                              else " (no rate helped: as tied)")
         row = got[(r["model"], label[r["tie"]], stage)]
         assert row[3] == page.num(r["ppl"], 4) and row[4] == page.num(r["ppl_base"], 4)
         assert row[5] == f"{r['delta_nll']:+.3f}" and row[6] == f"{100 * math.expm1(r['delta_nll']):+,.0f}%"

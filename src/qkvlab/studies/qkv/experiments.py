@@ -310,6 +310,10 @@ PROFILES = {p.name: register_profile(p) for p in (
     # price (bind_codes, m = 2, 3, 4, one head of d_head m - 1 ... 2m, both arms) replaces
     # bind. Its first run on 2 seeds (90 runs, 496 s) found seeds disagreeing at the widths
     # where tied K=V just learns (m = 4, d_head 5: 83% and 98%), so it runs 4 seeds.
+    # Pretrained: the whole zoo (~6 min of analysis on the 2-core AMD EPYC with AVX-512,
+    # 2026-11-24). Tie costs of the three decoders zero-shot, K=V also one layer at a time.
+    # Healing them (8 steps of 2 x 256 tokens at each of 3 rates) took 9, 11 and ~25 min
+    # there: past the 2 hours, so healing is full's (and `qkvlab tiecost --heal-steps`).
     QKVProfile("standard", seeds=tuple(range(8)), d_model=64, n_layers=2, n_heads=4,
                batch_size=16, steps=1000, lr=3e-3, eval_batches=16,
                task_options=TASK_OPTIONS["standard"], task_train=TASK_TRAIN["standard"],
@@ -321,7 +325,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                task_seeds={"mqar": (), "relation": (0, 1, 2),
                            "successor": tuple(range(4)), "successor_causal": tuple(range(4))},
                task_arms={"mlm": ("equal",)},
-               tie_cost=CostConfig(heal_steps=8, heal_batch=2), tie_cost_per_layer=("kv",),
+               tie_cost=CostConfig(), tie_cost_per_layer=("kv",),
                tie_cost_models=("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b")),
     QKVProfile("full", seeds=(0, 1, 2, 3, 4), d_model=384, n_layers=6, n_heads=6, batch_size=64,
                steps=5000, lr=1e-3, eval_batches=50, task_options=TASK_OPTIONS["full"],

@@ -339,7 +339,9 @@ def tie_cost_blocks(data: StudyData) -> list[Block]:
     rows = tc[(tc.layers.astype(str) == "all") & (tc.stage != "refused")]
     def stage(r: dict) -> str:  # healed rows name the rate validation chose
         lr = r.get("heal_lr")
-        return r["stage"] + (f" (lr {lr:g})" if isinstance(lr, float) and lr == lr else "")
+        if not isinstance(lr, float) or lr != lr:
+            return r["stage"]
+        return r["stage"] + (f" (lr {lr:g})" if lr else " (no rate helped: as tied)")
 
     body = tuple((r["title"], TIE_LABELS.get(r["tie"], r["tie"]), stage(r), num(r["ppl"], 4),
                   num(r["ppl_base"], 4), f"{r['delta_nll']:+.3f}", f"{r['pct']:+,.0f}%",
