@@ -99,7 +99,8 @@ def test_figure_and_sentences_are_the_stored_records(tmp_path, profile):
     assert "2 Adam steps" in q3 and "32 tokens" in q3 and "one layer at a time: median" in q3
     assert "rate of 0.01, 0.001 with the lowest loss on 16 validation tokens" in q3
     q2 = tie_cost_sentence(data, ("qk", "qkv"))
-    assert "Q=K not possible" in q2 and "Q=K=V" in q2
+    assert "Q=K not possible (its q/k RMSNorms make Q=K a nonlinear fit)" in q2 and "Q=K=V" in q2
+    assert "GQA (kv heads mean-pooled to 1) not possible (the model already has a single kv head (MQA))" in q3
 
 
 def test_other_sizes_and_old_versions_are_not_shown(tmp_path, profile):

@@ -35,7 +35,7 @@ from qkvlab.studies.qkv.effects import LEGEND, cell, effect
 from qkvlab.studies.qkv.experiments import MARGINS, TUNED, lr_of, task_lr
 from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, row_chance
 from qkvlab.studies.qkv.verdicts import all_verdicts, ci_text
-from qkvlab.studies.qkv.tie_view import TIE_LABELS, tie_costs
+from qkvlab.studies.qkv.tie_view import TIE_LABELS, tie_costs, why_refused
 
 SECTION_IDS = ("summary", "q1", "q2", "q3", "setup")
 # comparisons in the summary table: (experiments, design) rows, equal width
@@ -359,7 +359,7 @@ def tie_cost_blocks(data: StudyData) -> list[Block]:
          "KV cache ×", "attention params ×"), body)]
     if not refused.empty:
         out.append(Para("Ties a model's architecture cannot take: " + "; ".join(
-            f"{r['title']} {TIE_LABELS.get(r['tie'], r['tie'])}: {r['reason']}"
+            f"{r['title']} {TIE_LABELS.get(r['tie'], r['tie'])}: {why_refused(r['reason'])}"
             for r in refused.to_dict("records")) + "."))
     return out
 

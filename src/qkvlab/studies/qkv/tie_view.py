@@ -8,6 +8,7 @@ Used by the tie-cost table (``page``), the per-layer figure (``figures_zoo``) an
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict
 
 import pandas as pd
@@ -46,6 +47,15 @@ def tie_costs(data: StudyData) -> pd.DataFrame:
     return tc.sort_values(["params", "model"], kind="stable").reset_index(drop=True)
 
 
+def why_refused(reason: str) -> str:
+    """The architectural reason inside a ``TieRefused`` message, without the option lists:
+    "its q/k RMSNorms make Q=K a nonlinear fit", "the model already has a single kv head (MQA)"."""
+    m = re.search(r"\((its [^)]*)\)", reason)
+    if m:
+        return m.group(1)
+    return reason.split(": ", 1)[-1].split(";")[0].rstrip(".")
+
+
 def _ratio(pct: float) -> str:
     """+38% below 100%, ×6.2 above (perplexity ratios of thousands read better as factors)."""
     return f"{pct:+.0f}%" if pct < 100 else f"×{1 + pct / 100:,.3g}"
@@ -71,7 +81,7 @@ def tie_cost_sentence(data: StudyData, kinds: tuple[str, ...]) -> str:
             if k.empty:
                 continue
             if (k.stage == "refused").any():
-                bits.append(f"{TIE_LABELS[kind]} not possible ({k.reason.iloc[0].split(': ', 1)[-1]})")
+                bits.append(f"{TIE_LABELS[kind]} not possible ({why_refused(k.reason.iloc[0])})")
                 continue
             z = k[k.stage == "zero-shot"].iloc[0]
             text = f"{TIE_LABELS[kind]} {z.ppl:,.4g} ({_ratio(z.pct)})"
