@@ -16,7 +16,8 @@ from qkvlab.hf import cost  # noqa: E402
 from qkvlab.hf.cost import CostConfig  # noqa: E402
 from qkvlab.studies.qkv import page, results, study  # noqa: E402
 from qkvlab.studies.qkv.figures_zoo import fig_q3_tie_layers  # noqa: E402
-from qkvlab.studies.qkv.tie_view import tie_cost_sentence, tie_costs  # noqa: E402
+from qkvlab.studies.qkv.tie_view import (  # noqa: E402
+    ppl_change, ppl_text, tie_cost_sentence, tie_costs)
 from test_hf_cost import tiny_gemma3_mqa, tiny_llama  # noqa: E402
 
 CFG = CostConfig(seq_len=8, eval_tokens=16, calib_tokens=24, batch=2, heal_steps=2, heal_batch=2,
@@ -72,8 +73,8 @@ def test_study_measures_each_model_once_and_the_report_reads_it_back(tmp_path, p
         stage = r["stage"] + ("" if r["stage"] != "healed" else f" (lr {r['heal_lr']:g})" if r["heal_lr"]
                               else " (no rate helped: as tied)")
         row = got[(r["model"], label[r["tie"]], stage)]
-        assert row[3] == page.num(r["ppl"], 4) and row[4] == page.num(r["ppl_base"], 4)
-        assert row[5] == f"{r['delta_nll']:+.3f}" and row[6] == f"{100 * math.expm1(r['delta_nll']):+,.0f}%"
+        assert row[3] == ppl_text(r["ppl"]) and row[4] == ppl_text(r["ppl_base"])
+        assert row[5] == f"{r['delta_nll']:+.3f}" and row[6] == ppl_change(100 * math.expm1(r["delta_nll"]))
     # the healed untied model is the healed ties' baseline
     healed = {(r["model"], r["tie"]): r for m in stored.values() for r in m if r.get("stage") == "healed"}
     assert healed["tiny", "kv"]["ppl_base"] == healed["tiny", "none"]["ppl"]
@@ -95,7 +96,7 @@ def test_figure_and_sentences_are_the_stored_records(tmp_path, profile):
         assert row.depth == int(r["layers"]) / (r["n_layers"] - 1)
     q3 = tie_cost_sentence(data, ("kv", "gqa"))
     kv = next(r for r in stored["tiny"] if r["tie"] == "kv" and r.get("stage") == "zero-shot" and r["layers"] == "all")
-    assert f"K=V {kv['ppl']:,.4g}" in q3 and "GQA (kv heads mean-pooled to 1) not possible" in q3
+    assert f"K=V {ppl_text(kv['ppl'])} (" in q3 and "GQA (kv heads mean-pooled to 1) not possible" in q3
     assert "2 Adam steps" in q3 and "32 tokens" in q3 and "one layer at a time: median" in q3
     assert "rate of 0.01, 0.001 with the lowest loss on 16 validation tokens" in q3
     q2 = tie_cost_sentence(data, ("qk", "qkv"))
@@ -129,3 +130,8 @@ def test_a_model_not_fetched_is_a_note(tmp_path, monkeypatch):
         assert store.measure_rows("tie_cost") == []
     (note,) = rec.notes
     assert note.startswith("tie_cost (gemma3-270m):") and "qkvlab zoo fetch gemma3-270m" in note
+
+
+def test_perplexity_texts():
+    assert [ppl_text(x) for x in (20.98, 129.17, 12289.33, 100934.19)] == ["20.98", "129.2", "12,289", "100,934"]
+    assert [ppl_change(p) for p in (-0.68, 64.2, 99.4, 516.0, 46394.0)] == ["-1%", "+64%", "+99%", "×6.16", "×465"]

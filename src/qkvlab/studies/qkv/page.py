@@ -35,7 +35,7 @@ from qkvlab.studies.qkv.effects import LEGEND, cell, effect
 from qkvlab.studies.qkv.experiments import MARGINS, TUNED, lr_of, task_lr
 from qkvlab.studies.qkv.results import TASK_METRIC, StudyData, row_chance
 from qkvlab.studies.qkv.verdicts import all_verdicts, ci_text
-from qkvlab.studies.qkv.tie_view import TIE_LABELS, tie_costs, why_refused
+from qkvlab.studies.qkv.tie_view import TIE_LABELS, ppl_change, ppl_text, tie_costs, why_refused
 
 SECTION_IDS = ("summary", "q1", "q2", "q3", "setup")
 # comparisons in the summary table: (experiments, design) rows, equal width
@@ -343,8 +343,8 @@ def tie_cost_blocks(data: StudyData) -> list[Block]:
             return r["stage"]
         return r["stage"] + (f" (lr {lr:g})" if lr else " (no rate helped: as tied)")
 
-    body = tuple((r["title"], TIE_LABELS.get(r["tie"], r["tie"]), stage(r), num(r["ppl"], 4),
-                  num(r["ppl_base"], 4), f"{r['delta_nll']:+.3f}", f"{r['pct']:+,.0f}%",
+    body = tuple((r["title"], TIE_LABELS.get(r["tie"], r["tie"]), stage(r), ppl_text(r["ppl"]),
+                  ppl_text(r["ppl_base"]), f"{r['delta_nll']:+.3f}", ppl_change(r["pct"]),
                   num(r["kv_cache"]), num(r["attn_params"]))
                  for r in rows.to_dict("records"))
     refused = tc[tc.stage == "refused"].drop_duplicates(["model", "tie"])
@@ -355,7 +355,7 @@ def tie_cost_blocks(data: StudyData) -> list[Block]:
         "compared with the untied model healed the same way (healing on Bible text lowers its "
         "perplexity too), each at the learning rate its validation loss chose. alt folds "
         "exactly, so it costs nothing.",
-        ("model", "tie", "stage", "perplexity", "untied, same stage", "Δ nll", "Δ perplexity",
+        ("model", "tie", "stage", "perplexity", "untied, same stage", "Δ nll", "perplexity change",
          "KV cache ×", "attention params ×"), body)]
     if not refused.empty:
         out.append(Para("Ties a model's architecture cannot take: " + "; ".join(

@@ -56,7 +56,12 @@ def why_refused(reason: str) -> str:
     return reason.split(": ", 1)[-1].split(";")[0].rstrip(".")
 
 
-def _ratio(pct: float) -> str:
+def ppl_text(ppl: float) -> str:
+    """A perplexity to 4 significant digits, thousands as whole numbers (12,289, not 1.229e+04)."""
+    return f"{ppl:,.0f}" if ppl >= 1000 else f"{ppl:.4g}"
+
+
+def ppl_change(pct: float) -> str:
     """+38% below 100%, ×6.2 above (perplexity ratios of thousands read better as factors)."""
     return f"{pct:+.0f}%" if pct < 100 else f"×{1 + pct / 100:,.3g}"
 
@@ -84,21 +89,21 @@ def tie_cost_sentence(data: StudyData, kinds: tuple[str, ...]) -> str:
                 bits.append(f"{TIE_LABELS[kind]} not possible ({why_refused(k.reason.iloc[0])})")
                 continue
             z = k[k.stage == "zero-shot"].iloc[0]
-            text = f"{TIE_LABELS[kind]} {z.ppl:,.4g} ({_ratio(z.pct)})"
+            text = f"{TIE_LABELS[kind]} {ppl_text(z.ppl)} ({ppl_change(z.pct)})"
             h = k[k.stage == "healed"]
             if not h.empty:
                 h = h.iloc[0]
-                text += (f", healed {h.ppl:,.4g} against the untied model healed the same way "
-                         f"{h.ppl_base:,.4g} ({_ratio(h.pct)})")
+                text += (f", healed {ppl_text(h.ppl)} against the untied model healed the same way "
+                         f"{ppl_text(h.ppl_base)} ({ppl_change(h.pct)})")
             one = tc[(tc.model == model) & (tc.tie == kind) & (tc.layers.astype(str) != "all")
                      & (tc.stage == "zero-shot")]
             if not one.empty:
-                text += (f"; one layer at a time: median {_ratio(one.pct.median())}, "
+                text += (f"; one layer at a time: median {ppl_change(one.pct.median())}, "
                          f"{(one.pct < 1).sum()} of {len(one)} layers under +1%, worst "
-                         f"{_ratio(one.pct.max())} (layer {one.loc[one.pct.idxmax(), 'layers']})")
+                         f"{ppl_change(one.pct.max())} (layer {one.loc[one.pct.idxmax(), 'layers']})")
             bits.append(text)
         if bits:
-            parts.append(f"{b.title} (perplexity {b.ppl:,.4g}): " + "; ".join(bits))
+            parts.append(f"{b.title} (perplexity {ppl_text(b.ppl)}): " + "; ".join(bits))
     if not parts:
         return ""
     heal = allx[allx.stage == "healed"]
