@@ -134,4 +134,5 @@ def test_a_model_not_fetched_is_a_note(tmp_path, monkeypatch):
 
 def test_perplexity_texts():
     assert [ppl_text(x) for x in (20.98, 129.17, 12289.33, 100934.19)] == ["20.98", "129.2", "12,289", "100,934"]
-    assert [ppl_change(p) for p in (-0.68, 64.2, 99.4, 516.0, 46394.0)] == ["-1%", "+64%", "+99%", "×6.16", "×465"]
+    assert ([ppl_change(p) for p in (-0.68, 64.2, 99.4, 516.0, 46394.0, 379305.0)]
+            == ["-1%", "+64%", "+99%", "×6.16", "×465", "×3,794"])

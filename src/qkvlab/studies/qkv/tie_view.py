@@ -63,7 +63,10 @@ def ppl_text(ppl: float) -> str:
 
 def ppl_change(pct: float) -> str:
     """+38% below 100%, ×6.2 above (perplexity ratios of thousands read better as factors)."""
-    return f"{pct:+.0f}%" if pct < 100 else f"×{1 + pct / 100:,.3g}"
+    if pct < 100:
+        return f"{pct:+.0f}%"
+    factor = 1 + pct / 100
+    return f"×{factor:,.0f}" if factor >= 100 else f"×{factor:.3g}"
 
 
 def tie_cost_sentence(data: StudyData, kinds: tuple[str, ...]) -> str:
