@@ -311,9 +311,11 @@ PROFILES = {p.name: register_profile(p) for p in (
     # bind. Its first run on 2 seeds (90 runs, 496 s) found seeds disagreeing at the widths
     # where tied K=V just learns (m = 4, d_head 5: 83% and 98%), so it runs 4 seeds.
     # Pretrained: the whole zoo (~6 min of analysis on the 2-core AMD EPYC with AVX-512,
-    # 2026-11-24). Tie costs of the three decoders zero-shot, K=V also one layer at a time.
-    # Healing them (8 steps of 2 x 256 tokens at each of 3 rates) took 9, 11 and ~25 min
-    # there: past the 2 hours, so healing is full's (and `qkvlab tiecost --heal-steps`).
+    # 2026-11-24). Tie costs of the three decoders zero-shot, K=V also one layer at a time:
+    # 198 + 236 + 481 s there (`qkvlab tiecost NAME --per-layer kv`), so ~1.9 hours in all.
+    # Healing them (8 steps of 2 x 256 tokens at each of 3 rates, rate chosen on validation)
+    # took 448 s more for SmolLM2 alone there, ~11 and ~25 min for Gemma and Qwen: past the
+    # 2 hours, so healing is full's (and `qkvlab tiecost --heal-steps`).
     QKVProfile("standard", seeds=tuple(range(8)), d_model=64, n_layers=2, n_heads=4,
                batch_size=16, steps=1000, lr=3e-3, eval_batches=16,
                task_options=TASK_OPTIONS["standard"], task_train=TASK_TRAIN["standard"],
