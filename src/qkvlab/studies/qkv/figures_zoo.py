@@ -11,6 +11,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
 from qkvlab.report.blocks import Figure
 from qkvlab.studies.qkv.figures_q import _save, color
@@ -40,6 +41,11 @@ def fig_q2_zoo(data: StudyData, out: Path) -> Figure | None:
             if r.published_model and r.published == r.published:  # a number, not NaN
                 ax.plot(r.params, r.published, "*", mfc="none", mec=color(r.role), ms=11)
         ax.set_xscale("log")
+        # parameter counts as 30M, 1B: matplotlib's 3×10⁷ minor labels collide on short ranges
+        ax.xaxis.set_major_locator(FixedLocator([1e7, 3e7, 1e8, 3e8, 1e9, 3e9]))
+        ax.xaxis.set_major_formatter(FuncFormatter(
+            lambda x, _: f"{x / 1e6:.0f}M" if x < 1e9 else f"{x / 1e9:g}B"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(MEASURE_LABELS[m], fontsize=9)
         ax.set_ylim(min(-0.05, ax.get_ylim()[0]), max(0.6, ax.get_ylim()[1]))
     for ax in axes[-1]:
