@@ -2,7 +2,8 @@
 
 ``tie(model, "kv" | "qk" | "qkv" | "gqa", calibration=token_ids)`` returns the model with the
 tie fitted on real activations and imposed by sharing Parameters in the transformers modules,
-so it trains on with ordinary HF code. ``tie_cost`` measures held-out perplexity before and after.
+so it trains on with ordinary HF code. ``qkvlab.hf.cost.measure_tie_cost`` measures held-out
+perplexity before and after (``qkvlab tiecost``).
 """
 
 from qkvlab.hf.tie import KINDS, Calibration, SharedQuery, TieError, calibrate, tie
