@@ -98,6 +98,17 @@ def test_decode_bound_counts_each_weight_once():
     assert bench.copy_bandwidth(mbytes=8, reps=1) > 0
 
 
+def test_decode_gemvs_are_every_weight_but_norms_and_positions():
+    model = bench._ours(bench.SIZES["small"])
+    mats = bench.decode_matrices(model)
+    got = sum(w.nbytes + (0 if b is None else b.nbytes) for w, b in mats)
+    norms = sum(p.nbytes for m in model.modules() if isinstance(m, torch.nn.LayerNorm)
+                for p in m.parameters())
+    row = model.embed.wpe.weight[0].nbytes
+    assert got == bench.weight_bytes_per_token(model) - norms - row
+    assert 0 < bench.gemv_seconds_per_token(model, reps=1) < 1
+
+
 def test_bench_tables_open_with_the_cpu_and_its_bf16_cost():
     cpu = {"cpu_model": "AMD EPYC", "cpu_capability": "AVX2", "native_bf16": False,
            "bf16_flags": [], "bf16_fp32_ratio": 6.25, "probe": "MLP block"}
