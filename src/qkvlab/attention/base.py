@@ -12,6 +12,7 @@ v (B, G, Tk, dv). Per-head views (GQA expanded): W_Q, W_K, W_V (H, D, dk|dv), W_
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -32,6 +33,7 @@ class Attention(nn.Module):
 
     # ---- declaration -------------------------------------------------------------------
     @classmethod
+    @functools.cache  # per class and role: called on every forward (decoding: every token)
     def segment_of(cls, role: str) -> str:
         return next(s for s in cls.segments if role in s)
 
@@ -67,6 +69,7 @@ class Attention(nn.Module):
             n, d = self._shape[s]
             self._slices[s] = slice(start, start + n * d)
             start += n * d
+        self._sizes = [n * d for n, d in self._shape.values()]  # rows of each segment in W_in
         self.W_in = nn.Parameter(torch.empty(start, D))
         self.b_in = nn.Parameter(torch.zeros(start)) if cfg.bias else None
         self.out_proj = nn.Linear(H * dv, D, bias=cfg.bias)
@@ -103,9 +106,9 @@ class Attention(nn.Module):
         ``split`` (backward: one ``cat``) instead of a slice per role (backward: a zero-filled
         copy of y per role)."""
         B, T, _ = y.shape
-        parts = y.split([s.stop - s.start for s in self._slices.values()], dim=-1)
-        return {s: p.view(B, T, *self._shape[s]).transpose(1, 2)
-                for s, p in zip(self._slices, parts)}
+        parts = y.split_with_sizes(self._sizes, dim=-1)  # Tensor.split adds a Python layer
+        return {s: p.view(B, T, n, d).transpose(1, 2)
+                for (s, (n, d)), p in zip(self._shape.items(), parts)}
 
     def project(self, x: Tensor, source: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries from ``x``; keys and values from ``source`` (default: ``x``).
