@@ -203,7 +203,7 @@ class KVCache:
         if not self.shared:
             self.v.narrow(2, self.length, T).copy_(v)
         self.length = end
-        return self.k.narrow(2, 0, end), self.v.narrow(2, 0, end)
+        return self.keys(), self.values()
 
     def keys(self) -> Tensor:
         return self.k.narrow(2, 0, self.length)

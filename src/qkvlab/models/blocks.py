@@ -52,6 +52,12 @@ class Rotary(nn.Module):
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+def maybe_drop(drop: nn.Dropout, x: Tensor) -> Tensor:
+    """``drop(x)``, without the module call where it returns ``x`` itself (p = 0 or eval): that
+    call's overhead would be paid on every residual branch of every block, per decoded token."""
+    return drop(x) if drop.training and drop.p > 0 else x
+
+
 class Block(nn.Module):
     """x + Attn(LN(x)) [+ Cross(LN(x), memory)] + MLP(LN(x))."""
 
@@ -71,17 +77,12 @@ class Block(nn.Module):
                 memory_padding_mask: Tensor | None = None,
                 cache: KVCache | None = None, cross_cache: KVCache | None = None,
                 rope: Rotary | None = None) -> Tensor:
-        x = x + self._drop(self.attn(self.ln_1(x), is_causal=self.causal, cache=cache,
-                                     key_padding_mask=key_padding_mask, rope=rope))
+        x = x + maybe_drop(self.drop, self.attn(self.ln_1(x), is_causal=self.causal, cache=cache,
+                                                 key_padding_mask=key_padding_mask, rope=rope))
         if self.cross is not None:
-            x = x + self._drop(self.cross(self.ln_c(x), memory, cache=cross_cache,
-                                          key_padding_mask=memory_padding_mask))
-        return x + self._drop(self.mlp(self.ln_2(x)))
-
-    def _drop(self, x: Tensor) -> Tensor:
-        # Dropout at p = 0 or in eval returns x itself; skipping the module call saves its
-        # overhead, three times per block per decoded token.
-        return self.drop(x) if self.training and self.drop.p > 0 else x
+            x = x + maybe_drop(self.drop, self.cross(self.ln_c(x), memory, cache=cross_cache,
+                                                      key_padding_mask=memory_padding_mask))
+        return x + maybe_drop(self.drop, self.mlp(self.ln_2(x)))
 
 
 class Embedding(nn.Module):
@@ -104,7 +105,7 @@ class Embedding(nn.Module):
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(offset, offset + T, device=idx.device))
-        return self.drop(x) if self.training and self.drop.p > 0 else x
+        return maybe_drop(self.drop, x)
 
 
 def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
