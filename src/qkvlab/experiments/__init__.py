@@ -9,11 +9,11 @@ import importlib
 
 _WHERE = {"EXPERIMENTS": "registry", "PROFILES": "registry", "Profile": "registry",
           "describe": "registry", "experiment": "registry", "get_profile": "registry",
-          "runs_of": "registry", "execute": "runner", "sweep": "runner", "compare": "stats",
+          "runs_of": "registry", "ResultsPending": "registry", "execute": "runner", "sweep": "runner", "compare": "stats",
           "mean_ci": "stats", "paired": "stats", "DEFAULT_DB": "store", "Store": "store",
           "run_id": "store"}
 
-__all__ = ["DEFAULT_DB", "EXPERIMENTS", "PROFILES", "Profile", "Store", "compare", "describe",
+__all__ = ["DEFAULT_DB", "EXPERIMENTS", "PROFILES", "Profile", "ResultsPending", "Store", "compare", "describe",
            "execute", "experiment", "get_profile", "mean_ci", "paired",
            "run_id", "runs_of", "sweep"]
 

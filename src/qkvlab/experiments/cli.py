@@ -2,7 +2,7 @@
 ``run_<cmd>(args) -> int`` each, wired into ``qkvlab`` by ``qkvlab.cli``.
 
     qkvlab experiments [--profile quick]
-    qkvlab sweep NAME|all [--profile smoke|quick|full] [--workers N] [--backend local|ray] [--db PATH]
+    qkvlab sweep NAME [NAME ...]|all [--profile smoke|quick|full] [--workers N] [--backend local|ray] [--db PATH]
                  [--tensorboard DIR]
     qkvlab results NAME|all [--profile P] [--format table|csv|json|parquet] [--out PATH]
                    [--stats METRIC] [--errors] [--db PATH]
@@ -30,7 +30,9 @@ def _common(parser: argparse.ArgumentParser, profile_default: str | None = "quic
 
 
 def configure_sweep(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", help="an experiment (see `qkvlab experiments`) or `all`")
+    parser.add_argument("name", nargs="+",
+                        help="experiments (see `qkvlab experiments`) or `all`: they train as one "
+                             "queue, each after the experiments whose results it needs")
     _common(parser)
     parser.add_argument("--workers", type=int, default=1, help="local worker processes")
     parser.add_argument("--backend", default="local", choices=list(BACKENDS),
@@ -48,20 +50,21 @@ def run_sweep(args: argparse.Namespace) -> int:
     the command that prints every traceback. Exit status 2 for bad arguments (nothing is
     created), 1 if any run failed."""
     t0 = time.perf_counter()
+    name = args.name[0] if len(args.name) == 1 else args.name
     try:
-        counts = sweep(args.name, args.profile, workers=args.workers, backend=args.backend,
+        counts = sweep(name, args.profile, workers=args.workers, backend=args.backend,
                        db=args.db, progress=not args.no_progress, threads=args.threads,
                        tensorboard=args.tensorboard)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     took = time.perf_counter() - t0
-    print(f"sweep {args.name} [{args.profile}]: " +
+    print(f"sweep {' '.join(args.name)} [{args.profile}]: " +
           ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + f" in {took:.1f} s -> {args.db}")
     if not counts.get("failed"):
         return 0
     with Store(args.db) as store:
-        print(failure_report(store, args.name, args.profile), file=sys.stderr)
+        print(failure_report(store, name, args.profile), file=sys.stderr)
     return 1
 
 

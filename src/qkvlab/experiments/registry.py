@@ -84,6 +84,12 @@ def experiment(name: str, question: str = ""):
     return deco
 
 
+class ResultsPending(ValueError):
+    """An experiment's runs depend on results of another that the store does not hold yet
+    (e.g. learning rates a tuning experiment chooses). ``sweep`` runs the other first when
+    both are asked for; the message names what to run."""
+
+
 def register_profile(p: Profile) -> Profile:
     if p.name in PROFILES:
         raise ValueError(f"profile: {p.name!r} registered twice")
@@ -123,8 +129,9 @@ def runs_of(name: str, profile: Profile | str, store: Any = None) -> list[Run]:
     results ``store`` where its runs depend on earlier ones (``Profile.prepared``).
 
     Raises:
-        ValueError: unknown experiment or profile, or the experiment needs results the store
-            does not have yet (the message names the experiment to run first).
+        ResultsPending: the experiment needs results the store does not have yet (the message
+            names the experiment to run first).
+        ValueError: unknown experiment or profile.
     """
     check_experiment(name)
     p = get_profile(profile)

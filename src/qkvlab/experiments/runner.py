@@ -23,7 +23,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from qkvlab.env import environment, git_revision  # noqa: F401  (re-exported: runner.environment)
 from qkvlab.experiments import registry
 from qkvlab.experiments.probe import ScaleProbe
-from qkvlab.experiments.registry import runs_of
+from qkvlab.experiments.registry import ResultsPending, runs_of
 from qkvlab.experiments.store import DEFAULT_DB, FINISHED, Store, canonical, run_id
 from qkvlab.experiments.tensorboard import RunLogger, check_available
 from qkvlab.experiments.timing import format_breakdown, sum_parts
@@ -160,18 +160,25 @@ def _run_timings(trained: Mapping[str, float], spent: Mapping[str, float], start
             "store": spent.get("store", 0.0) + in_log + finish_s, "startup": startup}
 
 
-def experiment_names(name: str) -> list[str]:
-    """The experiments ``name`` stands for: every registered one for ``all``, else itself.
+def experiment_names(name: str | Sequence[str]) -> list[str]:
+    """The experiments ``name`` stands for: every registered one for ``all``, else itself; a
+    list of names stands for each of them, in its order, each once.
 
     Raises:
-        ValueError: ``name`` is not a registered experiment nor ``all``.
+        ValueError: a name is neither a registered experiment nor ``all``, or the list is empty.
     """
-    registry.check_experiment(name)
-    return registry.experiment_names() if name == "all" else [name]
+    names = [name] if isinstance(name, str) else list(name)
+    if not names:
+        raise ValueError("experiment: no name given")
+    out: list[str] = []
+    for n in names:
+        registry.check_experiment(n)
+        out += [e for e in (registry.experiment_names() if n == "all" else [n]) if e not in out]
+    return out
 
 
-def sweep_plan(name: str, profile: str, *, workers: int = 1, backend: str = "local",
-               store: Store | None = None) -> list[tuple[str, list]]:
+def sweep_plan(name: str | Sequence[str], profile: str, *, workers: int = 1,
+               backend: str = "local", store: Store | None = None) -> list[tuple[str, list]]:
     """Check a sweep's arguments and list its runs, before anything is written anywhere.
     ``store``: the results so far, for experiments whose runs depend on earlier ones
     (``registry.runs_of``).
@@ -180,18 +187,37 @@ def sweep_plan(name: str, profile: str, *, workers: int = 1, backend: str = "loc
         ``[(experiment, [(spec, tags), ...]), ...]`` in the order the sweep registers them.
 
     Raises:
-        ValueError: unknown experiment, profile or backend, a worker count below 1, or an
-            experiment that needs another's results first.
+        ResultsPending: an experiment needs another's results first.
+        ValueError: unknown experiment, profile or backend, or a worker count below 1.
     """
+    _check_pool(workers, backend)
+    return [(n, runs_of(n, profile, store)) for n in experiment_names(name)]
+
+
+def _check_pool(workers: int, backend: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend: {backend!r} is not one of {list(BACKENDS)}")
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"workers: {workers!r} must be a positive integer")
-    return [(n, runs_of(n, profile, store)) for n in experiment_names(name)]
 
 
-def sweep_ids(name: str, profile: str, store: Store | None = None) -> list[str]:
-    """The run ids of experiment ``name`` (or ``all``) at ``profile``, in sweep order.
+def _stage(names: list[str], profile, store: Store | None
+           ) -> tuple[list[tuple[str, list]], list[str], ResultsPending | None]:
+    """The experiments of ``names`` whose runs can be listed from ``store`` now, with their
+    runs; the others (their runs depend on results still to come); and the first reason."""
+    plan, later, why = [], [], None
+    for n in names:
+        try:
+            plan.append((n, runs_of(n, profile, store)))
+        except ResultsPending as e:
+            later.append(n)
+            why = why or e
+    return plan, later, why
+
+
+def sweep_ids(name: str | Sequence[str], profile: str, store: Store | None = None) -> list[str]:
+    """The run ids of experiment ``name`` (``all``, or a list of names) at ``profile``, in
+    sweep order.
 
     Raises:
         ValueError: unknown experiment or profile.
@@ -212,15 +238,17 @@ def first_failure(store: Store, ids: Iterable[str]) -> str | None:
     return None
 
 
-def errors_command(name: str, profile: str, db: str | os.PathLike = DEFAULT_DB) -> str:
+def errors_command(name: str | Sequence[str], profile: str, db: str | os.PathLike = DEFAULT_DB) -> str:
     """The command that prints the full traceback of every failed run of a sweep."""
+    if not isinstance(name, str):  # several experiments: their results are among all's
+        name = name[0] if len(name) == 1 else "all"
     cmd = ["qkvlab", "results", name, "--profile", profile, "--errors"]
     if Path(db) != Path(DEFAULT_DB):
         cmd += ["--db", str(db)]
     return shlex.join(cmd)
 
 
-def failure_report(store: Store, name: str, profile: str) -> str | None:
+def failure_report(store: Store, name: str | Sequence[str], profile: str) -> str | None:
     """Why a sweep's runs failed, in two lines: the first failure's exception and the command
     that prints every traceback; None if no run of ``name`` at ``profile`` failed.
 
@@ -233,11 +261,18 @@ def failure_report(store: Store, name: str, profile: str) -> str | None:
     return f"first failure: {first}\nfull tracebacks: {errors_command(name, profile, store.path)}"
 
 
-def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str = "local",
-          db: str | os.PathLike = DEFAULT_DB, progress: bool = True,
+def sweep(name: str | Sequence[str], profile: str = "quick", *, workers: int = 1,
+          backend: str = "local", db: str | os.PathLike = DEFAULT_DB, progress: bool = True,
           threads: int | None = None, tensorboard: str | os.PathLike | None = None,
           log: Callable[[str], None] | None = None) -> dict[str, int]:
-    """Run experiment ``name`` (or ``all``) at ``profile`` into the store at ``db``.
+    """Run experiment ``name`` (``all``, or a list of names) at ``profile`` into the store at
+    ``db``.
+
+    The named experiments train as one queue, so a worker that finishes its last run of one
+    experiment goes on with the next instead of waiting for the others. An experiment whose
+    runs depend on another's results (``registry.ResultsPending``: e.g. the rates ``lr_tune``
+    chooses) waits for a later stage: each stage trains every run that can be listed from the
+    results so far, and the next lists the rest from what it stored.
 
     Finished runs (done/diverged) are skipped; failed and orphaned ones are retried; a run
     that another live sweep holds is waited for, not repeated. ``tensorboard``: a folder
@@ -247,70 +282,114 @@ def sweep(name: str, profile: str = "quick", *, workers: int = 1, backend: str =
     the store: :func:`failure_report` (or :func:`first_failure` with :func:`sweep_ids`) says
     why, and ``qkvlab results NAME --profile P --errors`` prints them all.
 
-    At the end, where the wall time went for the runs this sweep trained (model step, data,
-    eval, checkpoints, ...; ``experiments.timing``) goes to ``log``, or to ``tqdm.write``
-    when ``log`` is None and ``progress`` is on. ``timing.time_breakdown`` reads it back.
+    At the end of each stage, and of the sweep when it had several, where the wall time went
+    for the runs it trained (model step, data, eval, checkpoints, ...; ``experiments.timing``)
+    goes to ``log``, or to ``tqdm.write`` when ``log`` is None and ``progress`` is on.
+    ``timing.time_breakdown`` reads it back.
 
     Returns:
-        counts per status over this experiment's runs.
+        counts per status over the named experiments' runs.
 
     Raises:
+        ResultsPending: experiments whose runs still cannot be listed once the others have
+            trained (what they need failed); the others' results are stored.
         ValueError: unknown experiment, profile, backend or worker count.
     """
     began, t0 = time.time(), time.perf_counter()
+    _check_pool(workers, backend)
+    names = experiment_names(name)
     if Path(db).is_file():  # earlier results complete the plan of dependent experiments
         with Store(db) as known:
-            plan = sweep_plan(name, profile, workers=workers, backend=backend, store=known)
+            plan, later, why = _stage(names, profile, known)
     else:
-        plan = sweep_plan(name, profile, workers=workers, backend=backend)
+        plan, later, why = _stage(names, profile, None)
+    if not plan:
+        raise why
     profile = getattr(profile, "name", profile)  # a registry Profile or its name
     if tensorboard is not None:
         check_available()  # one clear error now, not one failed run per config
         tensorboard = str(tensorboard)
+    threads = threads or max(1, (os.cpu_count() or 1) // workers)
+    pool = workers if backend == "local" else 1  # Ray runs overlap beyond the count
+    write = log or (tqdm.write if progress else None)
+    label = name if isinstance(name, str) else _label(names)
+    bar = tqdm(total=0, desc=f"sweep {label} [{profile}]", disable=not progress,
+               dynamic_ncols=True)
     with Store(db) as store:
         ids: list[str] = []
-        for n, runs in plan:
-            for i in store.add(n, profile, runs, replace=True):
-                if i not in ids:  # one run may be listed twice (a baseline in both arms)
-                    ids.append(i)
-        threads = threads or max(1, (os.cpu_count() or 1) // workers)
-        bar = tqdm(total=len(ids), desc=f"sweep {name} [{profile}]", disable=not progress,
-                   dynamic_ncols=True)
-        tried: set[str] = set()
-        while True:
-            store.reclaim()
-            # a run that failed in this sweep is not retried until the next sweep
-            todo = [i for i in ids if store.status(i) == "pending"
-                    or (store.status(i) == "failed" and i not in tried)]
-            busy = [i for i in ids if store.status(i) == "running"]
-            bar.n = sum(store.status(i) in FINISHED for i in ids)
-            bar.refresh()
-            if not todo and not busy:  # all finished, or failed in this sweep
+        n_stages = 0
+        while plan:
+            n_stages += 1
+            stage_began, t = time.time(), time.perf_counter()
+            stage: list[str] = []
+            for n, runs in plan:
+                for i in store.add(n, profile, runs, replace=True):
+                    if i not in stage:  # one run may be listed twice (a baseline in both arms)
+                        stage.append(i)
+            ids += [i for i in stage if i not in ids]
+            bar.total = len(ids)
+            _train(store, stage, ids, backend, workers, threads, bar, tensorboard)
+            if write is not None and (later or n_stages > 1):
+                write(_breakdown(store, f"sweep {_label([n for n, _ in plan])} [{profile}]",
+                                 stage, stage_began, time.perf_counter() - t, pool))
+            if not later:
                 break
-            if not todo:  # another live sweep holds them: wait rather than duplicate
-                time.sleep(1.0)
-                continue
-            if backend == "ray":
-                _ray(store, todo, progress=bar, tensorboard=tensorboard)
-            elif workers == 1:
-                _local_inline(store, todo, threads, bar, tensorboard)
-            else:
-                _local_pool(str(store.path), todo, workers, threads, bar, store, tensorboard)
-            tried.update(todo)
-        bar.n = sum(store.status(i) in FINISHED for i in ids)
+            plan, later, why = _stage(later, profile, store)
+            if not plan:
+                bar.close()
+                raise why
         bar.close()
+        if write is not None:
+            write(_breakdown(store, f"sweep {label} [{profile}]", ids, began,
+                             time.perf_counter() - t0, pool))
         counts: dict[str, int] = {}
         for i in ids:
             s = store.status(i)
             counts[s] = counts.get(s, 0) + 1
-        write = log or (tqdm.write if progress else None)
-        if write is not None:
-            wall, trained = time.perf_counter() - t0, store.timings(ids, since=began)
-            pool = workers if backend == "local" else 1  # Ray runs overlap beyond the count
-            parts = sum_parts(trained.values(), wall_s=wall, workers=pool)
-            write(format_breakdown(f"sweep {name} [{profile}]", parts, runs=len(trained),
-                                   wall_s=wall, workers=pool))
     return counts
+
+
+def _label(names: Sequence[str]) -> str:
+    """A sweep's title: its experiments' names, shortened when there are many."""
+    return ", ".join(names) if len(names) <= 3 else f"{names[0]} … {names[-1]} ({len(names)})"
+
+
+def _breakdown(store: Store, title: str, ids: list[str], since: float, wall_s: float,
+               workers: int) -> str:
+    """Where the wall time went for the runs of ``ids`` trained since ``since``."""
+    trained = store.timings(ids, since=since)
+    parts = sum_parts(trained.values(), wall_s=wall_s, workers=workers)
+    return format_breakdown(title, parts, runs=len(trained), wall_s=wall_s, workers=workers)
+
+
+def _train(store: Store, ids: list[str], counted: list[str], backend: str, workers: int,
+           threads: int, bar, tensorboard: str | None) -> None:
+    """Train every run of ``ids`` not finished, until each is finished or failed once here;
+    ``bar`` counts the finished runs of ``counted``."""
+    tried: set[str] = set()
+    while True:
+        store.reclaim()
+        bar.n = sum(store.status(i) in FINISHED for i in counted)
+        bar.refresh()
+        # a run that failed in this sweep is not retried until the next sweep
+        todo = [i for i in ids if store.status(i) == "pending"
+                or (store.status(i) == "failed" and i not in tried)]
+        busy = [i for i in ids if store.status(i) == "running"]
+        if not todo and not busy:  # all finished, or failed in this sweep
+            break
+        if not todo:  # another live sweep holds them: wait rather than duplicate
+            time.sleep(1.0)
+            continue
+        if backend == "ray":
+            _ray(store, todo, progress=bar, tensorboard=tensorboard)
+        elif workers == 1:
+            _local_inline(store, todo, threads, bar, tensorboard)
+        else:
+            _local_pool(str(store.path), todo, workers, threads, bar, store, counted,
+                        tensorboard)
+        tried.update(todo)
+    bar.n = sum(store.status(i) in FINISHED for i in counted)
+    bar.refresh()
 
 
 def _local_inline(store: Store, todo: list[str], threads: int, bar,
@@ -322,7 +401,7 @@ def _local_inline(store: Store, todo: list[str], threads: int, bar,
 
 
 def _local_pool(db: str, todo: list[str], workers: int, threads: int, bar, store: Store,
-                tensorboard: str | None = None) -> None:
+                counted: list[str], tensorboard: str | None = None) -> None:
     ctx = mp.get_context("spawn")  # fork after torch's thread pools start is unsafe
     procs = []
     for k in range(workers):
@@ -333,7 +412,7 @@ def _local_pool(db: str, todo: list[str], workers: int, threads: int, bar, store
         procs.append(p)
     while any(p.is_alive() for p in procs):
         time.sleep(0.5)
-        bar.n = sum(store.status(i) in FINISHED for i in todo)
+        bar.n = sum(store.status(i) in FINISHED for i in counted)
         bar.refresh()
     for p in procs:
         p.join()

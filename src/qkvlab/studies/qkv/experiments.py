@@ -20,6 +20,7 @@ from typing import Any
 from qkvlab.data import get_task
 from qkvlab.experiments.registry import (
     Profile,
+    ResultsPending,
     Run,
     base_model,
     design_arms,
@@ -35,7 +36,7 @@ from qkvlab.hf.cost import CostConfig
 from qkvlab.train import InitConfig, ProbeConfig
 
 
-class RatesPending(ValueError):
+class RatesPending(ResultsPending):
     """A comparison's runs depend on the rates ``lr_tune`` chooses, and it has not finished."""
 
 

@@ -213,7 +213,7 @@ def meta_items(data: StudyData) -> tuple[tuple[str, str], ...]:
     env = m.get("environment", {})
     hw, versions = env.get("hardware", {}), env.get("versions", {})
     steps = ", ".join(f"{k} {v:.0f} s" for k, v in m.get("step_s", {}).items())
-    counts = "; ".join(f"{k}: " + ", ".join(f"{s} {n}" for s, n in v.items())
+    counts = "; ".join(f"{k}: " + (", ".join(f"{s} {n}" for s, n in v.items()) or "no runs")
                        for k, v in m.get("counts", {}).items())
     st = m.get("sweep_time")
     sweep_time = st and format_breakdown("all experiments", st["parts"], runs=st["runs"],

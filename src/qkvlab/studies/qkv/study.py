@@ -1,7 +1,7 @@
 """``qkvlab study``: run (or reuse) everything behind the three questions, then write the report.
 
 Steps, each reused from the results store when already done:
-    1. the named experiments (``experiments.ORDER``), swept at the profile;
+    1. the named experiments (``experiments.ORDER``), swept at the profile as one queue;
     2. the measures on the trained models and on the designs (``measures.py``), stored as
        measures (``Store.measure``) next to the run each one reads;
     3. the pretrained-weight analysis of MiniLM, Whisper tiny and SmolLM2;
@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from qkvlab.analysis.zoo import load_manifest
 from qkvlab.env import environment
 from qkvlab.experiments.frames import runs_frame
-from qkvlab.experiments.registry import get_profile
+from qkvlab.experiments.registry import ResultsPending, get_profile
 from qkvlab.experiments.runner import failure_report, sweep, sweep_ids
 from qkvlab.experiments.store import DEFAULT_DB, Store
 from qkvlab.experiments.timing import sum_parts
@@ -107,7 +107,7 @@ def run_study(cfg: StudyConfig) -> Path:
     timings: dict[str, float] = {}
     counts: dict[str, dict[str, int]] = {}
     trained: dict[str, dict[str, float]] = {}  # run id -> its timings, runs trained here
-    steps = [*ORDER, "measures", "pretrained", "tie_cost"]
+    steps = ["experiments", "measures", "pretrained", "tie_cost"]
     bar = tqdm(steps, desc=f"study [{cfg.profile}]", disable=not cfg.progress, unit="step",
                dynamic_ncols=True)
     with Store(cfg.db) as store:
@@ -122,17 +122,10 @@ def run_study(cfg: StudyConfig) -> Path:
             elif step == "tie_cost":
                 run_tie_cost(rec, cfg)
             else:
-                began = time.time()  # each sweep logs where its time went
-                counts[step] = sweep(step, cfg.profile, db=cfg.db, workers=cfg.workers,
-                                     progress=cfg.progress, log=cfg.log)
-                trained.update(store.timings(sweep_ids(step, cfg.profile, store), since=began))
-                if counts[step].get("failed"):
-                    why = failure_report(store, step, cfg.profile)
-                    rec.notes.append(f"{step}: {counts[step]['failed']} run(s) failed; {why}")
-                    cfg.log(f"study: {step}: {counts[step]['failed']} run(s) failed\n{why}")
+                trained, counts = run_experiments(rec, cfg)
             timings[step] = time.perf_counter() - t
         bar.close()
-        sweep_s = sum(timings[e] for e in ORDER)
+        sweep_s = timings["experiments"]
         time_split = {"runs": len(trained), "wall_s": sweep_s, "workers": cfg.workers,
                       "parts": sum_parts(trained.values(), wall_s=sweep_s, workers=cfg.workers)}
         meta = {"total_s": time.perf_counter() - t0, "step_s": timings, "counts": counts,
@@ -143,6 +136,41 @@ def run_study(cfg: StudyConfig) -> Path:
     index = page.write_report(data, cfg.report_dir)
     cfg.log(f"study [{cfg.profile}] done in {time.perf_counter() - t0:.0f} s: {index}")
     return index
+
+
+def run_experiments(rec: Recorder, cfg: StudyConfig
+                    ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, int]]]:
+    """Sweep every experiment of ``ORDER`` as one queue (the rate-tuned comparisons in a second
+    stage, once ``lr_tune`` has chosen); failed runs become notes.
+
+    Returns:
+        the timings of the runs trained here, by run id, and each experiment's run counts
+        per status.
+    """
+    store, began = rec.store, time.time()
+    try:
+        sweep(list(ORDER), cfg.profile, db=cfg.db, workers=cfg.workers, progress=cfg.progress,
+              log=cfg.log)
+    except ResultsPending as e:  # what they need failed: its failures are noted below
+        rec.notes.append(f"experiments not run: {e}")
+        cfg.log(f"study: {e}")
+    counts: dict[str, dict[str, int]] = {}
+    trained: dict[str, dict[str, float]] = {}
+    for name in ORDER:
+        try:
+            ids = sweep_ids(name, cfg.profile, store)
+        except ResultsPending:
+            continue
+        trained.update(store.timings(ids, since=began))
+        counts[name] = {}
+        for i in ids:
+            s = store.status(i)
+            counts[name][s] = counts[name].get(s, 0) + 1
+        if counts[name].get("failed"):
+            why = failure_report(store, name, cfg.profile)
+            rec.notes.append(f"{name}: {counts[name]['failed']} run(s) failed; {why}")
+            cfg.log(f"study: {name}: {counts[name]['failed']} run(s) failed\n{why}")
+    return trained, counts
 
 
 # ---- measures on trained models -------------------------------------------------------------
