@@ -75,6 +75,22 @@ def test_sweep_breakdown_parts_fit_in_its_wall_time(tmp_path, toy_experiment, wo
     assert "\n" not in printed[0]
 
 
+def test_sweep_command_prints_the_breakdown_without_progress_bars(tmp_path, toy_experiment, capsys):
+    import argparse
+
+    from qkvlab.experiments import cli
+    p = argparse.ArgumentParser()
+    cli.configure_sweep(p)
+    args = p.parse_args([toy_experiment, "--profile", "smoke", "--db", str(tmp_path / "t.db"),
+                         "--threads", "1", "--no-progress"])
+    assert cli.run_sweep(args) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"sweep {NAME} [smoke]: done 2 in ")
+    head, *rows = err.strip().splitlines()
+    assert head.startswith(f"sweep {NAME} [smoke]: 2 runs trained in ") and "model step " in head
+    assert [r.split()[0] for r in rows] == [n.split()[0] for n in PARTS]
+
+
 def test_format_breakdown_whole_text():
     parts = {"model step": 45.0, "data": 3.0, "eval": 6.0, "checkpoints": 4.0, "setup": 3.0,
              "logging": 0.5, "store": 0.5, "start-up": 0.0, "other": 3.0}

@@ -54,7 +54,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     try:
         counts = sweep(name, args.profile, workers=args.workers, backend=args.backend,
                        db=args.db, progress=not args.no_progress, threads=args.threads,
-                       tensorboard=args.tensorboard)
+                       tensorboard=args.tensorboard,
+                       log=lambda m: print(m, file=sys.stderr))  # the time breakdown, always
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
