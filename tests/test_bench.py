@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qkvlab import bench, peers
-from qkvlab.cli import bench_tables
+from qkvlab.cli import bench_tables, measure_bf16
 from qkvlab.train import precision
 
 
@@ -124,3 +124,24 @@ def test_cpu_bf16_report_has_capability_native_flag_and_a_ratio(monkeypatch):
     r = precision.cpu_bf16_report(reps=1)
     assert r["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert r["native_bf16"] in (True, False, None) and r["bf16_fp32_ratio"] == 3.0
+
+
+def test_bench_trains_large_in_bf16_only_where_the_cpu_may_have_it():
+    assert measure_bf16("small", {"native_bf16": False})
+    assert not measure_bf16("large", {"native_bf16": False})
+    assert measure_bf16("large", {"native_bf16": True})
+    assert measure_bf16("large", {"native_bf16": None})  # unknown: measure it
+    cpu = {"cpu_model": "AMD EPYC", "cpu_capability": "AVX2", "native_bf16": False,
+           "bf16_flags": [], "bf16_fp32_ratio": 6.25, "probe": "MLP block"}
+    training = {"small": {"qkvlab": 1000.0, "qkvlab_bf16": 80.0, "bf16_loss_gap": 1e-3, "vs_peer": {}},
+                "large": {"qkvlab": 100.0, "vs_peer": {}}}
+    text = bench_tables({"cpu": cpu, "training": training})
+    assert "training large" not in text and "not measured at the large size" in text
+
+
+def test_decode_table_gives_the_ratio_a_gemv_only_decoder_would_reach():
+    decode = {"large": {"qkvlab": 200.0, "hf_generate": 160.0, "ratio": 1.25, "min": 1.2, "max": 1.3,
+                        "bound_tokens_per_s": 600.0, "gemv_tokens_per_s": 280.0,
+                        "weight_mb_per_token": 42.7, "bandwidth_gb_s": 25.0, "max_logit_diff": 1e-6}}
+    text = bench_tables({"decode": decode})
+    assert "| large | 200 | 160 | 1.25 | 1.20-1.30 | 600 | 280 | 1.75 |" in text  # 280 / 160

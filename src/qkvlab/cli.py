@@ -77,13 +77,18 @@ def _cpu_table(res: dict) -> str:
         native += f" ({', '.join(c['bf16_flags'])})"
     headers = ["cpu", "capability", "native bf16", "bf16/fp32 time, probe"]
     row = [c.get("cpu_model") or "?", c.get("cpu_capability") or "?", native, c["bf16_fp32_ratio"]]
+    not_measured = []
     for size, r in res.get("training", {}).items():
         if r.get("qkvlab_bf16"):
             headers.append(f"bf16/fp32 time, training {size}")
             row.append(r["qkvlab"] / r["qkvlab_bf16"])
+        else:
+            not_measured.append(size)
+    skipped = (f"; bf16 training not measured at the {' and '.join(not_measured)} size: "
+               "no native bf16 (see measure_bf16)") if not_measured else ""
     return ("CPU and bf16 autocast (time ratios > 1: bf16 is slower; the trainer's "
             "precision='bf16' falls back to fp32 without native bf16)\n\n"
-            + _table(headers, [row]) + f"\n\nprobe: {c.get('probe', '')}")
+            + _table(headers, [row]) + f"\n\nprobe: {c.get('probe', '')}" + skipped)
 
 
 def _training_tables(training: dict) -> str:
@@ -137,13 +142,17 @@ def bench_tables(res: dict) -> str:
                  f"{r['min']:.2f}-{r['max']:.2f}" if "min" in r else "",
                  int(r["bound_tokens_per_s"]) if "bound_tokens_per_s" in r else "",
                  int(r["gemv_tokens_per_s"]) if "gemv_tokens_per_s" in r else "",
+                 r["gemv_tokens_per_s"] / r["hf_generate"] if "gemv_tokens_per_s" in r else "",
                  r.get("weight_mb_per_token", ""), r.get("bandwidth_gb_s", ""), r["max_logit_diff"]]
                 for size, r in res["decode"].items()]
         out.append("Batch-1 greedy decoding with the KV cache, same weights; bound = copy bandwidth "
                    "/ weight bytes per token; GEMVs alone = the step's matrix-vector products "
-                   "without the rest (the floor where the weights fit in cache)\n\n" + _table(
+                   "without the rest (the floor where the weights fit in cache, or where the CPU's GEMV "
+                   "kernel reads slower than it copies); ratio at GEMV floor = GEMVs alone / HF: "
+                   "the ratio a decoder doing nothing but these GEMVs would reach\n\n" + _table(
                        ["size", "qkvlab tokens/s", "HF generate tokens/s", "ratio", "spread",
-                        "bound tokens/s", "GEMVs alone tokens/s", "weights MB/token", "copy GB/s",
+                        "bound tokens/s", "GEMVs alone tokens/s", "ratio at GEMV floor",
+                        "weights MB/token", "copy GB/s",
                         "max |Δlogit|"], rows))
     if "cache_bytes" in res:
         rows = [[k, v] for k, v in res["cache_bytes"].items()]
@@ -156,6 +165,14 @@ def bench_tables(res: dict) -> str:
             [[f"{r['train_loss_first']:.3f} → {r['train_loss_last']:.3f}", r["max_abs_diff_fp32"],
               r["max_abs_diff_fp64"], r["params_alt"], r["params_folded"], r["speed_folded_vs_alt"]]]))
     return "\n\n".join(out)
+
+
+def measure_bf16(size: str, cpu: dict) -> bool:
+    """Whether the bench trains ``size`` in bf16 too: always at the small size; at the large
+    one only where the CPU may have native bf16. Without it bf16 autocast is 10-30x slower
+    (measured 27.5x at the large size on a 2-core AMD EPYC, AVX2: about 8 of the bench's 12
+    minutes), and the probe and the small size already show that cost."""
+    return size == "small" or cpu.get("native_bf16") is not False
 
 
 def run_bench(sizes=("small", "large"), peers=True, quick=False, nanogpt=None, compile=False,
@@ -171,7 +188,8 @@ def run_bench(sizes=("small", "large"), peers=True, quick=False, nanogpt=None, c
         res["training"][size] = bench.bench_training(
             size, steps=2 if size == "large" else 6, rounds=3 if quick else 7,
             peers=("hf_gpt2", "x_transformers", "litgpt") if peers else (),
-            nanogpt=nanogpt if peers else None, compile=compile, log=log)
+            nanogpt=nanogpt if peers else None, compile=compile,
+            bf16=measure_bf16(size, res["cpu"]), log=log)
     res["attention"] = bench.bench_attention("large", rounds=3 if quick else 5, log=log)
     if peers:
         res["decode"] = {size: bench.bench_decode(size, new_tokens=64 if quick else 128,
