@@ -145,3 +145,13 @@ def test_decode_table_gives_the_ratio_a_gemv_only_decoder_would_reach():
                         "weight_mb_per_token": 42.7, "bandwidth_gb_s": 25.0, "max_logit_diff": 1e-6}}
     text = bench_tables({"decode": decode})
     assert "| large | 200 | 160 | 1.25 | 1.20-1.30 | 600 | 280 | 1.75 |" in text  # 280 / 160
+
+
+def test_default_model_table_keeps_its_columns_when_one_size_has_no_bf16():
+    compiled = {"compiled": {"ratio": 0.9, "min": 0.8, "max": 1.0}, "compile_s": 30.0}
+    training = {"small": {"qkvlab": 1000.0, "qkvlab_bf16": 80.0, "bf16_loss_gap": 1e-3,
+                          "vs_peer": {}, **compiled},
+                "large": {"qkvlab": 100.0, "vs_peer": {}, **compiled}}
+    text = bench_tables({"training": training})
+    assert "| small | 1,000 | 80 | 0.001 | 0.90 | 0.80-1.00 | 30.00 |" in text
+    assert "| large | 100 | not measured |  | 0.90 | 0.80-1.00 | 30.00 |" in text

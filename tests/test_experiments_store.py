@@ -220,7 +220,7 @@ def test_failed_sweep_says_why_and_where_the_tracebacks_are(tmp_path, capsys, br
     p = argparse.ArgumentParser()
     cli.configure_sweep(p)
     assert cli.run_sweep(p.parse_args([broken_experiment, "--profile", "smoke", "--db", str(db),
-                                       "--no-progress"])) == 1
+                                       "--workers", "1", "--no-progress"])) == 1
     out, err = capsys.readouterr()
     assert "failed 2" in out
     ids = runner.sweep_ids(broken_experiment, "smoke")

@@ -82,7 +82,7 @@ def test_sweep_command_prints_the_breakdown_without_progress_bars(tmp_path, toy_
     p = argparse.ArgumentParser()
     cli.configure_sweep(p)
     args = p.parse_args([toy_experiment, "--profile", "smoke", "--db", str(tmp_path / "t.db"),
-                         "--threads", "1", "--no-progress"])
+                         "--workers", "1", "--threads", "1", "--no-progress"])
     assert cli.run_sweep(args) == 0
     out, err = capsys.readouterr()
     assert out.startswith(f"sweep {NAME} [smoke]: done 2 in ")

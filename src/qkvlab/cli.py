@@ -95,6 +95,7 @@ def _training_tables(training: dict) -> str:
     """Per size and peer: the peer's tokens/s, qkvlab's under the peer's settings, and the
     ratio (median over rounds, with min-max); then qkvlab's default in bf16 and compiled."""
     rows, extra = [], []
+    any_bf16 = any("qkvlab_bf16" in r for r in training.values())
     for size, r in training.items():
         for p, v in r.get("vs_peer", {}).items():
             rows.append([size, p, PEER_SETTINGS.get(p, ""), int(r[p]), int(r[v["qkvlab"]]),
@@ -102,6 +103,8 @@ def _training_tables(training: dict) -> str:
         row = [size, int(r["qkvlab"])]
         if "qkvlab_bf16" in r:
             row += [int(r["qkvlab_bf16"]), r["bf16_loss_gap"]]
+        elif any_bf16:  # another size was measured in bf16: keep the columns in place
+            row += ["not measured", ""]
         if "compiled" in r:
             c = r["compiled"]
             row += [c["ratio"], f"{c['min']:.2f}-{c['max']:.2f}", r["compile_s"]]
@@ -113,7 +116,7 @@ def _training_tables(training: dict) -> str:
                 ["size", "peer", "matched settings", "peer tokens/s", "qkvlab tokens/s", "ratio",
                  "spread"], rows))
     heads = ["size", "qkvlab default fp32"]
-    if any("qkvlab_bf16" in r for r in training.values()):
+    if any_bf16:
         heads += ["qkvlab bf16", "max |loss fp32 - bf16|"]
     if any("compiled" in r for r in training.values()):
         heads += ["compiled / eager", "spread", "compile s"]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from qkvlab.experiments.frames import EXPORT_FORMATS, export, runs_frame
 from qkvlab.experiments.registry import describe, experiment_names, profile_names
-from qkvlab.experiments.runner import BACKENDS, failure_report, sweep
+from qkvlab.experiments.runner import BACKENDS, DEFAULT_WORKERS, failure_report, sweep
 from qkvlab.experiments.store import DEFAULT_DB, Store
 
 
@@ -34,7 +34,9 @@ def configure_sweep(parser: argparse.ArgumentParser) -> None:
                         help="experiments (see `qkvlab experiments`) or `all`: they train as one "
                              "queue, each after the experiments whose results it needs")
     _common(parser)
-    parser.add_argument("--workers", type=int, default=1, help="local worker processes")
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
+                        help=f"local worker processes (default {DEFAULT_WORKERS}: one per core, "
+                             "at most 2, one thread each)")
     parser.add_argument("--backend", default="local", choices=list(BACKENDS),
                         help="local processes, or Ray tasks on an existing cluster (RAY_ADDRESS)")
     parser.add_argument("--threads", type=int, default=None,

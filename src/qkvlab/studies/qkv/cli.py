@@ -8,10 +8,10 @@ through the ``qkvlab.studies`` entry point.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from qkvlab.experiments.registry import profile_names
+from qkvlab.experiments.runner import DEFAULT_WORKERS
 from qkvlab.experiments.store import DEFAULT_DB
 
 HELP = "run everything behind the three questions and write the report"
@@ -22,8 +22,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="smoke (CI, ~3 min), quick (2-core CPU, ≤15 min), full (GPU)")
     parser.add_argument("--db", default=str(DEFAULT_DB), help="results store (SQLite)")
     parser.add_argument("--out", default="reports", help="the report goes to OUT/PROFILE/")
-    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
-                        help="worker processes for the training runs")
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
+                        help=f"worker processes for the training runs (default {DEFAULT_WORKERS})")
     parser.add_argument("--no-pretrained", action="store_true",
                         help="skip the pretrained analysis (quick: MiniLM, Whisper tiny, "
                              "SmolLM2; full: the whole zoo, each model fetched or noted)")
