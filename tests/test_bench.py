@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -87,7 +88,26 @@ def test_peer_builders_match_their_qkvlab_settings():
 
 def test_ratio_stats_are_per_round():
     r = bench.ratio_stats([2.0, 3.0, 8.0], [1.0, 3.0, 2.0])
-    assert r == {"ratio": 2.0, "min": 1.0, "max": 4.0}
+    assert (r["ratio"], r["min"], r["max"]) == (2.0, 1.0, 4.0)
+    assert r["gmean"] == pytest.approx(2.0)  # (2 · 1 · 4)^(1/3)
+
+
+def test_ratio_verdict_is_a_paired_t_test_on_log_ratios():
+    from scipy import stats
+
+    ratios = [1.30, 1.22, 1.41, 1.18, 1.35]
+    r = bench.ratio_stats(ratios, [1.0] * len(ratios))
+    logs = np.log(ratios)
+    lo, hi = stats.t.interval(0.95, len(logs) - 1, loc=logs.mean(), scale=stats.sem(logs))
+    assert (r["ci_lo"], r["ci_hi"]) == pytest.approx((np.exp(lo), np.exp(hi)))
+    assert r["verdict"] == "faster"
+    assert bench.ratio_stats([1 / x for x in ratios], [1.0] * 5)["verdict"] == "slower"
+    level = bench.ratio_stats([1.01, 0.99, 1.00, 1.02, 0.995, 1.005], [1.0] * 6)
+    assert level["verdict"] == "level" and level["rounds_needed"] is None
+    noisy = bench.ratio_stats([1.10, 0.90, 1.15, 0.88, 1.02], [1.0] * 5)
+    assert noisy["verdict"] == "undecided" and noisy["rounds_needed"] > 5
+    one = bench.ratio_stats([1.1], [1.0])
+    assert one["verdict"] == "undecided" and one["ci_lo"] is None
 
 
 def test_decode_bound_counts_each_weight_once():
@@ -155,3 +175,14 @@ def test_default_model_table_keeps_its_columns_when_one_size_has_no_bf16():
     text = bench_tables({"training": training})
     assert "| small | 1,000 | 80 | 0.001 | 0.90 | 0.80-1.00 | 30.00 |" in text
     assert "| large | 100 | not measured |  | 0.90 | 0.80-1.00 | 30.00 |" in text
+
+
+def test_training_table_gives_each_ratio_its_ci_and_verdict():
+    vs = bench.ratio_stats([1.30, 1.22, 1.41, 1.18, 1.35], [1.0] * 5)
+    noisy = bench.ratio_stats([1.10, 0.90, 1.15, 0.88, 1.02], [1.0] * 5)
+    training = {"small": {"qkvlab": 1000.0, "qkvlab[x]": 900.0, "hf_gpt2": 700.0, "nanogpt": 950.0,
+                          "vs_peer": {"hf_gpt2": {"qkvlab": "qkvlab", **vs},
+                                      "nanogpt": {"qkvlab": "qkvlab[x]", **noisy}}}}
+    text = bench_tables({"training": training})
+    assert f"| {vs['ci_lo']:.2f}-{vs['ci_hi']:.2f} | faster |" in text
+    assert f"| undecided · n≈{noisy['rounds_needed']} rounds |" in text

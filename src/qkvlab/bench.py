@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -73,10 +74,38 @@ def interleaved(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, f
     return {k: statistics.median(v) for k, v in interleaved_rounds(fns, rounds).items()}
 
 
-def ratio_stats(num: list[float], den: list[float]) -> dict[str, float]:
-    """Median, min and max over rounds of the per-round ratio num / den."""
-    r = sorted(a / b for a, b in zip(num, den))
-    return {"ratio": statistics.median(r), "min": r[0], "max": r[-1]}
+# A speed ratio inside 1 ± SPEED_MARGIN reads "level": fixed before the runs, as the study's
+# margins are. The 2-core VMs these benches run on spread single rounds by ±10-15%; a user
+# does not notice 5% on a training run.
+SPEED_MARGIN = 0.05
+VERDICT_WORDS = {"equivalent": "level", "better": "faster", "worse": "slower",
+                 "undecided": "undecided"}
+
+
+def ratio_stats(num: list[float], den: list[float]) -> dict:
+    """Median, min and max over rounds of the per-round ratio num / den, and the verdict on it.
+
+    The rounds are paired (interleaved), so the verdict is ``experiments.stats.decide`` on the
+    per-round log ratios against ``ln(1 + SPEED_MARGIN)``: ``verdict`` is ``level`` (the 90%
+    CI of the geometric-mean ratio inside 1 ± margin), ``faster``/``slower`` (its 95% CI
+    excludes 1; num faster or slower than den), or ``undecided`` with ``rounds_needed`` (how
+    many rounds the observed spread would need; None with one round). ``ci_lo``/``ci_hi``:
+    the 95% CI of the geometric-mean ratio ``gmean``.
+    """
+    from qkvlab.experiments.stats import decide  # lazy: scipy loads only for the bench
+
+    ratios = [a / b for a, b in zip(num, den)]
+    r = sorted(ratios)
+    out = {"ratio": statistics.median(r), "min": r[0], "max": r[-1]}
+    logs = [math.log(x) for x in ratios]
+    sd = statistics.stdev(logs) if len(logs) > 1 else 0.0
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return {**out, "gmean": math.exp(mean), "ci_lo": None, "ci_hi": None,
+                "verdict": "undecided", "rounds_needed": None}
+    d = decide(mean, sd, len(logs), math.log1p(SPEED_MARGIN), lower_is_better=False)
+    return {**out, "gmean": math.exp(mean), "ci_lo": math.exp(d["lo"]), "ci_hi": math.exp(d["hi"]),
+            "verdict": VERDICT_WORDS[d["status"]], "rounds_needed": d["seeds"]}
 
 
 # ---- training throughput -------------------------------------------------------------------

@@ -99,7 +99,7 @@ def _training_tables(training: dict) -> str:
     for size, r in training.items():
         for p, v in r.get("vs_peer", {}).items():
             rows.append([size, p, PEER_SETTINGS.get(p, ""), int(r[p]), int(r[v["qkvlab"]]),
-                         v["ratio"], f"{v['min']:.2f}-{v['max']:.2f}"])
+                         v["ratio"], f"{v['min']:.2f}-{v['max']:.2f}", _ci(v), _verdict(v)])
         row = [size, int(r["qkvlab"])]
         if "qkvlab_bf16" in r:
             row += [int(r["qkvlab_bf16"]), r["bf16_loss_gap"]]
@@ -112,9 +112,10 @@ def _training_tables(training: dict) -> str:
     rounds = {r.get("rounds") for r in training.values()}
     text = (f"Training tokens/s, fp32, qkvlab under each peer's settings (ratio > 1: qkvlab is "
             f"faster; median of {'/'.join(map(str, sorted(x for x in rounds if x)))} interleaved "
-            f"rounds, min-max)\n\n" + _table(
+            f"rounds, min-max; 95% CI of the geometric-mean ratio over the paired rounds; "
+            f"level: its 90% CI inside 1 ± {bench.SPEED_MARGIN:.0%})\n\n" + _table(
                 ["size", "peer", "matched settings", "peer tokens/s", "qkvlab tokens/s", "ratio",
-                 "spread"], rows))
+                 "spread", "95% CI", f"verdict (±{bench.SPEED_MARGIN:.0%})"], rows))
     heads = ["size", "qkvlab default fp32"]
     if any_bf16:
         heads += ["qkvlab bf16", "max |loss fp32 - bf16|"]
@@ -122,6 +123,17 @@ def _training_tables(training: dict) -> str:
         heads += ["compiled / eager", "spread", "compile s"]
     extra = [r + [""] * (len(heads) - len(r)) for r in extra]
     return text + "\n\nqkvlab's default model (biases, tanh GELU)\n\n" + _table(heads, extra)
+
+
+def _ci(v: dict) -> str:
+    return f"{v['ci_lo']:.2f}-{v['ci_hi']:.2f}" if v.get("ci_lo") is not None else ""
+
+
+def _verdict(v: dict) -> str:
+    """``ratio_stats``' verdict; undecided with the rounds that would decide it."""
+    if v.get("verdict") == "undecided" and v.get("rounds_needed"):
+        return f"undecided · n≈{v['rounds_needed']} rounds"
+    return v.get("verdict", "")
 
 
 PEER_SETTINGS = {"hf_gpt2": "biases, tanh GELU", "x_transformers": "no biases, exact GELU",
