@@ -276,7 +276,8 @@ PROFILES = {p.name: register_profile(p) for p in (
     # could not count: 218 CPU-s), relation 400 steps (standard: 99.4% at 400, 99.9% at 600,
     # seed 0) and, like mlm, only the equal-width arm (-280). The width price (bind_codes)
     # runs m = 3 on 2 seeds at equal width: 20 runs, about the old bind's 18 (3 seeds).
-    # Measured after the trim, fresh clone (2026-11-24): study 573 s, 663 s with the install.
+    # Measured after the trim, fresh clone (2026-11-24): study 573 s, 663 s with the install;
+    # on the 2-core AMD EPYC (AVX2, 2026-11-25): study 710 s, 821 s with the install.
     QKVProfile("quick", seeds=(0, 1, 2), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=200, lr=3e-3, eval_batches=8, task_options=TASK_OPTIONS["quick"],
                task_train=TASK_TRAIN["quick"], probe_d_heads=(16, 32, 64, 128, 256),
