@@ -96,15 +96,14 @@ def ratio_stats(num: list[float], den: list[float]) -> dict:
 
     ratios = [a / b for a, b in zip(num, den)]
     r = sorted(ratios)
-    out = {"ratio": statistics.median(r), "min": r[0], "max": r[-1]}
     logs = [math.log(x) for x in ratios]
-    sd = statistics.stdev(logs) if len(logs) > 1 else 0.0
-    mean = statistics.fmean(logs)
-    if len(logs) < 2:
-        return {**out, "gmean": math.exp(mean), "ci_lo": None, "ci_hi": None,
-                "verdict": "undecided", "rounds_needed": None}
-    d = decide(mean, sd, len(logs), math.log1p(SPEED_MARGIN), lower_is_better=False)
-    return {**out, "gmean": math.exp(mean), "ci_lo": math.exp(d["lo"]), "ci_hi": math.exp(d["hi"]),
+    out = {"ratio": statistics.median(r), "min": r[0], "max": r[-1],
+           "gmean": math.exp(statistics.fmean(logs))}
+    if len(logs) < 2:  # no spread, no CI
+        return {**out, "ci_lo": None, "ci_hi": None, "verdict": "undecided", "rounds_needed": None}
+    d = decide(statistics.fmean(logs), statistics.stdev(logs), len(logs),
+               math.log1p(SPEED_MARGIN), lower_is_better=False)
+    return {**out, "ci_lo": math.exp(d["lo"]), "ci_hi": math.exp(d["hi"]),
             "verdict": VERDICT_WORDS[d["status"]], "rounds_needed": d["seeds"]}
 
 

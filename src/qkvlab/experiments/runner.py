@@ -347,10 +347,15 @@ def sweep(name: str | Sequence[str], profile: str = "quick", *, workers: int = 1
         if write is not None:
             write(_breakdown(store, f"sweep {label} [{profile}]", ids, began,
                              time.perf_counter() - t0, pool))
-        counts: dict[str, int] = {}
-        for i in ids:
-            s = store.status(i)
-            counts[s] = counts.get(s, 0) + 1
+        return status_counts(store, ids)
+
+
+def status_counts(store: Store, ids: Iterable[str]) -> dict[str, int]:
+    """How many of the runs ``ids`` the store holds in each status."""
+    counts: dict[str, int] = {}
+    for i in ids:
+        s = store.status(i)
+        counts[s] = counts.get(s, 0) + 1
     return counts
 
 

@@ -29,7 +29,7 @@ from qkvlab.analysis.zoo import load_manifest
 from qkvlab.env import environment
 from qkvlab.experiments.frames import runs_frame
 from qkvlab.experiments.registry import ResultsPending, get_profile
-from qkvlab.experiments.runner import failure_report, sweep, sweep_ids
+from qkvlab.experiments.runner import failure_report, status_counts, sweep, sweep_ids
 from qkvlab.experiments.store import DEFAULT_DB, Store
 from qkvlab.experiments.timing import sum_parts
 from qkvlab.hf.cost import measure_tie_cost
@@ -162,10 +162,7 @@ def run_experiments(rec: Recorder, cfg: StudyConfig
         except ResultsPending:
             continue
         trained.update(store.timings(ids, since=began))
-        counts[name] = {}
-        for i in ids:
-            s = store.status(i)
-            counts[name][s] = counts[name].get(s, 0) + 1
+        counts[name] = status_counts(store, ids)
         if counts[name].get("failed"):
             why = failure_report(store, name, cfg.profile)
             rec.notes.append(f"{name}: {counts[name]['failed']} run(s) failed; {why}")
