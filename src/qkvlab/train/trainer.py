@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from qkvlab.data import get_task
 from qkvlab.models import ModelConfig, build_model, save_model
+from qkvlab.progress import bar as progress_bar
 from qkvlab.train.checkpoints import load_checkpoint, save_checkpoint
 from qkvlab.train.config import InitConfig, RunSpec, TrainConfig
 from qkvlab.train.distributed import DistInfo, mean_across, shard, wrap
@@ -203,8 +203,8 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
     if start == 0 and 0 in cfg.keep_at and run_dir is not None and info.main:
         save_model(model, run_dir / "model_step0.safetensors")  # the initial weights
         watch.lap("checkpoint")
-    bar = tqdm(total=cfg.steps, initial=start, desc=desc, leave=False,
-               disable=not (progress and info.main), dynamic_ncols=True)
+    bar = progress_bar(total=cfg.steps, initial=start, desc=desc, leave=False,
+                       disable=not (progress and info.main), dynamic_ncols=True)
     status, step = "done", start
     try:
         for step in range(start, cfg.steps):

@@ -23,7 +23,6 @@ from typing import Any
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from qkvlab.analysis.zoo import load_manifest
 from qkvlab.env import environment
@@ -35,6 +34,7 @@ from qkvlab.experiments.timing import sum_parts
 from qkvlab.hf.cost import measure_tie_cost
 from qkvlab.hf.tie import KINDS
 from qkvlab.models import load_model
+from qkvlab.progress import bar as progress_bar
 from qkvlab.studies.qkv import measures as M
 from qkvlab.studies.qkv import page, results
 from qkvlab.studies.qkv.experiments import ORDER, QKVProfile
@@ -108,8 +108,8 @@ def run_study(cfg: StudyConfig) -> Path:
     counts: dict[str, dict[str, int]] = {}
     trained: dict[str, dict[str, float]] = {}  # run id -> its timings, runs trained here
     steps = ["experiments", "measures", "pretrained", "tie_cost"]
-    bar = tqdm(steps, desc=f"study [{cfg.profile}]", disable=not cfg.progress, unit="step",
-               dynamic_ncols=True)
+    bar = progress_bar(steps, desc=f"study [{cfg.profile}]", disable=not cfg.progress,
+                       unit="step", dynamic_ncols=True)
     with Store(cfg.db) as store:
         rec = Recorder(store, cfg.profile)
         for step in bar:
