@@ -186,3 +186,51 @@ def test_training_table_gives_each_ratio_its_ci_and_verdict():
     text = bench_tables({"training": training})
     assert f"| {vs['ci_lo']:.2f}-{vs['ci_hi']:.2f} | faster |" in text
     assert f"| undecided · n≈{noisy['rounds_needed']} rounds |" in text
+
+
+def test_bench_device_errors_name_what_is_wrong(monkeypatch):
+    assert bench.check_device("cpu") == "cpu"
+    with pytest.raises(ValueError, match="not a torch device"):
+        bench.check_device("gpu0")
+    with pytest.raises(ValueError, match="runs on cpu or cuda"):
+        bench.check_device("meta")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="no CUDA device here"):
+        bench.check_device("cuda")
+    assert bench.default_device() == "cpu"
+
+
+def test_bench_cli_refuses_cuda_where_there_is_none(tmp_path, capsys, monkeypatch):
+    from qkvlab.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "--device", "cuda", "--out", str(tmp_path / "b.json")]) == 2
+    assert "no CUDA device here" in capsys.readouterr().err
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_bench_parts_take_an_explicit_device():
+    """The CUDA path is the CPU path with the device passed through and a sync around each
+    timer (a GPU test needs a GPU: see DEVELOPERS.md); on the CPU every part runs as before."""
+    s = bench.SIZES["small"]
+    model = bench._ours(s)
+    run, losses = bench._train_rate(bench._ours_loss(model), model, s, 1, bf16=False,
+                                    device="cpu")
+    assert run() > 0 and len(losses) == 1
+    r = bench.attention_layer_speed(32, 2, 8, 1, {"tied_kv": {"design": "tied_kv"}}, iters=1,
+                                    rounds=1, device="cpu")
+    assert r["standard"]["time_vs_standard"] == 1.0 and r["tied_kv"]["params_vs_standard"] < 1
+    assert bench.copy_bandwidth(mbytes=1, reps=1, device="cpu") > 0
+
+
+def test_gpu_table_holds_the_gpu_and_the_cpu_table_only_the_cpu():
+    cpu = {"cpu_model": "AMD EPYC", "cpu_capability": "AVX2", "native_bf16": False,
+           "bf16_flags": [], "bf16_fp32_ratio": 6.25, "probe": "MLP block"}
+    gpu = {"gpu": "NVIDIA H100", "capability": "9.0", "bf16": True, "cuda": "12.8"}
+    training = {"small": {"qkvlab": 1000.0, "qkvlab_bf16": 2000.0, "bf16_loss_gap": 1e-3,
+                          "vs_peer": {}}}
+    text = bench_tables({"cpu": cpu, "gpu": gpu, "device": "cuda", "training": training})
+    assert "| AMD EPYC | AVX2 | no | 6.25 |\n" in text  # no GPU training ratio under the CPU
+    assert "| cuda | NVIDIA H100 | 9.0 | yes | 12.8 | 0.50 |" in text
+    assert text.index("CPU and bf16") < text.index("GPU:") < text.index("Training tokens/s")
+    assert measure_bf16("large", cpu, "cuda") and not measure_bf16("large", cpu, "cpu")

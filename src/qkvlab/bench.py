@@ -74,6 +74,37 @@ def interleaved(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, f
     return {k: statistics.median(v) for k, v in interleaved_rounds(fns, rounds).items()}
 
 
+def default_device() -> str:
+    """``cuda`` where PyTorch sees a GPU, else ``cpu`` (as the trainer picks)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_device(device: str) -> str:
+    """``device`` as a torch device string the bench can run on (``cpu`` or an existing CUDA
+    device); a ValueError naming what is wrong otherwise."""
+    try:
+        d = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device: {device!r} is not a torch device ({e})") from None
+    if d.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: {device!r}: the bench runs on cpu or cuda")
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {device!r}: no CUDA device here "
+                             "(torch.cuda.is_available() is False)")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise ValueError(f"device: {device!r}: only {torch.cuda.device_count()} CUDA "
+                             "device(s) here")
+    return str(d)
+
+
+def sync(device) -> None:
+    """Wait for the work queued on ``device``: CUDA kernels run asynchronously, so a timer
+    must not stop before they finish; on the CPU this does nothing."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 # A speed ratio inside 1 ± SPEED_MARGIN reads "level": fixed before the runs, as the study's
 # margins are. The 2-core VMs these benches run on spread single rounds by ±10-15%; a user
 # does not notice 5% on a training run.
@@ -122,21 +153,24 @@ def train_batches(s: Size, n: int, seed: int = 0) -> list[tuple[torch.Tensor, to
     return [(b[:, :-1].contiguous(), b[:, 1:].contiguous()) for b in bigram_batches(s, n, seed)]
 
 
-def _train_rate(loss_fn, model, s: Size, steps: int, bf16: bool, seed: int = 0):
-    """A closure timing ``steps`` AdamW steps of ``loss_fn(x, y)``; returns tokens/s. Also
-    records the losses.
+def _train_rate(loss_fn, model, s: Size, steps: int, bf16: bool, seed: int = 0,
+                device: str = "cpu"):
+    """A closure timing ``steps`` AdamW steps of ``loss_fn(x, y)`` on ``device`` (the model is
+    moved there); returns tokens/s. Also records the losses.
 
     ``bf16`` trains in bf16 autocast unconditionally, as the trainer's
     ``precision="bf16_force"`` does: the benchmark measures bf16 on purpose, also on a CPU
     where ``precision="bf16"`` would fall back to fp32 (``qkvlab bench`` prints that CPU's
     native bf16 and measured bf16 cost first)."""
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = train_batches(s, 64, seed)
+    data = [(x.to(device), y.to(device)) for x, y in train_batches(s, 64, seed)]
+    kind = torch.device(device).type
     losses: list[float] = []
 
     def step():
         x, y = data[len(losses) % len(data)]  # a fresh batch each step, same order for everyone
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        ctx = torch.autocast(kind, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
         with ctx:
             loss = loss_fn(x, y)
         opt.zero_grad(set_to_none=True)
@@ -145,9 +179,11 @@ def _train_rate(loss_fn, model, s: Size, steps: int, bf16: bool, seed: int = 0):
         losses.append(loss.item())
 
     def run() -> float:
+        sync(device)
         t = time.perf_counter()
         for _ in range(steps):
             step()
+        sync(device)
         return steps * s.batch * s.n_ctx / (time.perf_counter() - t)
 
     return run, losses
@@ -159,8 +195,10 @@ def _matched_name(opts: dict) -> str:
 
 def bench_training(size: str = "small", steps: int = 5, rounds: int = 3,
                    peers=("hf_gpt2", "x_transformers", "litgpt"), nanogpt: str | None = None,
-                   bf16: bool = True, compile: bool = False, log=print) -> dict:
-    """Training tokens/s of qkvlab's DecoderLM and of each peer, with qkvlab matched to it.
+                   bf16: bool = True, compile: bool = False, device: str = "cpu",
+                   log=print) -> dict:
+    """Training tokens/s of qkvlab's DecoderLM and of each peer, with qkvlab matched to it, on
+    ``device`` (bf16 autocast of that device type).
 
     Every contender runs in one interleaved measurement: qkvlab's default (``qkvlab``; also in
     bf16 autocast with ``bf16``, and under ``torch.compile`` with ``compile``), each peer, and
@@ -180,32 +218,34 @@ def bench_training(size: str = "small", steps: int = 5, rounds: int = 3,
     torch.manual_seed(0)
     fns, losses, out = {}, {}, {}
     ours = _ours(s)
-    fns["qkvlab"], losses["qkvlab"] = _train_rate(_ours_loss(ours), ours, s, steps, bf16=False)
+    rate = functools.partial(_train_rate, s=s, steps=steps, device=device)
+    fns["qkvlab"], losses["qkvlab"] = rate(_ours_loss(ours), ours, bf16=False)
     if bf16:
         ours16 = _ours(s)
         ours16.load_state_dict(ours.state_dict())  # same init: the loss curves must coincide
-        fns["qkvlab_bf16"], losses["qkvlab_bf16"] = _train_rate(_ours_loss(ours16), ours16, s, steps, bf16=True)
+        fns["qkvlab_bf16"], losses["qkvlab_bf16"] = rate(_ours_loss(ours16), ours16, bf16=True)
     if compile:
         comp = _ours(s)
         comp.load_state_dict(ours.state_dict())
         compiled = torch.compile(comp)
-        run, _ = _train_rate(_ours_loss(compiled), comp, s, 1, bf16=False)
+        run, _ = _train_rate(_ours_loss(compiled), comp, s, 1, bf16=False, device=device)
         t = time.perf_counter()
         run()  # the first step compiles
         first = time.perf_counter() - t
-        fns["qkvlab_compiled"], _ = _train_rate(_ours_loss(compiled), comp, s, steps, bf16=False)
+        fns["qkvlab_compiled"], _ = rate(_ours_loss(compiled), comp, bf16=False)
         eager = s.batch * s.n_ctx / fns["qkvlab"]()
         out["compile_s"] = first - eager
     matched = {}
     for p, builder in build.items():
-        loss_fn, model = builder(s, VOCAB)
-        fns[p], losses[p] = _train_rate(loss_fn, model, s, steps, bf16=False)
+        with torch.device(device):  # a peer's tensors that are not parameters or buffers too
+            loss_fn, model = builder(s, VOCAB)
+        fns[p], losses[p] = rate(loss_fn, model, bf16=False)
         name = "qkvlab" if P.MATCHED[p] == _DEFAULT else _matched_name(P.MATCHED[p])
         matched[p] = name
         if name not in fns:
             m = _ours(s, **P.MATCHED[p])
-            fns[name], _ = _train_rate(_ours_loss(m), m, s, steps, bf16=False)
-    log(f"training throughput, size {size}: {s}, contenders {list(fns)}")
+            fns[name], _ = rate(_ours_loss(m), m, bf16=False)
+    log(f"training throughput, size {size}, {device}: {s}, contenders {list(fns)}")
     raw = interleaved_rounds(fns, rounds)
     out.update({k: statistics.median(v) for k, v in raw.items()})
     out["rounds"] = rounds
@@ -238,23 +278,25 @@ def projection_flops(cfg: AttentionConfig, B: int, T: int) -> int:
 
 def attention_layer_speed(d_model: int, n_heads: int, T: int, B: int,
                           variants: dict[str, dict] | None = None, iters: int = 5,
-                          rounds: int = 5) -> dict[str, dict[str, float]]:
+                          rounds: int = 5, device: str = "cpu") -> dict[str, dict[str, float]]:
     """Forward+backward time of one causal self-attention layer per variant (label ->
-    AttentionConfig options; default: every design), relative to ``standard``, beside its
-    FLOPs and parameter ratios."""
+    AttentionConfig options; default: every design) on ``device``, relative to ``standard``,
+    beside its FLOPs and parameter ratios."""
     variants = variants or {d: {"design": d} for d in DESIGNS}
-    x = torch.randn(B, T, d_model, requires_grad=True)
+    x = torch.randn(B, T, d_model, device=device, requires_grad=True)
     fns, flops, params = {}, {}, {}
     for label, opts in {"standard": {}, **variants}.items():
         cfg = AttentionConfig(d_model=d_model, n_heads=n_heads, **opts)
-        att = build_attention(cfg)
+        att = build_attention(cfg).to(device)
         flops[label] = projection_flops(cfg, B, T)
         params[label] = sum(p.numel() for p in att.parameters())
 
         def run(att=att) -> float:
+            sync(device)
             t = time.perf_counter()
             for _ in range(iters):
                 att(x, is_causal=True).sum().backward()
+            sync(device)
             return iters / (time.perf_counter() - t)
 
         fns[label] = run
@@ -265,24 +307,28 @@ def attention_layer_speed(d_model: int, n_heads: int, T: int, B: int,
             for k in fns}
 
 
-def bench_attention(size: str = "large", iters: int = 5, rounds: int = 5, log=print) -> dict[str, dict]:
+def bench_attention(size: str = "large", iters: int = 5, rounds: int = 5, device: str = "cpu",
+                    log=print) -> dict[str, dict]:
     """Forward+backward time of each design's layer relative to ``standard`` (causal, fp32)."""
     s = SIZES[size]
-    log(f"attention layer fwd+bwd, size {size}")
-    return attention_layer_speed(s.d_model, s.n_heads, s.n_ctx, s.batch, iters=iters, rounds=rounds)
+    log(f"attention layer fwd+bwd, size {size}, {device}")
+    return attention_layer_speed(s.d_model, s.n_heads, s.n_ctx, s.batch, iters=iters,
+                                 rounds=rounds, device=device)
 
 
 # ---- decoding --------------------------------------------------------------------------------
-def copy_bandwidth(mbytes: int = 256, reps: int = 5) -> float:
-    """Memory bandwidth in bytes/s from the best of ``reps`` copies of a ``mbytes`` MB fp32
-    tensor (bytes read + written / time)."""
-    a = torch.empty(mbytes * 2**20 // 4)
+def copy_bandwidth(mbytes: int = 256, reps: int = 5, device: str = "cpu") -> float:
+    """Memory bandwidth of ``device`` in bytes/s from the best of ``reps`` copies of a
+    ``mbytes`` MB fp32 tensor (bytes read + written / time)."""
+    a = torch.empty(mbytes * 2**20 // 4, device=device)
     b = torch.empty_like(a)
     b.copy_(a)  # touch the pages
     best = float("inf")
     for _ in range(reps):
+        sync(device)
         t = time.perf_counter()
         b.copy_(a)
+        sync(device)
         best = min(best, time.perf_counter() - t)
     return 2 * a.nbytes / best
 
@@ -311,12 +357,14 @@ def gemv_seconds_per_token(model: DecoderLM, reps: int = 9) -> float:
     to one vector with its bias, median of ``reps``. Where the weights fit in the CPU's cache
     this, not the copy bandwidth, is the floor the rest of the step adds to."""
     mats = decode_matrices(model)
-    xs = [torch.randn(1, w.shape[1], dtype=w.dtype) for w, _ in mats]
+    xs = [torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w, _ in mats]
 
     def once() -> float:
+        sync(mats[0][0].device)
         t = time.perf_counter()
         for (w, b), x in zip(mats, xs):
             torch.nn.functional.linear(x, w, b)
+        sync(mats[0][0].device)
         return time.perf_counter() - t
 
     once()
@@ -324,8 +372,9 @@ def gemv_seconds_per_token(model: DecoderLM, reps: int = 9) -> float:
 
 
 def bench_decode(size: str = "large", new_tokens: int = 128, rounds: int = 3,
-                 log=print) -> dict[str, float]:
-    """Batch-1 greedy decode tokens/s: qkvlab's KV cache vs HF ``generate()`` (same weights),
+                 device: str = "cpu", log=print) -> dict[str, float]:
+    """Batch-1 greedy decode tokens/s on ``device``: qkvlab's KV cache vs HF ``generate()``
+    (same weights),
     the ratio (median, min, max over rounds), and two bounds: measured copy bandwidth / weight
     bytes read per token, and the step's matrix-vector products alone
     (:func:`gemv_seconds_per_token`), the tighter one where the weights fit in cache."""
@@ -336,20 +385,26 @@ def bench_decode(size: str = "large", new_tokens: int = 128, rounds: int = 3,
 
     _, hf = hf_gpt2(s, VOCAB)
     hf.eval()
-    ours = from_hf_gpt2(hf).eval()
+    ours = from_hf_gpt2(hf).eval().to(device)
+    hf.to(device)
     prompt = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    prompt = prompt.to(device)
     new = min(new_tokens, s.n_ctx - prompt.shape[1])
     transformers.logging.set_verbosity_error()
 
     def run_ours() -> float:
+        sync(device)
         t = time.perf_counter()
         ours.generate(prompt, new, greedy=True)
+        sync(device)
         return new / (time.perf_counter() - t)
 
     def run_hf() -> float:
+        sync(device)
         t = time.perf_counter()
         with torch.no_grad():
             hf.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+        sync(device)
         return new / (time.perf_counter() - t)
 
     # Same weights, same function: compare logits on a generated sequence (argmax ties of an
@@ -358,12 +413,13 @@ def bench_decode(size: str = "large", new_tokens: int = 128, rounds: int = 3,
     seq = ours.generate(prompt, new, greedy=True)
     with torch.no_grad():
         gap = (ours(seq) - hf(seq).logits).abs().max().item()
-    log(f"decode, size {size}, batch 1, {new} new tokens (max |logit diff| vs HF: {gap:.2g})")
+    log(f"decode, size {size}, batch 1, {device}, {new} new tokens "
+        f"(max |logit diff| vs HF: {gap:.2g})")
     raw = interleaved_rounds({"qkvlab": run_ours, "hf_generate": run_hf}, rounds)
     rates = {k: statistics.median(v) for k, v in raw.items()}
     rates.update(ratio_stats(raw["qkvlab"], raw["hf_generate"]), max_logit_diff=gap,
                  threads=torch.get_num_threads())
-    bw = copy_bandwidth()
+    bw = copy_bandwidth(device=device)
     rates.update(bandwidth_gb_s=bw / 1e9, weight_mb_per_token=weight_bytes_per_token(ours) / 1e6,
                  bound_tokens_per_s=bw / weight_bytes_per_token(ours),
                  gemv_tokens_per_s=1 / gemv_seconds_per_token(ours))

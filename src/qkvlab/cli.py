@@ -78,7 +78,8 @@ def _cpu_table(res: dict) -> str:
     headers = ["cpu", "capability", "native bf16", "bf16/fp32 time, probe"]
     row = [c.get("cpu_model") or "?", c.get("cpu_capability") or "?", native, c["bf16_fp32_ratio"]]
     not_measured = []
-    for size, r in res.get("training", {}).items():
+    on_cpu = res.get("device", "cpu") == "cpu"  # else the training ratios are the GPU's
+    for size, r in (res.get("training", {}) if on_cpu else {}).items():
         if r.get("qkvlab_bf16"):
             headers.append(f"bf16/fp32 time, training {size}")
             row.append(r["qkvlab"] / r["qkvlab_bf16"])
@@ -89,6 +90,19 @@ def _cpu_table(res: dict) -> str:
     return ("CPU and bf16 autocast (time ratios > 1: bf16 is slower; the trainer's "
             "precision='bf16' falls back to fp32 without native bf16)\n\n"
             + _table(headers, [row]) + f"\n\nprobe: {c.get('probe', '')}" + skipped)
+
+
+def _gpu_table(res: dict) -> str:
+    """The GPU the bench ran on and what bf16 autocast did to qkvlab's training on it."""
+    g = res["gpu"]
+    headers = ["device", "gpu", "compute capability", "bf16 supported", "CUDA"]
+    row = [res["device"], g["gpu"], g["capability"], "yes" if g["bf16"] else "no", g["cuda"]]
+    for size, r in res.get("training", {}).items():
+        if r.get("qkvlab_bf16"):
+            headers.append(f"bf16/fp32 time, training {size}")
+            row.append(r["qkvlab"] / r["qkvlab_bf16"])
+    return ("GPU: training, the attention layers and decoding ran here (fold_alt on the CPU; "
+            "time ratios > 1: bf16 is slower)\n\n" + _table(headers, [row]))
 
 
 def _training_tables(training: dict) -> str:
@@ -146,6 +160,8 @@ def bench_tables(res: dict) -> str:
     out = []
     if "cpu" in res:
         out.append(_cpu_table(res))
+    if "gpu" in res:
+        out.append(_gpu_table(res))
     if "training" in res:
         out.append(_training_tables(res["training"]))
     if "attention" in res:
@@ -182,33 +198,47 @@ def bench_tables(res: dict) -> str:
     return "\n\n".join(out)
 
 
-def measure_bf16(size: str, cpu: dict) -> bool:
-    """Whether the bench trains ``size`` in bf16 too: always at the small size; at the large
-    one only where the CPU may have native bf16. Without it bf16 autocast is 10-30x slower
+def measure_bf16(size: str, cpu: dict, device: str = "cpu") -> bool:
+    """Whether the bench trains ``size`` in bf16 too: always on a GPU and at the small size; at
+    the large one on the CPU only where it may have native bf16. Without it bf16 autocast is 10-30x slower
     (measured 27.5x at the large size on a 2-core AMD EPYC, AVX2: about 8 of the bench's 12
     minutes), and the probe and the small size already show that cost."""
-    return size == "small" or cpu.get("native_bf16") is not False
+    return device != "cpu" or size == "small" or cpu.get("native_bf16") is not False
+
+
+def gpu_report(device: str) -> dict:
+    """The CUDA device the bench runs on: its name, compute capability, whether it supports
+    bf16, and PyTorch's CUDA version."""
+    d = torch.device(device)
+    return {"gpu": torch.cuda.get_device_name(d), "capability": ".".join(
+        map(str, torch.cuda.get_device_capability(d))), "bf16": torch.cuda.is_bf16_supported(),
+        "cuda": torch.version.cuda}
 
 
 def run_bench(sizes=("small", "large"), peers=True, quick=False, nanogpt=None, compile=False,
-              log=print) -> dict:
+              device: str = "cpu", log=print) -> dict:
     """Every benchmark of the core library; returns a JSON-able dict. ``cpu`` holds the CPU
     capability, whether it has native bf16, and the measured bf16/fp32 time ratio; the bf16
     training figures are bf16 on purpose (as ``precision="bf16_force"``), wherever it is slow.
     ``nanogpt``: a nanoGPT checkout to add as a peer; ``compile``: also time qkvlab under
-    ``torch.compile`` (and its compile time)."""
+    ``torch.compile`` (and its compile time). ``device``: where training, the attention layers
+    and decoding run (``gpu`` then describes the GPU); fold_alt always runs on the CPU."""
     res: dict = {"cpu": {"cpu_model": cpu_model(), **cpu_bf16_report(reps=5 if quick else 9)},
-                 "training": {}}
+                 "device": device, "training": {}}
+    if device != "cpu":
+        res["gpu"] = gpu_report(device)
     for size in sizes:
         res["training"][size] = bench.bench_training(
             size, steps=2 if size == "large" else 6, rounds=3 if quick else 7,
             peers=("hf_gpt2", "x_transformers", "litgpt") if peers else (),
             nanogpt=nanogpt if peers else None, compile=compile,
-            bf16=measure_bf16(size, res["cpu"]), log=log)
-    res["attention"] = bench.bench_attention("large", rounds=3 if quick else 5, log=log)
+            bf16=measure_bf16(size, res["cpu"], device), device=device, log=log)
+    res["attention"] = bench.bench_attention("large", rounds=3 if quick else 5, device=device,
+                                             log=log)
     if peers:
         res["decode"] = {size: bench.bench_decode(size, new_tokens=64 if quick else 128,
-                                                  rounds=3 if quick else 5, log=log)
+                                                  rounds=3 if quick else 5, device=device,
+                                                  log=log)
                          for size in sizes}
     res["cache_bytes"] = bench.cache_bytes_table("large")
     res["fold_alt"] = bench.bench_fold_alt("small", train_steps=100 if quick else 200, log=log)
@@ -219,14 +249,15 @@ def cmd_bench(args) -> int:
     """Speed ratios against peers and across designs; prints tables, saves JSON."""
     sizes = ("small", "large") if args.size == "all" else (args.size,)
     log = lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)  # noqa: E731
-    if args.nanogpt is not None:
-        try:
-            bench_peers.load_nanogpt(args.nanogpt)  # fail now, not after the CPU probe
-        except ValueError as e:
-            print(f"qkvlab bench: {e}", file=sys.stderr)
-            return 2
+    try:  # fail now, not after the CPU probe
+        device = bench.check_device(args.device or bench.default_device())
+        if args.nanogpt is not None:
+            bench_peers.load_nanogpt(args.nanogpt)
+    except ValueError as e:
+        print(f"qkvlab bench: {e}", file=sys.stderr)
+        return 2
     res = run_bench(sizes, peers=not args.no_peers, quick=args.quick, nanogpt=args.nanogpt,
-                    compile=args.compile, log=log)
+                    compile=args.compile, device=device, log=log)
     res["torch"] = torch.__version__
     res["threads"] = torch.get_num_threads()
     res["load_average"] = list(os.getloadavg())
@@ -253,6 +284,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     b.add_argument("--compile", action="store_true",
                    help="also time qkvlab's training under torch.compile, with its compile time")
     b.add_argument("--quick", action="store_true", help="fewer rounds")
+    b.add_argument("--device", default=None,
+                   help="cpu or cuda[:N] (default: cuda where PyTorch sees a GPU, else cpu); "
+                        "fold_alt runs on the CPU")
     b.add_argument("--out", default="results/bench.json")
     b.set_defaults(func=cmd_bench)
     _add_study(sub, command)
