@@ -18,6 +18,7 @@ from qkvlab.experiments.probe import ScaleProbe, row_stats
 from qkvlab.models import ModelConfig
 from qkvlab.train import (TrainConfig, build_seeded, lr_at, make_optimizer, make_task,
                           run_from_spec, train)
+from qkvlab.train.trainer import adamw_kernel
 
 TOY = "test_train_trainer:ToyTask"
 TINY = {"d_model": 16, "n_layers": 1, "n_heads": 2}
@@ -105,6 +106,14 @@ def test_weight_decay_on_matrices_only():
     assert (decay["weight_decay"], rest["weight_decay"]) == (0.2, 0.0)
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in rest["params"])
     assert len(decay["params"]) + len(rest["params"]) == len(list(model.parameters()))
+
+
+def test_adamw_runs_the_loop_on_cpu_and_the_fused_kernel_on_cuda():
+    model = build_seeded(ModelConfig(d_vocab=11, n_ctx=12, **TINY), "decoder", 0)
+    opt = make_optimizer(model, TrainConfig())
+    assert opt.defaults["foreach"] is False and not opt.defaults["fused"]  # stored runs' path
+    assert adamw_kernel("cpu") == {"foreach": False}
+    assert adamw_kernel("cuda") == adamw_kernel(torch.device("cuda", 1)) == {"fused": True}
 
 
 @pytest.mark.filterwarnings("ignore::qkvlab.train.precision.SlowPrecisionWarning")
