@@ -77,14 +77,10 @@ def _cpu_table(res: dict) -> str:
         native += f" ({', '.join(c['bf16_flags'])})"
     headers = ["cpu", "capability", "native bf16", "bf16/fp32 time, probe"]
     row = [c.get("cpu_model") or "?", c.get("cpu_capability") or "?", native, c["bf16_fp32_ratio"]]
-    not_measured = []
     on_cpu = res.get("device", "cpu") == "cpu"  # else the training ratios are the GPU's
-    for size, r in (res.get("training", {}) if on_cpu else {}).items():
-        if r.get("qkvlab_bf16"):
-            headers.append(f"bf16/fp32 time, training {size}")
-            row.append(r["qkvlab"] / r["qkvlab_bf16"])
-        else:
-            not_measured.append(size)
+    training = res.get("training", {}) if on_cpu else {}
+    _add_bf16_training(headers, row, training)
+    not_measured = [size for size, r in training.items() if not r.get("qkvlab_bf16")]
     skipped = (f"; bf16 training not measured at the {' and '.join(not_measured)} size: "
                "no native bf16 (see measure_bf16)") if not_measured else ""
     return ("CPU and bf16 autocast (time ratios > 1: bf16 is slower; the trainer's "
@@ -92,15 +88,20 @@ def _cpu_table(res: dict) -> str:
             + _table(headers, [row]) + f"\n\nprobe: {c.get('probe', '')}" + skipped)
 
 
+def _add_bf16_training(headers: list, row: list, training: dict) -> None:
+    """Append a bf16/fp32 time column per size whose training was measured in bf16."""
+    for size, r in training.items():
+        if r.get("qkvlab_bf16"):
+            headers.append(f"bf16/fp32 time, training {size}")
+            row.append(r["qkvlab"] / r["qkvlab_bf16"])
+
+
 def _gpu_table(res: dict) -> str:
     """The GPU the bench ran on and what bf16 autocast did to qkvlab's training on it."""
     g = res["gpu"]
     headers = ["device", "gpu", "compute capability", "bf16 supported", "CUDA"]
     row = [res["device"], g["gpu"], g["capability"], "yes" if g["bf16"] else "no", g["cuda"]]
-    for size, r in res.get("training", {}).items():
-        if r.get("qkvlab_bf16"):
-            headers.append(f"bf16/fp32 time, training {size}")
-            row.append(r["qkvlab"] / r["qkvlab_bf16"])
+    _add_bf16_training(headers, row, res.get("training", {}))
     return ("GPU: training, the attention layers and decoding ran here (fold_alt on the CPU; "
             "time ratios > 1: bf16 is slower)\n\n" + _table(headers, [row]))
 
@@ -200,9 +201,9 @@ def bench_tables(res: dict) -> str:
 
 def measure_bf16(size: str, cpu: dict, device: str = "cpu") -> bool:
     """Whether the bench trains ``size`` in bf16 too: always on a GPU and at the small size; at
-    the large one on the CPU only where it may have native bf16. Without it bf16 autocast is 10-30x slower
-    (measured 27.5x at the large size on a 2-core AMD EPYC, AVX2: about 8 of the bench's 12
-    minutes), and the probe and the small size already show that cost."""
+    the large one on the CPU only where it may have native bf16. Without it bf16 autocast is
+    10-30x slower (measured 27.5x at the large size on a 2-core AMD EPYC, AVX2: about 8 of the
+    bench's 12 minutes), and the probe and the small size already show that cost."""
     return device != "cpu" or size == "small" or cpu.get("native_bf16") is not False
 
 
