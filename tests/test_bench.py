@@ -127,6 +127,7 @@ def test_decode_gemvs_are_every_weight_but_norms_and_positions():
     row = model.embed.wpe.weight[0].nbytes
     assert got == bench.weight_bytes_per_token(model) - norms - row
     assert 0 < bench.gemv_seconds_per_token(model, reps=1) < 1
+    assert 0 < bench.gemv_seconds_per_token(model, reps=1, fn=bench.linear) < 1
 
 
 def test_bench_tables_open_with_the_cpu_and_its_bf16_cost():
@@ -162,9 +163,11 @@ def test_bench_trains_large_in_bf16_only_where_the_cpu_may_have_it():
 def test_decode_table_gives_the_ratio_a_gemv_only_decoder_would_reach():
     decode = {"large": {"qkvlab": 200.0, "hf_generate": 160.0, "ratio": 1.25, "min": 1.2, "max": 1.3,
                         "bound_tokens_per_s": 600.0, "gemv_tokens_per_s": 280.0,
-                        "weight_mb_per_token": 42.7, "bandwidth_gb_s": 25.0, "max_logit_diff": 1e-6}}
+                        "weight_mb_per_token": 42.7, "bandwidth_gb_s": 25.0, "max_logit_diff": 1e-6,
+                        "gemv_kernel": "batched", "gemv_probe": 2.2, "gemv_ours_tokens_per_s": 700.0}}
     text = bench_tables({"decode": decode})
-    assert "| large | 200 | 160 | 1.25 | 1.20-1.30 | 600 | 280 | 1.75 |" in text  # 280 / 160
+    # 280 / 160 at F.linear's floor; the kernel qkvlab chose, its probe ratio and its own floor
+    assert "| large | 200 | 160 | 1.25 | 1.20-1.30 | 600 | 280 | 1.75 | batched (2.20x) | 700 |" in text
 
 
 def test_default_model_table_keeps_its_columns_when_one_size_has_no_bf16():

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from qkvlab.attention import DESIGNS, AttentionConfig, build_attention
+from qkvlab.attention import DESIGNS, AttentionConfig, build_attention, gemv, linear
 from qkvlab.models import DecoderLM, ModelConfig, count_params, fold_alt, from_hf_gpt2
 
 VOCAB = 65  # character-level, as nanoGPT's Shakespeare benchmark
@@ -346,16 +346,17 @@ def weight_bytes_per_token(model: DecoderLM) -> int:
 def decode_matrices(model: DecoderLM) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """(weight, bias) of every projection a decoding step multiplies a vector by: each
     attention's fused W_in, every ``nn.Linear`` (the unembedding, tied or not, once)."""
-    mats = [(m.W_in, m.b_in) for m in model.modules() if hasattr(m, "W_in")]
-    return mats + [(m.weight, m.bias) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return gemv.matrices(model)
 
 
 @torch.no_grad()
-def gemv_seconds_per_token(model: DecoderLM, reps: int = 9) -> float:
+def gemv_seconds_per_token(model: DecoderLM, reps: int = 9, fn: Callable = F.linear) -> float:
     """Seconds the matrix-vector products of one batch-1 decoding step take on their own: every
     projection (each attention's fused W_in, every ``nn.Linear``, the unembedding once) applied
-    to one vector with its bias, median of ``reps``. Where the weights fit in the CPU's cache
-    this, not the copy bandwidth, is the floor the rest of the step adds to."""
+    to one vector with its bias by ``fn`` (``F.linear``, the kernel HF runs; or qkvlab's
+    :func:`qkvlab.attention.linear`, the one its decoding runs), median of ``reps``. Where the
+    weights fit in the CPU's cache this, not the copy bandwidth, is the floor the rest of the
+    step adds to."""
     mats = decode_matrices(model)
     xs = [torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w, _ in mats]
 
@@ -363,12 +364,13 @@ def gemv_seconds_per_token(model: DecoderLM, reps: int = 9) -> float:
         sync(mats[0][0].device)
         t = time.perf_counter()
         for (w, b), x in zip(mats, xs):
-            torch.nn.functional.linear(x, w, b)
+            fn(x, w, b)
         sync(mats[0][0].device)
         return time.perf_counter() - t
 
-    once()
-    return statistics.median(once() for _ in range(reps))
+    with gemv.use(gemv.decode_kernel(model)):  # what linear runs inside generate
+        once()
+        return statistics.median(once() for _ in range(reps))
 
 
 def bench_decode(size: str = "large", new_tokens: int = 128, rounds: int = 3,
@@ -377,7 +379,9 @@ def bench_decode(size: str = "large", new_tokens: int = 128, rounds: int = 3,
     (same weights),
     the ratio (median, min, max over rounds), and two bounds: measured copy bandwidth / weight
     bytes read per token, and the step's matrix-vector products alone
-    (:func:`gemv_seconds_per_token`), the tighter one where the weights fit in cache."""
+    (:func:`gemv_seconds_per_token`), the tighter one where the weights fit in cache: with
+    ``F.linear`` (HF's kernel) and with the kernel qkvlab's decoding chose for the model
+    (``gemv_kernel``: batched or linear; ``gemv_probe``: the ratio measured again)."""
     import transformers  # lazy: optional extra [bench]
 
     s = SIZES[size]
@@ -422,7 +426,10 @@ def bench_decode(size: str = "large", new_tokens: int = 128, rounds: int = 3,
     bw = copy_bandwidth(device=device)
     rates.update(bandwidth_gb_s=bw / 1e9, weight_mb_per_token=weight_bytes_per_token(ours) / 1e6,
                  bound_tokens_per_s=bw / weight_bytes_per_token(ours),
-                 gemv_tokens_per_s=1 / gemv_seconds_per_token(ours))
+                 gemv_tokens_per_s=1 / gemv_seconds_per_token(ours),
+                 gemv_ours_tokens_per_s=1 / gemv_seconds_per_token(ours, fn=linear),
+                 gemv_kernel=gemv.decode_kernel(ours),
+                 gemv_probe=gemv.gemv_probe(gemv.matrices(ours)))
     return rates
 
 

@@ -151,6 +151,19 @@ def _verdict(v: dict) -> str:
     return v.get("verdict", "")
 
 
+def _decode_row(size: str, r: dict) -> list:
+    """One row of the decode table (older results lack the bounds and the kernel)."""
+    def tok(key):
+        return int(r[key]) if key in r else ""
+    kernel = f"{r['gemv_kernel']} ({r['gemv_probe']:.2f}x)" if "gemv_kernel" in r else ""
+    return [size, int(r["qkvlab"]), int(r["hf_generate"]), r.get("ratio", r["qkvlab"] / r["hf_generate"]),
+            f"{r['min']:.2f}-{r['max']:.2f}" if "min" in r else "", tok("bound_tokens_per_s"),
+            tok("gemv_tokens_per_s"),
+            r["gemv_tokens_per_s"] / r["hf_generate"] if "gemv_tokens_per_s" in r else "",
+            kernel, tok("gemv_ours_tokens_per_s"), r.get("weight_mb_per_token", ""),
+            r.get("bandwidth_gb_s", ""), r["max_logit_diff"]]
+
+
 PEER_SETTINGS = {"hf_gpt2": "biases, tanh GELU", "x_transformers": "no biases, exact GELU",
                  "litgpt": "biases, exact GELU, rotary, untied", "nanogpt": "no biases, exact GELU",
                  "nanogpt_bias": "biases, exact GELU"}
@@ -170,21 +183,19 @@ def bench_tables(res: dict) -> str:
         out.append("Attention layer forward+backward (causal), relative to standard\n\n" +
                    _table(["design", "time ratio", "FLOPs ratio"], rows))
     if "decode" in res:
-        rows = [[size, int(r["qkvlab"]), int(r["hf_generate"]), r.get("ratio", r["qkvlab"] / r["hf_generate"]),
-                 f"{r['min']:.2f}-{r['max']:.2f}" if "min" in r else "",
-                 int(r["bound_tokens_per_s"]) if "bound_tokens_per_s" in r else "",
-                 int(r["gemv_tokens_per_s"]) if "gemv_tokens_per_s" in r else "",
-                 r["gemv_tokens_per_s"] / r["hf_generate"] if "gemv_tokens_per_s" in r else "",
-                 r.get("weight_mb_per_token", ""), r.get("bandwidth_gb_s", ""), r["max_logit_diff"]]
-                for size, r in res["decode"].items()]
+        rows = [_decode_row(size, r) for size, r in res["decode"].items()]
         out.append("Batch-1 greedy decoding with the KV cache, same weights; bound = copy bandwidth "
                    "/ weight bytes per token; GEMVs alone = the step's matrix-vector products "
                    "without the rest (the floor where the weights fit in cache, or where the CPU's GEMV "
-                   "kernel reads slower than it copies); ratio at GEMV floor = GEMVs alone / HF: "
-                   "the ratio a decoder doing nothing but these GEMVs would reach\n\n" + _table(
+                   "kernel reads slower than it copies), with F.linear (HF's kernel) and with the "
+                   "kernel qkvlab's decoding chose (qkvlab.attention.gemv_kernel: batched GEMM over "
+                   "row blocks where its probe measured it 1.2x faster or more, else F.linear; "
+                   "the probe's ratio in brackets); ratio at HF's GEMV floor = F.linear GEMVs / HF: "
+                   "the ratio a decoder doing nothing but HF's GEMVs would reach\n\n" + _table(
                        ["size", "qkvlab tokens/s", "HF generate tokens/s", "ratio", "spread",
-                        "bound tokens/s", "GEMVs alone tokens/s", "ratio at GEMV floor",
-                        "weights MB/token", "copy GB/s",
+                        "bound tokens/s", "GEMVs alone, F.linear, tokens/s",
+                        "ratio at HF's GEMV floor", "qkvlab GEMV kernel",
+                        "GEMVs alone, qkvlab's kernel, tokens/s", "weights MB/token", "copy GB/s",
                         "max |Δlogit|"], rows))
     if "cache_bytes" in res:
         rows = [[k, v] for k, v in res["cache_bytes"].items()]

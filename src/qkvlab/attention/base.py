@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from qkvlab.attention.circuits import FactoredMatrix
 from qkvlab.attention.config import AttentionConfig
 from qkvlab.attention.core import KVCache, attend, build_mask, repeat_kv
+from qkvlab.attention.gemv import Linear, linear
 
 Rope = Callable[[Tensor, int], Tensor]  # (x (B, n, T, d), position of x[..., 0, :]) -> rotated x
 
@@ -72,7 +73,7 @@ class Attention(nn.Module):
         self._sizes = [n * d for n, d in self._shape.values()]  # rows of each segment in W_in
         self.W_in = nn.Parameter(torch.empty(start, D))
         self.b_in = nn.Parameter(torch.zeros(start)) if cfg.bias else None
-        self.out_proj = nn.Linear(H * dv, D, bias=cfg.bias)
+        self.out_proj = Linear(H * dv, D, bias=cfg.bias)
         # Segments a source sequence needs (k, v): contiguous by construction of ``segments``.
         src = [self._slices[self.segment_of(r)] for r in ("k", "v")]
         self._src_span = slice(min(s.start for s in src), max(s.stop for s in src))
@@ -97,9 +98,9 @@ class Attention(nn.Module):
         """x @ W_in[sl]ᵀ (+ b_in[sl]); ``sl=None`` uses the whole W_in without slicing it (a
         slice's backward allocates a zero gradient of W_in's size and copies into it)."""
         if sl is None:
-            return nn.functional.linear(x, self.W_in, self.b_in)
+            return linear(x, self.W_in, self.b_in)
         b = None if self.b_in is None else self.b_in[sl]
-        return nn.functional.linear(x, self.W_in[sl], b)
+        return linear(x, self.W_in[sl], b)
 
     def _split_heads(self, y: Tensor) -> dict[str, Tensor]:
         """A fused projection of every segment (B, T, rows) -> {segment: (B, n, T, d)}: one

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkvlab.attention import Attention, KVCache, build_attention
+from qkvlab.attention import Attention, KVCache, Linear, build_attention
 from qkvlab.models.config import ModelConfig
 
 
@@ -22,8 +22,8 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.fc = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.bias)
+        self.fc = Linear(cfg.d_model, cfg.d_mlp, bias=cfg.bias)
+        self.proj = Linear(cfg.d_mlp, cfg.d_model, bias=cfg.bias)
         self.approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"
 
     def forward(self, x: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from qkvlab.attention import Linear, gemv
 from qkvlab.models.blocks import Block, Embedding, attention_modules, init_and_tie, rotary_for
 from qkvlab.models.config import ModelConfig
 from qkvlab.models.lm import pick_next
@@ -25,7 +26,7 @@ class Encoder(nn.Module):
         self.rope = rotary_for(cfg, "encoder")
         self.blocks = nn.ModuleList(Block(cfg, "encoder") for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
+        self.lm_head = Linear(cfg.d_model, cfg.d_vocab, bias=False)
         init_and_tie(self, cfg)
 
     def encode(self, idx: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
@@ -60,7 +61,7 @@ class EncoderDecoder(nn.Module):
         self.ln_enc = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.decoder = nn.ModuleList(Block(cfg, "decoder", cross=True) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
+        self.lm_head = Linear(cfg.d_model, cfg.d_vocab, bias=False)
         init_and_tie(self, cfg)
 
     def encode(self, src: Tensor, src_key_padding_mask: Tensor | None = None) -> Tensor:
@@ -103,16 +104,19 @@ class EncoderDecoder(nn.Module):
         cross = [b.cross.new_cache(B, src.shape[1], dtype=dtype, frozen=True) for b in self.decoder]
         out = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
         step, done = out, torch.zeros(B, dtype=torch.bool, device=src.device)
-        for _ in range(max_new_tokens):
-            logits = self.decode(step, memory, src_key_padding_mask=src_key_padding_mask,
-                                 caches=caches, cross_caches=cross)[:, -1]
-            step = pick_next(logits, greedy=True)
-            if eos_id is not None:
-                step = step.masked_fill(done[:, None], eos_id)
-                done |= step[:, 0] == eos_id
-            out = torch.cat([out, step], dim=1)
-            if eos_id is not None and bool(done.all()):
-                break
+        # few-row products on the kernel measured faster for the decoder's matrices (attention.gemv)
+        decoder = nn.ModuleList([self.decoder, self.lm_head])
+        with gemv.use(gemv.decode_kernel(self, decoder)):
+            for _ in range(max_new_tokens):
+                logits = self.decode(step, memory, src_key_padding_mask=src_key_padding_mask,
+                                     caches=caches, cross_caches=cross)[:, -1]
+                step = pick_next(logits, greedy=True)
+                if eos_id is not None:
+                    step = step.masked_fill(done[:, None], eos_id)
+                    done |= step[:, 0] == eos_id
+                out = torch.cat([out, step], dim=1)
+                if eos_id is not None and bool(done.all()):
+                    break
         return out
 
     def attention_layers(self):

@@ -1,0 +1,169 @@
+"""Linear layers whose few-row products (decoding) run on the faster of two CPU kernels.
+
+Decoding multiplies one row (batch 1) or a few rows by every weight matrix, once per token.
+``F.linear`` sends such a product to the BLAS's single GEMM, which on some CPUs reads weights
+that do not fit in cache far slower than memory allows: on a 2-core AMD EPYC with AVX-512
+(2026-11-25) MKL read the bench's large model (42.7 MB) at 10-11 GB/s that way, where a row sum
+read 34 GB/s and the same products written as one batched GEMM over row blocks of each weight
+(``baddbmm`` of (n, out/n, in) blocks with the rows, MKL's ``SGEMM_BATCH``) read at 25-35 GB/s,
+also on one thread. Where the weights fit in cache the batched form is slower (twice the time
+per matrix at the bench's small model, 3.2 MB), and where the BLAS's GEMV is good it gains
+nothing. So each model's decoding measures both kernels once on its own matrices and uses the
+faster:
+
+    with use(decode_kernel(model)):   # what generate() does around its token loop
+        y = linear(x, weight, bias)   # the batched form for <= FEW_ROWS rows, no grad
+    set_gemv_kernel("linear")         # pin a kernel for every model ("batched", or "auto")
+
+Only products with grad mode off, on the CPU, in fp32, with at most ``FEW_ROWS`` rows, inside a
+``use("batched")`` block take the batched form: training, evaluation and every forward outside
+``generate`` run ``F.linear`` unchanged, so stored runs stay bit-identical. The two kernels sum
+in different orders, so decoded logits agree with a full forward to float rounding, not bit for
+bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["FEW_ROWS", "GEMV_KERNELS", "Linear", "decode_kernel", "gemv_probe", "linear",
+           "matrices", "set_gemv_kernel", "use"]
+
+FEW_ROWS = 8  # products of at most this many rows count as matrix-vector work
+GEMV_KERNELS = ("auto", "linear", "batched")
+FASTER_RATIO = 1.2  # "auto" takes the batched form only where it measured this much faster
+_BLOCKS = (4, 2)  # row blocks of the weight: the first count that divides its rows
+
+_pinned: str | None = None  # set_gemv_kernel's "linear"/"batched"; None: measure per model
+_active = "linear"  # the kernel of the current ``use`` block
+
+
+def matrices(model: nn.Module) -> list[tuple[Tensor, Tensor | None]]:
+    """(weight, bias) of every projection a decoding step of ``model`` multiplies a vector by:
+    each attention's fused ``W_in`` and every ``nn.Linear`` (a tied unembedding once)."""
+    mats = [(m.W_in, m.b_in) for m in model.modules() if hasattr(m, "W_in")]
+    return mats + [(m.weight, m.bias) for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+def gemv_probe(mats: list[tuple[Tensor, Tensor | None]], reps: int = 5) -> float:
+    """Measured time(``F.linear``) / time(batched form) of one-row products with ``mats``
+    ((weight, bias) pairs, e.g. :func:`matrices`); > 1 means the batched form is faster.
+
+    The kernels alternate after a warm-up and the ratio is of the medians of ``reps`` passes
+    over all of ``mats`` at the current thread count, so a busy machine slows both alike and the
+    weights sit where decoding finds them (in cache or not). About 35 ms for the bench's large
+    model on a 2-core EPYC. Leaves grad mode and the RNG alone.
+
+    Raises:
+        ValueError: ``reps < 1``, or no matrices.
+    """
+    if reps < 1 or not mats:
+        raise ValueError(f"gemv_probe: reps={reps!r} must be >= 1 and mats non-empty "
+                         f"(got {len(mats)})")
+    xs = [torch.zeros(1, w.shape[1], dtype=w.dtype, device=w.device) for w, _ in mats]
+
+    def timed(fn) -> float:
+        t = time.perf_counter()
+        for (w, b), x in zip(mats, xs):
+            fn(x, w, b)
+        return time.perf_counter() - t
+
+    with torch.no_grad():
+        timed(F.linear), timed(_batched)  # warm-up
+        plain, batched = [], []
+        for _ in range(reps):
+            plain.append(timed(F.linear))
+            batched.append(timed(_batched))
+    return statistics.median(plain) / max(statistics.median(batched), 1e-9)
+
+
+def decode_kernel(model: nn.Module, part: nn.Module | None = None) -> str:
+    """The kernel ``model``'s few-row products should use: ``"batched"`` or ``"linear"``.
+
+    The pinned one (:func:`set_gemv_kernel`), else measured by :func:`gemv_probe` on the
+    :func:`matrices` of ``part`` (the modules a decoding step runs; default the whole model),
+    batched where ``FASTER_RATIO`` times faster or more (so where both are level ``F.linear``
+    stays), and kept on the model per thread count: a model measures once. Models not in fp32
+    on the CPU never take the batched form, so they are not measured.
+    """
+    if _pinned is not None:
+        return _pinned
+    mats = matrices(model if part is None else part)
+    w = mats[0][0] if mats else None
+    if w is None or w.dtype != torch.float32 or w.device.type != "cpu":
+        return "linear"
+    chosen = model.__dict__.setdefault("_gemv_kernel", {})
+    threads = torch.get_num_threads()
+    if threads not in chosen:
+        chosen[threads] = "batched" if gemv_probe(mats) >= FASTER_RATIO else "linear"
+    return chosen[threads]
+
+
+def set_gemv_kernel(kind: str) -> None:
+    """Pin the few-row kernel of every model's decoding: ``"linear"`` (``F.linear`` always),
+    ``"batched"``, or ``"auto"`` (the default: measured per model by :func:`decode_kernel`).
+
+    Raises:
+        ValueError: ``kind`` is not one of ``GEMV_KERNELS``.
+    """
+    global _pinned
+    if kind not in GEMV_KERNELS:
+        raise ValueError(f"gemv kernel: {kind!r} is not one of {list(GEMV_KERNELS)}")
+    _pinned = None if kind == "auto" else kind
+
+
+@contextlib.contextmanager
+def use(kind: str) -> Iterator[None]:
+    """Few-row products inside the block run on ``kind`` (``"batched"`` or ``"linear"``)."""
+    global _active
+    if kind not in GEMV_KERNELS[1:]:
+        raise ValueError(f"gemv kernel: {kind!r} is not one of {list(GEMV_KERNELS[1:])}")
+    before, _active = _active, kind
+    try:
+        yield
+    finally:
+        _active = before
+
+
+def _batched(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``F.linear(x, weight, bias)`` as one batched GEMM over n row blocks of ``weight``: block i
+    (out/n, in) times the rows as columns (in, R). The rows' layout (a stride-0 broadcast of xᵀ)
+    is what MKL runs in its fast batched kernel. ``weight`` must be contiguous, its rows split
+    into a count of ``_BLOCKS``; otherwise, ``F.linear``."""
+    out, d_in = weight.shape
+    n = next((k for k in _BLOCKS if out % k == 0), 0)
+    if not n or not weight.is_contiguous():
+        return F.linear(x, weight, bias)
+    cols = x.reshape(-1, d_in).t().unsqueeze(0).expand(n, -1, -1)  # (n, in, R), no copy
+    blocks = weight.view(n, out // n, d_in)
+    y = (torch.bmm(blocks, cols) if bias is None
+         else torch.baddbmm(bias.reshape(n, out // n, 1), blocks, cols))  # (n, out/n, R)
+    return y.permute(2, 0, 1).reshape(*x.shape[:-1], out)  # a view for one row
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``: x (..., in) @ weightᵀ (+ bias) -> (..., out).
+
+    Inside ``use("batched")``, with grad mode off, on the CPU, in fp32 and for at most
+    ``FEW_ROWS`` rows, it runs as one batched GEMM over row blocks of ``weight`` (decoding's
+    matrix-vector work); otherwise it is ``F.linear`` itself.
+    """
+    if (_active != "batched" or torch.is_grad_enabled() or x.numel() > FEW_ROWS * x.shape[-1]
+            or x.dtype != torch.float32 or x.device.type != "cpu"):
+        return F.linear(x, weight, bias)
+    return _batched(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, ``state_dict`` and hooks) whose forward is :func:`linear`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
+
