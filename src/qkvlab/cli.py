@@ -188,7 +188,7 @@ def bench_tables(res: dict) -> str:
                    "/ weight bytes per token; GEMVs alone = the step's matrix-vector products "
                    "without the rest (the floor where the weights fit in cache, or where the CPU's GEMV "
                    "kernel reads slower than it copies), with F.linear (HF's kernel) and with the "
-                   "kernel qkvlab's decoding chose (qkvlab.attention.gemv_kernel: batched GEMM over "
+                   "kernel qkvlab's decoding chose (qkvlab.attention.decode_kernel: batched GEMM over "
                    "row blocks where its probe measured it 1.2x faster or more, else F.linear; "
                    "the probe's ratio in brackets); ratio at HF's GEMV floor = F.linear GEMVs / HF: "
                    "the ratio a decoder doing nothing but HF's GEMVs would reach\n\n" + _table(
