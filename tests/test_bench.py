@@ -130,6 +130,14 @@ def test_decode_gemvs_are_every_weight_but_norms_and_positions():
     assert 0 < bench.gemv_seconds_per_token(model, reps=1, fn=bench.linear) < 1
 
 
+def test_decode_bench_gives_both_gemv_floors_and_the_kernel_decoding_chose():
+    pytest.importorskip("transformers")
+    r = bench.bench_decode("small", new_tokens=4, rounds=1, log=lambda *a: None)
+    assert r["qkvlab"] > 0 and r["hf_generate"] > 0 and r["max_logit_diff"] < 1e-4
+    assert r["gemv_kernel"] in ("linear", "batched") and r["gemv_probe"] > 0
+    assert r["gemv_tokens_per_s"] > 0 and r["gemv_ours_tokens_per_s"] > 0
+
+
 def test_bench_tables_open_with_the_cpu_and_its_bf16_cost():
     cpu = {"cpu_model": "AMD EPYC", "cpu_capability": "AVX2", "native_bf16": False,
            "bf16_flags": [], "bf16_fp32_ratio": 6.25, "probe": "MLP block"}
