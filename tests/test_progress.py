@@ -31,3 +31,23 @@ def test_a_bar_in_a_terminal_keeps_tqdms_interval_and_an_explicit_one_wins():
 def test_a_disabled_bar_still_counts():
     bar = progress.bar(range(3), disable=True)
     assert list(bar) == [0, 1, 2]
+
+
+def test_a_sweep_polling_its_runs_keeps_the_log_interval():
+    """The sweep polls the store twice a second; each poll used to redraw the bar (a log line
+    each, 600 lines in a 5-minute quick sweep). Polls now only advance it."""
+    from qkvlab.experiments import runner
+
+    class Store:
+        finished = 0
+
+        def status(self, i):
+            return "done" if i < self.finished else "pending"
+
+    log, store, ids = io.StringIO(), Store(), list(range(50))
+    with progress.bar(total=len(ids), file=log, desc="sweep") as bar:
+        for k in range(500):  # polls, a run finishing every tenth
+            store.finished = k // 10
+            runner._show_finished(bar, store, ids)
+        assert bar.n == 49
+    assert len(lines(log)) == 2  # the start and the end
