@@ -19,7 +19,8 @@ Only products with grad mode off, on the CPU, in fp32, with at most ``FEW_ROWS``
 ``use("batched")`` block take the batched form: training, evaluation and every forward outside
 ``generate`` run ``F.linear`` unchanged, so stored runs stay bit-identical. The two kernels sum
 in different orders, so decoded logits agree with a full forward to float rounding, not bit for
-bit.
+bit. The ``use`` block is process-wide: generate() calls running at once in several Python
+threads may run each other's choice (the same results, another speed).
 """
 
 from __future__ import annotations
