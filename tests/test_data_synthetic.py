@@ -312,7 +312,9 @@ def test_tiny_model_beats_chance(name, one_thread):
         loss.backward()
         opt.step()
     acc = task.evaluate(model, gen(123), n_batches=4, batch_size=64)["accuracy"]
-    assert acc > max(3 * task.chance, 0.5), (name, acc, task.chance)
+    # well above chance: three quarters of the way from chance to 1 (3x chance, the old rule,
+    # is out of reach since mqar's chance is 1/n_pairs = 0.5 here)
+    assert acc > task.chance + 0.75 * (1 - task.chance), (name, acc, task.chance)
 
 
 def test_bind_codes_inputs_are_the_key_and_value_bits():
