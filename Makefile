@@ -58,7 +58,9 @@ bench: $(VENV)/.installed
 	$(BIN)/pip install -q --no-deps $(LITGPT)
 	$(BIN)/qkvlab bench $(BENCH_ARGS)
 
+RUFF := ruff==0.17.6
 lint: $(VENV)/.installed
+	$(BIN)/pip install -q $(RUFF)
 	$(BIN)/python -m ruff check src tests benchmarks
 
 clean:

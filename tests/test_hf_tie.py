@@ -200,7 +200,8 @@ def test_gqa_mean_pooling_matches_hand_computation(family):
     assert model.config.num_key_value_heads == 1
     for layer, (Wq, bq, Wk, bk, Wv, bv, Wo) in zip(model.model.layers, old):
         a = layer.self_attn
-        mean = (lambda t: None if t is None else t.view(N_KV, D_HEAD, -1).mean(0).reshape(D_HEAD, -1).squeeze(-1))
+        def mean(t):
+            return None if t is None else t.view(N_KV, D_HEAD, -1).mean(0).reshape(D_HEAD, -1).squeeze(-1)
         for lin, W, b in ((a.k_proj, Wk, bk), (a.v_proj, Wv, bv)):
             torch.testing.assert_close(lin.weight.detach(), mean(W), rtol=0, atol=1e-15)
             if b is not None:

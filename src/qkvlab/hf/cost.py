@@ -281,7 +281,7 @@ def measure_tie_cost(store, source: str, kinds=KINDS, cfg: CostConfig = CostConf
     out = []
     for kind, layers in jobs:
         spec = {"model": source, "tie": kind, "layers": layers, "version": VERSION, **asdict(cfg)}
-        recs = store.measure("tie_cost", spec, lambda k=kind, l=layers: lazy().run(k, l), env=env)
+        recs = store.measure("tie_cost", spec, lambda k=kind, ls=layers: lazy().run(k, ls), env=env)
         if cost:
             log(f"tiecost: {kind} layers={layers}: " + ", ".join(
                 f"refused: {r['reason']}" if r["stage"] == "refused" else
