@@ -19,7 +19,7 @@ from qkvlab.experiments.registry import (
     profile_names,
     runs_of,
 )
-from qkvlab.experiments.stats import compare, mean_ci, paired
+from qkvlab.stats import compare, mean_ci, paired
 from qkvlab.experiments.store import Store, run_id
 from qkvlab.models import ModelConfig, config_params
 from qkvlab.train import RunSpec

@@ -116,14 +116,14 @@ VERDICT_WORDS = {"equivalent": "level", "better": "faster", "worse": "slower",
 def ratio_stats(num: list[float], den: list[float]) -> dict:
     """Median, min and max over rounds of the per-round ratio num / den, and the verdict on it.
 
-    The rounds are paired (interleaved), so the verdict is ``experiments.stats.decide`` on the
+    The rounds are paired (interleaved), so the verdict is ``stats.decide`` on the
     per-round log ratios against ``ln(1 + SPEED_MARGIN)``: ``verdict`` is ``level`` (the 90%
     CI of the geometric-mean ratio inside 1 ± margin), ``faster``/``slower`` (its 95% CI
     excludes 1; num faster or slower than den), or ``undecided`` with ``rounds_needed`` (how
     many rounds the observed spread would need; None with one round). ``ci_lo``/``ci_hi``:
     the 95% CI of the geometric-mean ratio ``gmean``.
     """
-    from qkvlab.experiments.stats import decide  # lazy: scipy loads only for the bench
+    from qkvlab.stats import decide  # lazy: scipy loads only for the bench
 
     ratios = [a / b for a, b in zip(num, den)]
     r = sorted(ratios)

@@ -1,20 +1,20 @@
-"""Experiments: named run lists, profiles, sweeps, the SQLite results store, statistics.
+"""Experiments: named run lists, profiles, sweeps, the SQLite results store (statistics over
+seeds are ``qkvlab.stats``).
 
 The names below are imported on first use (PEP 562): a sweep's worker process imports
-``qkvlab.experiments.runner`` and should not pay for scipy's statistics (about a second per
-worker) that only the results commands and the report use.
+``qkvlab.experiments.runner`` and should not pay for the imports of the modules it does not use.
 """
 
 import importlib
 
 _WHERE = {"EXPERIMENTS": "registry", "PROFILES": "registry", "Profile": "registry",
           "describe": "registry", "experiment": "registry", "get_profile": "registry",
-          "runs_of": "registry", "ResultsPending": "registry", "execute": "runner", "sweep": "runner", "compare": "stats",
-          "mean_ci": "stats", "paired": "stats", "DEFAULT_DB": "store", "Store": "store",
+          "runs_of": "registry", "ResultsPending": "registry", "execute": "runner", "sweep": "runner",
+          "DEFAULT_DB": "store", "Store": "store",
           "run_id": "store"}
 
-__all__ = ["DEFAULT_DB", "EXPERIMENTS", "PROFILES", "Profile", "ResultsPending", "Store", "compare", "describe",
-           "execute", "experiment", "get_profile", "mean_ci", "paired",
+__all__ = ["DEFAULT_DB", "EXPERIMENTS", "PROFILES", "Profile", "ResultsPending", "Store", "describe",
+           "execute", "experiment", "get_profile",
            "run_id", "runs_of", "sweep"]
 
 

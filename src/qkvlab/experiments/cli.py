@@ -130,7 +130,7 @@ def run_results(args: argparse.Namespace) -> int:
             print(format_errors(rows))
             return 0
         if args.stats:
-            from qkvlab.experiments.stats import compare  # scipy: only this command needs it
+            from qkvlab.stats import compare  # scipy: only this command needs it
 
             print(format_stats(compare(rows, args.stats), args.stats))
             return 0

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from qkvlab.experiments.stats import decide
+from qkvlab.stats import decide
 from qkvlab.studies.qkv.experiments import MARGINS
 
 # status -> the short word of the summary table

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from qkvlab.experiments.stats import mean_ci
+from qkvlab.stats import mean_ci
 from qkvlab.report.blocks import Figure
 from qkvlab.studies.qkv.results import StudyData, select
 from qkvlab.studies.qkv.experiments import WIDTH_ACCURACY

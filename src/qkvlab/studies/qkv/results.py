@@ -27,7 +27,7 @@ from qkvlab.analysis.measures import PUBLISHED_SOURCE, PUBLISHED_SYMMETRY
 from qkvlab.data import MissingSourceError, get_task
 from qkvlab.experiments.frames import measures_frame, metrics_frame, runs_frame
 from qkvlab.experiments.registry import get_profile
-from qkvlab.experiments.stats import compare_frame
+from qkvlab.stats import compare_frame
 from qkvlab.experiments.store import Store
 from qkvlab.studies.qkv.experiments import ORDER, QKVProfile
 

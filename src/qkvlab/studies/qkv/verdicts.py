@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from qkvlab.experiments.stats import decide, mean_ci, paired
+from qkvlab.stats import decide, mean_ci, paired
 from qkvlab.report.blocks import Verdict
 from qkvlab.studies.qkv.effects import LEGEND, LN2, WORDS, effect, finite  # noqa: F401 (re-exported)
 from qkvlab.studies.qkv.experiments import MARGINS, WIDTH_ACCURACY

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from qkvlab.experiments.stats import decide, paired
+from qkvlab.stats import decide, paired
 
 
 def _scipy_verdict(d: np.ndarray, margin: float, lower_is_better: bool = True) -> str:
