@@ -261,7 +261,8 @@ def test_a_sweep_lists_what_the_experiment_defines_now_and_keeps_old_results(tmp
 
 
 def test_width_price_runs_one_head_per_m_and_d_head():
-    from qkvlab.studies.qkv.experiments import PROFILES, width_grid
+    from qkvlab.studies.qkv.plan.experiments import width_grid
+    from qkvlab.studies.qkv.plan.profiles import PROFILES
 
     p = PROFILES["standard"]
     runs = runs_of("bind_vs_dhead", "standard")

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from qkvlab.report import browser
-from qkvlab.studies.qkv.page import SECTION_IDS
+from qkvlab.studies.qkv.render.page import SECTION_IDS
 from qkvlab.studies.qkv.study import StudyConfig, run_study
 
 

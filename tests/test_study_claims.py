@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from qkvlab.studies.qkv import claims as C
+from qkvlab.studies.qkv.plan import claims as C
 
 
 def test_quotes_are_verbatim_in_the_seed_files():

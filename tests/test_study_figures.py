@@ -15,7 +15,9 @@ import pandas as pd
 import pytest
 
 from qkvlab.experiments.store import Store
-from qkvlab.studies.qkv import figures, results
+from qkvlab.studies.qkv.compute import results
+from qkvlab.studies.qkv.plan.vocab import DESIGNS, TASK_METRIC
+from qkvlab.studies.qkv.render import figures, figures_q
 
 T975_DF2 = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom
 SEEDS = (0, 1, 2)
@@ -94,7 +96,7 @@ def fill(store: Store) -> None:
     for t in STD:
         if t == "translate":
             continue
-        metric = results.TASK_METRIC[t][0]
+        metric = TASK_METRIC[t]
         ids = _arms(store, "tied_qk_qkv", t,
                     {d: {a: v[(t, a)] for a in ("equal", "matched")} for d, v in TIED_QK.items()},
                     metric)
@@ -231,12 +233,12 @@ def test_one_colour_per_design_across_figures(drawn):
     for design, names in {"tied_kv": ("forest_q3", "q3_bind", "q3_kv"),
                           "alt": ("forest_q1", "q1_alt_loss", "q1_convex"),
                           "tied_qkv": ("forest_q2", "q2_own_position")}.items():
-        colour = figures.PALETTE[design].lower()
+        colour = DESIGNS[design].color.lower()
         for n in names:
             assert colour in (out / by_name[n].svg).read_text().lower(), (design, n)
     # a design absent from a figure does not lend it its colour
     svg = (out / by_name["forest_q1"].svg).read_text().lower()
-    assert figures.PALETTE["tied_qkv"].lower() not in svg
+    assert DESIGNS["tied_qkv"].color.lower() not in svg
     assert len(set(re.findall(r"#[0-9a-f]{6}", svg))) < 12
 
 
@@ -297,7 +299,7 @@ def test_one_seed_draws_marker_without_bar(tmp_path):
         for d, v in (("standard", 2.0), ("alt", 2.2)):
             _run(store, "alt_vs_standard", "lm", d, 0, {"val_loss": v})
         data = results.load(store, "smoke")
-    with plt.rc_context(figures.STYLE):
+    with plt.rc_context(figures_q.STYLE):
         fig = figures.fig_forest_q1(data, tmp_path / "figs")
     df = pd.read_csv(tmp_path / "figs" / fig.csv)
     assert df[["design", "task", "arm"]].to_numpy().tolist() == [["alt", "lm", "equal"]]
@@ -313,7 +315,7 @@ def test_figures_without_data_are_skipped(tmp_path):
 
 
 def test_symmetry_emergence_verdict_uses_the_margin(data):
-    from qkvlab.studies.qkv import verdicts
+    from qkvlab.studies.qkv.render import verdicts
 
     # fill(): at step 6 the encoder scores 0.30 + 0.01·seed and the decoder 0.06 + 0.01·seed,
     # so every seed's encoder − decoder difference is 0.24, far outside the ±0.05 margin

@@ -11,7 +11,7 @@ import pytest
 from qkvlab.experiments import registry
 from qkvlab.experiments.runner import sweep_plan
 from qkvlab.experiments.store import Store
-from qkvlab.studies.qkv import experiments as E
+from qkvlab.studies.qkv.plan import profiles, rates
 
 GRID = (0.5, 1.0, 2.0)
 
@@ -19,7 +19,7 @@ GRID = (0.5, 1.0, 2.0)
 @pytest.fixture
 def profile():
     """The smoke profile with a 3-point grid on one tuning seed (not registered: passed as is)."""
-    return dataclasses.replace(E.PROFILES["smoke"], lr_grid=GRID, lr_seeds=(100, 101))
+    return dataclasses.replace(profiles.PROFILES["smoke"], lr_grid=GRID, lr_seeds=(100, 101))
 
 
 def _finish_grid(store: Store, p, loss, skip=()) -> None:
@@ -37,8 +37,8 @@ def _finish_grid(store: Store, p, loss, skip=()) -> None:
 
 def test_lr_tune_covers_every_tuned_design_rate_and_seed(profile):
     runs = registry.runs_of("lr_tune", profile)
-    want = {(t, d, a, float(f"{E.task_lr(t, profile) * m:.3g}"), s)
-            for t, labels in E.TUNED.items() for d in ("standard", *labels)
+    want = {(t, d, a, float(f"{rates.task_lr(t, profile) * m:.3g}"), s)
+            for t, labels in rates.TUNED.items() for d in ("standard", *labels)
             for a in profile.tuned_arms(t, d) for m in GRID for s in (100, 101)}
     got = {(tg["task"], tg["design"], tg["arm"], tg["lr"], tg["seed"]) for _, tg in runs}
     assert got == want and len(runs) == len(want)
@@ -46,7 +46,7 @@ def test_lr_tune_covers_every_tuned_design_rate_and_seed(profile):
     # arm is its equal run), GQA or identity-init alt (equal width only), or a task whose
     # profile runs equal width only
     assert {(t, d) for t, d, a, _, _ in want if a == "matched"} == {
-        (t, d) for t, labels in E.TUNED.items() for d in labels if d not in E.EQUAL_ONLY}
+        (t, d) for t, labels in rates.TUNED.items() for d in labels if d not in rates.EQUAL_ONLY}
     narrow = dataclasses.replace(profile, task_arms={"mlm": ("equal",)})
     assert not {tg["design"] for _, tg in registry.runs_of("lr_tune", narrow)
                 if tg["task"] == "mlm" and tg["arm"] == "matched"}
@@ -55,7 +55,7 @@ def test_lr_tune_covers_every_tuned_design_rate_and_seed(profile):
     assert all(spec.train.lr == tags["lr"] and spec.train.seed == tags["seed"]
                for spec, tags in runs)
     assert not set(profile.lr_seeds) & set(profile.seeds)
-    assert registry.runs_of("lr_tune", E.PROFILES["quick"]) == []  # quick: one shared rate
+    assert registry.runs_of("lr_tune", profiles.PROFILES["quick"]) == []  # quick: one shared rate
 
 
 def test_comparisons_wait_for_the_grid_with_a_clear_error(profile, tmp_path):
@@ -63,7 +63,7 @@ def test_comparisons_wait_for_the_grid_with_a_clear_error(profile, tmp_path):
         registry.runs_of("lm_tied_kv", profile)
     with Store(tmp_path / "r.db") as store:
         _finish_grid(store, profile, lambda *a: 2.0, skip={("lm", "tied_kv")})
-        with pytest.raises(E.RatesPending, match=r"not finished for \['tied_kv \(equal\)', "
+        with pytest.raises(rates.RatesPending, match=r"not finished for \['tied_kv \(equal\)', "
                                                  r"'tied_kv \(matched\)'\]"):
             registry.runs_of("lm_tied_kv", profile, store)
         assert sweep_plan("lm_gqa", profile, store=store)  # its grid is complete
@@ -71,18 +71,18 @@ def test_comparisons_wait_for_the_grid_with_a_clear_error(profile, tmp_path):
 
 def n_tuned(p) -> int:
     """How many (task, design, arm) rates ``lr_tune`` chooses at profile ``p``."""
-    return sum(len(p.tuned_arms(t, d)) for t, labels in E.TUNED.items()
+    return sum(len(p.tuned_arms(t, d)) for t, labels in rates.TUNED.items()
                for d in ("standard", *labels))
 
 
 def test_each_design_and_arm_trains_at_the_rate_with_the_lowest_mean_val_loss(profile,
                                                                               tmp_path):
-    base = E.task_lr("lm", profile)
+    base = rates.task_lr("lm", profile)
     # multiplier with the lowest loss per (design, arm): the matched tied K=V its own
     best = {("standard", "equal"): 0.5, ("tied_kv", "equal"): 2.0, ("tied_kv", "matched"): 0.5}
 
     def loss(task, design, arm, lr, seed):
-        m = lr / E.task_lr(task, profile)
+        m = lr / rates.task_lr(task, profile)
         if design == "tied_kv" and arm == "equal" and m == 1.0 and seed == 101:
             return None  # diverged: counts as an infinite loss, so 1.0 cannot win
         return 2.0 + abs(math.log(m / best.get((design, arm), 1.0))) + 0.01 * (seed - 100)
@@ -90,7 +90,7 @@ def test_each_design_and_arm_trains_at_the_rate_with_the_lowest_mean_val_loss(pr
     with Store(tmp_path / "r.db") as store:
         _finish_grid(store, profile, loss)
         runs = registry.runs_of("lm_tied_kv", profile, store)
-        chosen = E.chosen_lrs(profile, store)
+        chosen = rates.chosen_lrs(profile, store)
     assert {(s.train.lr, t["design"], t["arm"]) for s, t in runs} == {
         (float(f"{base * 0.5:.3g}"), "standard", "equal"),
         (float(f"{base * 0.5:.3g}"), "standard", "matched"),  # standard's equal run
@@ -106,57 +106,58 @@ def test_the_choice_reads_only_the_grid_the_profile_lists_now(profile, tmp_path)
     old = dataclasses.replace(profile, lr_grid=(0.1, 1.0))
     with Store(tmp_path / "r.db") as store:
         _finish_grid(store, old, lambda *a: 1.0)  # the old grid's 0.1 wins everywhere
-        assert E.chosen_lrs(profile, store) == {}  # the current grid has not run yet
+        assert rates.chosen_lrs(profile, store) == {}  # the current grid has not run yet
         _finish_grid(store, profile,
-                     lambda t, d, a, lr, s: 2.0 + abs(math.log(lr / E.task_lr(t, profile))))
-        chosen = E.chosen_lrs(profile, store)
+                     lambda t, d, a, lr, s: 2.0 + abs(math.log(lr / rates.task_lr(t, profile))))
+        chosen = rates.chosen_lrs(profile, store)
     assert len(chosen) == n_tuned(profile)
-    assert all(lr == float(f"{E.task_lr(t, profile):.3g}") for (t, _, _), lr in chosen.items())
+    assert all(lr == float(f"{rates.task_lr(t, profile):.3g}") for (t, _, _), lr in chosen.items())
 
 
 def test_ties_go_to_the_smaller_rate_and_all_diverged_chooses_nothing(profile, tmp_path):
     with Store(tmp_path / "r.db") as store:
         _finish_grid(store, profile,
                      lambda t, d, a, lr, s: None if d == "alt" and t == "lm" else 2.0)
-        chosen = E.chosen_lrs(profile, store)
+        chosen = rates.chosen_lrs(profile, store)
     assert ("lm", "alt", "equal") not in chosen and ("lm", "alt", "matched") not in chosen
-    assert chosen[("lm", "standard", "equal")] == float(f"{E.task_lr('lm', profile) * 0.5:.3g}")
+    assert chosen[("lm", "standard", "equal")] == float(f"{rates.task_lr('lm', profile) * 0.5:.3g}")
 
 
 def test_report_draws_the_grid_and_lists_each_chosen_rate(profile, tmp_path):
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from qkvlab.studies.qkv import figures, page, results
+    from qkvlab.studies.qkv.compute import results
+    from qkvlab.studies.qkv.render import figures, figures_q, tables
 
     def loss(task, design, arm, lr, seed):
-        return 2.0 + abs(math.log(lr / E.task_lr(task, profile))) + (0.5 if design == "alt" else 0)
+        return 2.0 + abs(math.log(lr / rates.task_lr(task, profile))) + (0.5 if design == "alt" else 0)
 
     with Store(tmp_path / "r.db") as store:
         _finish_grid(store, profile, loss)
         data = results.load(store, profile)
-    with plt.rc_context(figures.STYLE):
+    with plt.rc_context(figures_q.STYLE):
         fig = figures.fig_lr(data, tmp_path / "figs")
     df = pd.read_csv(tmp_path / "figs" / fig.csv)
     n_designs = n_tuned(profile)
     assert len(df) == n_designs * len(GRID) and df.seeds.eq(2).all()
     chosen = df[df.chosen]
     assert len(chosen) == n_designs
-    assert all(r.lr == float(f"{E.task_lr(r.task, profile):.3g}") for r in chosen.itertuples())
+    assert all(r.lr == float(f"{rates.task_lr(r.task, profile):.3g}") for r in chosen.itertuples())
     assert not chosen.edge.any()  # the middle rate won everywhere
-    want = {("lm", "alt", "matched", float(f"{E.task_lr('lm', profile) * 2:.3g}")):
+    want = {("lm", "alt", "matched", float(f"{rates.task_lr('lm', profile) * 2:.3g}")):
             2.5 + math.log(2)}
     got = df.set_index(["task", "design", "arm", "lr"]).val_loss
     for k, v in want.items():
         assert got[k] == pytest.approx(v, rel=1e-12)
-    blocks = page.lr_blocks(data, {"setup": [fig]})
+    blocks = tables.lr_blocks(data, {"setup": [fig]})
     table = blocks[-1]
     assert len(table.rows) == n_designs and {r[5] for r in table.rows} == {"no"}
     assert {r[2] for r in table.rows} == {"equal", "matched"}
 
 
 def test_task_seeds_and_arms_narrow_only_the_tasks_they_name():
-    p = dataclasses.replace(E.PROFILES["smoke"], seeds=(0, 1), task_seeds={"mqar": (5,)},
+    p = dataclasses.replace(profiles.PROFILES["smoke"], seeds=(0, 1), task_seeds={"mqar": (5,)},
                             task_arms={"mlm": ("equal",)})
     runs = registry.runs_of("tied_qk_qkv", p)
     got = {(tg["task"], tg["seed"], tg["arm"]) for _, tg in runs}

@@ -8,7 +8,8 @@ import torch
 
 from qkvlab import ModelConfig, build_model, save_model
 from qkvlab.experiments.store import Store
-from qkvlab.studies.qkv import measures, page, results
+from qkvlab.studies.qkv.compute import measures, results
+from qkvlab.studies.qkv.render import tables
 
 T975_DF1 = 12.706204736174707  # Student t, 97.5% quantile, 1 degree of freedom
 
@@ -26,12 +27,12 @@ def test_weight_similarity_is_stored_with_its_run_and_tabulated(tmp_path):
                                                               "arm": "equal", "seed": seed})])
             recs = store.measure("weight_similarity", {"run": rid, "profile": "smoke"},
                                  lambda path=path: measures.weight_similarity(path, 16), run=rid)
-            assert {r["measure"] for r in recs} >= set(page.SIMILARITY)
+            assert {r["measure"] for r in recs} >= set(tables.SIMILARITY)
             means.append({r["measure"]: r["mean"] for r in recs})
         data = results.load(store, "smoke")
     ws = data.measure("weight_similarity")
     assert set(ws.seed) == {0, 1} and set(ws.task) == {"lm"}  # tags joined from the run
-    (table,) = page.weight_similarity_table(data)
+    (table,) = tables.weight_similarity_table(data)
     (row,) = table.rows
     assert row[:3] == ("lm", "decoder", "2")
     sym = np.array([m["symmetry"] for m in means])

@@ -9,14 +9,16 @@ import pandas as pd
 from qkvlab.env import environment
 from qkvlab.experiments import registry
 from qkvlab.experiments.store import Store
-from qkvlab.studies.qkv import experiments as E
-from qkvlab.studies.qkv import figures, page, results
+from qkvlab.studies.qkv.plan import profiles
+from qkvlab.studies.qkv.compute import results
+from qkvlab.studies.qkv.plan import vocab
+from qkvlab.studies.qkv.render import figures, figures_q, tables
 
 T975_DF2 = 4.302652729911275
 
 
 def test_scaling_runs_keep_depth_and_d_head_and_tag_the_width():
-    p = E.PROFILES["smoke"]
+    p = profiles.PROFILES["smoke"]
     runs = registry.runs_of("lm_scaling", p)
     d_head = p.d_model // p.n_heads
     assert {t["d_model"] for _, t in runs} == set(p.scale_widths)
@@ -24,10 +26,10 @@ def test_scaling_runs_keep_depth_and_d_head_and_tag_the_width():
         m = spec.model
         assert (m["d_model"], m["n_heads"], m["n_layers"]) == (
             tags["d_model"], max(1, tags["d_model"] // d_head), p.n_layers)
-        assert tags["arm"] == "equal" and tags["design"] in ("standard", *E.SCALED)
+        assert tags["arm"] == "equal" and tags["design"] in ("standard", *vocab.SCALED)
         if tags["design"] == "gqa_half":
             assert m["n_kv_heads"] == max(1, m["n_heads"] // 2)
-    assert len(runs) == len(p.scale_widths) * (1 + len(E.SCALED)) * len(p.seeds)
+    assert len(runs) == len(p.scale_widths) * (1 + len(vocab.SCALED)) * len(p.seeds)
 
 
 def test_scaling_figure_reads_perplexity_per_width(tmp_path):
@@ -46,7 +48,7 @@ def test_scaling_figure_reads_perplexity_per_width(tmp_path):
                     store.finish(rid, "done", 1, {"val_loss": v},
                                  {"n_params": 1000 * w, **env})
         data = results.load(store, "smoke")
-    with plt.rc_context(figures.STYLE):
+    with plt.rc_context(figures_q.STYLE):
         fig = figures.fig_scaling(data, tmp_path / "figs")
     df = pd.read_csv(tmp_path / "figs" / fig.csv)
     want = []
@@ -56,7 +58,7 @@ def test_scaling_figure_reads_perplexity_per_width(tmp_path):
         want.append([w, 1000 * w, *(100 * np.expm1([m, m - h, m + h]))])
     np.testing.assert_allclose(df[["d_model", "params", "value", "lo", "hi"]].to_numpy(), want,
                                rtol=1e-9)
-    table = page.scaling_blocks(data)[0]
+    table = tables.scaling_blocks(data)[0]
     assert [r[1] for r in table.rows] == ["16", "32"]
     assert table.rows[1][4].startswith("worse")
 
@@ -80,5 +82,5 @@ def test_budget_reads_val_loss_at_half_and_full_budget(tmp_path):
         "lm", "standard", 200, 400, 2)
     np.testing.assert_allclose([row["half"], row["full"], row["change_pct"]],
                                [2.25, 2.05, 100 * (2.05 / 2.25 - 1)], rtol=1e-12)
-    assert page.budget_table(data)[0].rows == (("lm", "standard", "2", "2.25 (step 200)",
+    assert tables.budget_table(data)[0].rows == (("lm", "standard", "2", "2.25 (step 200)",
                                                 "2.05 (step 400)", "-8.9%"),)

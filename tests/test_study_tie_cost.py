@@ -14,10 +14,12 @@ from qkvlab.experiments.registry import get_profile  # noqa: E402
 from qkvlab.experiments.store import Store  # noqa: E402
 from qkvlab.hf import cost  # noqa: E402
 from qkvlab.hf.cost import CostConfig  # noqa: E402
-from qkvlab.studies.qkv import page, results, study  # noqa: E402
-from qkvlab.studies.qkv.figures_zoo import fig_q3_tie_layers  # noqa: E402
-from qkvlab.studies.qkv.tie_view import (  # noqa: E402
-    ppl_change, ppl_text, tie_cost_sentence, tie_costs)
+from qkvlab.studies.qkv import study  # noqa: E402
+from qkvlab.studies.qkv.compute import results  # noqa: E402
+from qkvlab.studies.qkv.render import tables  # noqa: E402
+from qkvlab.studies.qkv.render.figures_zoo import fig_q3_tie_layers  # noqa: E402
+from qkvlab.studies.qkv.compute.ties import tie_costs  # noqa: E402
+from qkvlab.studies.qkv.render.ties import ppl_change, ppl_text, tie_cost_sentence  # noqa: E402
 from test_hf_cost import tiny_gemma3_mqa, tiny_llama  # noqa: E402
 
 CFG = CostConfig(seq_len=8, eval_tokens=16, calib_tokens=24, batch=2, heal_steps=2, heal_batch=2,
@@ -62,7 +64,7 @@ def test_study_measures_each_model_once_and_the_report_reads_it_back(tmp_path, p
     p, loads = profile
     rec, stored, data = _run(tmp_path, p)
     assert loads == ["tiny", "gemma-mqa"] and rec.notes == []
-    table, refused = page.tie_cost_blocks(data)
+    table, refused = tables.tie_cost_blocks(data)
     want = [r for m in p.tie_cost_models for r in stored[m]
             if r["tie"] != "fit" and r["layers"] == "all" and r["stage"] != "refused"]
     assert len(table.rows) == len(want) == 5 * 2 + 2 * 2  # tiny: untied and 4 ties, gemma: untied and K=V; × 2 stages
@@ -113,7 +115,7 @@ def test_other_sizes_and_old_versions_are_not_shown(tmp_path, profile):
         store.measure("tie_cost", {"model": "tiny", "tie": "kv", "layers": "all", "version": 1}, lambda: [rec])
         data = results.load(store, p)
         assert tie_costs(data).empty and tie_cost_sentence(data, ("kv",)) == ""
-        assert "not measured in this store" in page.tie_cost_blocks(data)[0].text
+        assert "not measured in this store" in tables.tie_cost_blocks(data)[0].text
         # a profile that measures none shows what a user stored at any size (current version)
         shown = tie_costs(results.load(store, get_profile("smoke")))
     assert set(shown["spec.eval_tokens"]) == {32}

@@ -11,7 +11,12 @@ import pytest
 
 from qkvlab.env import environment
 from qkvlab.experiments.store import Store
-from qkvlab.studies.qkv import page, results, study, verdicts
+from qkvlab.studies.qkv import study
+from qkvlab.studies.qkv.compute import results
+from qkvlab.studies.qkv.compute.effects import Status, effect
+from qkvlab.studies.qkv.compute.frames import width_needed
+from qkvlab.studies.qkv.render import sentences, tables, verdicts
+from qkvlab.studies.qkv.render.text import WORDS, said
 
 T975_DF2 = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom
 STD = [2.00, 2.10, 2.20]
@@ -49,24 +54,24 @@ def _row(diffs, metric="val_loss"):
 
 
 def test_effect_reads_perplexity_points_and_margins():
-    e = verdicts.effect(_row(np.array(TIED) - np.array(STD)), lower_is_better=True)
+    e = effect(_row(np.array(TIED) - np.array(STD)))
     mean, half = _expected_ppl(TIED, STD)
-    assert e["status"] == "worse"
-    assert e["text"] == f"{mean:+.1f}% ± {half:.1f}% perplexity (worse)"
+    assert e.status is Status.WORSE
+    assert said(e) == f"{mean:+.1f}% ± {half:.1f}% perplexity (worse)"
     # a CI across zero that reaches past the ±2% margin: undecided, with the seeds to decide
-    e = verdicts.effect(_row([0.01, -0.02, 0.03]), lower_is_better=True)
-    assert e["status"] == "undecided" and e["seeds"] > 3
-    assert "undecided: the CI straddles zero and reaches past ±2%" in e["text"]
-    assert f"≈{e['seeds']} seeds would decide it" in e["text"]
+    e = effect(_row([0.01, -0.02, 0.03]))
+    assert e.status == "undecided" and e.seeds > 3
+    assert "undecided: the CI straddles zero and reaches past ±2%" in said(e)
+    assert f"≈{e.seeds} seeds would decide it" in said(e)
     # tight around zero: the 90% CI lies inside ±2% perplexity -> equivalent
-    e = verdicts.effect(_row([0.001, -0.001, 0.0005, 0.0]), lower_is_better=True)
-    assert e["status"] == "equivalent" and "90% CI inside ±2%" in e["text"]
-    e = verdicts.effect({**_row([0.2, 0.1]), "diff_sd": float("nan"), "n_pairs": 1})
-    assert (e["status"], e["half"]) == ("undecided", None)
-    assert "from 1 seed (undecided: no CI)" in e["text"]
-    e = verdicts.effect(_row([0.05, 0.06, 0.04], "accuracy"), lower_is_better=False)
-    assert (e["status"], e["value"]) == ("better", pytest.approx(5.0))
-    assert e["half"] == pytest.approx(T975_DF2 * 100 * 0.01 / np.sqrt(3))
+    e = effect(_row([0.001, -0.001, 0.0005, 0.0]))
+    assert e.status == "equivalent" and "90% CI inside ±2%" in said(e)
+    e = effect({**_row([0.2, 0.1]), "diff_sd": float("nan"), "n_pairs": 1})
+    assert (e.status, e.half) == ("undecided", None)
+    assert "from 1 seed (undecided: no CI)" in said(e)
+    e = effect(_row([0.05, 0.06, 0.04], "accuracy"))
+    assert (e.status, e.value) == ("better", pytest.approx(5.0))
+    assert e.half == pytest.approx(T975_DF2 * 100 * 0.01 / np.sqrt(3))
 
 
 def test_q3_verdict_and_summary_from_store(tmp_path):
@@ -78,7 +83,7 @@ def test_q3_verdict_and_summary_from_store(tmp_path):
         data = results.load(store, "smoke")
     mean, half = _expected_ppl(TIED, STD)
     mmean, mhalf = _expected_ppl([2.0, 2.2, 2.1], STD)
-    seeds = verdicts.effect(_row(np.array([2.0, 2.2, 2.1]) - np.array(STD)))["seeds"]
+    seeds = effect(_row(np.array([2.0, 2.2, 2.1]) - np.array(STD))).seeds
     v = verdicts.verdict_q3(data)
     assert v.headline == (
         f"tied K=V: {mean:+.1f}% ± {half:.1f}% perplexity (worse) on lm at equal width "
@@ -86,7 +91,7 @@ def test_q3_verdict_and_summary_from_store(tmp_path):
         f"arXiv 2606.04032); {mmean:+.1f}% ± {mhalf:.1f}% perplexity (undecided: the CI "
         f"straddles zero and reaches past ±2%; ≈{seeds} seeds would decide it) "
         f"parameter-matched.")
-    table = page.summary_table(data)
+    table = tables.summary_table(data)
     assert table.headers[:5] == ("design", "attention params ×", "attention layer time ×",
                                  "KV cache ×", "decode tokens/s ×")
     assert table.rows == (("tied K=V", "0.75", "—", "—", "—",
@@ -113,7 +118,7 @@ def test_width_price_is_the_d_head_each_design_needs(tmp_path):
                           ("tied_kv", "equal"): {2: lo, 3: lo, 4: lo, 5: lo, 6: hi},
                           ("tied_kv", "matched"): {2: lo, 3: hi, 4: hi, 5: hi, 6: hi}})
         data = results.load(store, "smoke")
-    need = verdicts.width_needed(data).set_index(["m", "design", "arm"])
+    need = width_needed(data).set_index(["m", "design", "arm"])
     assert need.needed.to_dict() == {(2, "standard", "equal"): 2, (2, "tied_kv", "equal"): 4,
                                      (2, "tied_kv", "matched"): 3, (3, "standard", "equal"): 3,
                                      (3, "tied_kv", "equal"): 6, (3, "tied_kv", "matched"): 3}
@@ -152,13 +157,14 @@ def test_comparison_between_two_guessers_is_not_a_verdict():
     relation = get_task("relation", vocab=16, n_context=16, n_queries=8)
     assert relation.chance == 1 / 16
     row = {**_row([-0.10, -0.11, -0.12], "accuracy"), "mean": 0.055, "baseline_mean": 0.062}
-    guessed = verdicts.effect(row, lower_is_better=False, chance=relation.chance)
-    assert guessed["status"] == "not_learned" and guessed.get("at_chance") is True
-    assert verdicts.WORDS[guessed["status"]] == "not learned"
-    assert "chance 6.2%" in guessed["text"] and "not learned" in guessed["text"]
-    learned = verdicts.effect({**row, "mean": 0.5, "baseline_mean": 0.6}, lower_is_better=False,
+    guessed = effect(row, chance=relation.chance)
+    assert guessed.status is Status.NOT_LEARNED
+    assert (guessed.mean, guessed.chance) == (row["mean"], relation.chance)
+    assert WORDS[guessed.status] == "not learned"
+    assert "chance 6.2%" in said(guessed) and "not learned" in said(guessed)
+    learned = effect({**row, "mean": 0.5, "baseline_mean": 0.6},
                               chance=relation.chance)
-    assert learned["status"] == "worse" and not learned.get("at_chance")
+    assert learned.status == "worse" and learned.chance is None
 
 
 @pytest.mark.parametrize("identity, ends", [
@@ -177,7 +183,7 @@ def test_alt_init_sentence_names_the_explanation_the_numbers_support(tmp_path, i
         _fill(store, "alt_init", "translate",
               {("standard", "equal"): STD, ("alt_identity", "equal"): identity})
         data = results.load(store, "smoke")
-    s = verdicts.alt_init_sentence(data)
+    s = sentences.alt_init_sentence(data)
     assert s.startswith("Why alt differs on translate (one learning rate for all designs): "
                         "with its random W_h alt is ")
     assert "(better)" in s and s.endswith(ends)
@@ -197,7 +203,7 @@ def test_directed_relation_sentence_gives_standard_chance_and_both_kinds(tmp_pat
               {("standard", "equal"): dec_std, ("tied_qk", "equal"): [0.90, 0.92, 0.91],
                ("tied_qk_selfmask", "equal"): [0.95, 0.96, 0.96]}, metric="accuracy")
         data = results.load(store, "smoke")
-    s = verdicts.directed_sentence(data)
+    s = sentences.directed_sentence(data)
     opts = results.get_profile("smoke").task_options
     ch = {t: 100 * get_task(t, **opts[t]).chance for t in ("successor", "successor_causal")}
     assert (f"standard reaches encoder {100 * np.mean(enc_std):.1f}% (chance "
@@ -212,7 +218,7 @@ def test_directed_relation_sentence_gives_standard_chance_and_both_kinds(tmp_pat
             "seed scores the same for both)") in s
     assert s.endswith("One head need not hold one directed relation.")
     with Store(tmp_path / "empty.db") as store:
-        assert verdicts.directed_sentence(results.load(store, "smoke")) == ""
+        assert sentences.directed_sentence(results.load(store, "smoke")) == ""
 
 
 def test_a_loss_task_neither_design_learned_is_not_a_verdict():
@@ -220,13 +226,12 @@ def test_a_loss_task_neither_design_learned_is_not_a_verdict():
     within ln 2 of the unigram entropy) reads 'not learned', however tight its CI."""
     ctx_free = 3.04
     row = {**_row([0.003, 0.004, 0.002]), "mean": 2.78, "baseline_mean": 2.775}
-    e = verdicts.effect(row, lower_is_better=True, chance=ctx_free)
-    assert e["status"] == "not_learned" and e["value"] is None
-    assert "context-free 3.040" in e["text"] and "not learned" in e["text"]
-    learned = verdicts.effect({**row, "mean": 2.34, "baseline_mean": 2.345},
-                              lower_is_better=True, chance=ctx_free)
-    assert learned["status"] != "not_learned" and learned["value"] is not None
-    assert verdicts.effect(row, lower_is_better=True)["status"] != "not_learned"  # no chance: judged
+    e = effect(row, chance=ctx_free)
+    assert e.status == "not_learned" and e.value is None
+    assert "context-free 3.040" in said(e) and "not learned" in said(e)
+    learned = effect({**row, "mean": 2.34, "baseline_mean": 2.345}, chance=ctx_free)
+    assert learned.status != "not_learned" and learned.value is not None
+    assert effect(row).status != "not_learned"  # no chance: judged
 
 
 def test_q2_says_why_a_profile_leaves_mqar_out(tmp_path):
@@ -259,18 +264,18 @@ def test_gap_trend_says_when_a_gap_is_still_closing():
                  "seeds": 8, "half": kv_half, "full": kv_full, "change_pct": 0.0}]
         return types.SimpleNamespace(budget=pd.DataFrame(rows))
 
-    closing = verdicts.gap_trend(data(2.2, 1.75), "lm", "tied_kv")  # +0.300 -> +0.150
+    closing = sentences.gap_trend(data(2.2, 1.75), "lm", "tied_kv")  # +0.300 -> +0.150
     assert closing.startswith("Its mean val-loss gap to standard on lm is +0.300 at step 500 "
                               "and +0.150 at step 1000: still closing")
-    steady = verdicts.gap_trend(data(2.0, 1.7), "lm", "tied_kv")  # +0.100 -> +0.100
+    steady = sentences.gap_trend(data(2.0, 1.7), "lm", "tied_kv")  # +0.100 -> +0.100
     assert steady == ("Its mean val-loss gap to standard on lm is +0.100 at step 500 and +0.100 "
                       "at step 1000.")
-    assert verdicts.gap_trend(data(2.0, 1.7), "lm", "alt") == ""
+    assert sentences.gap_trend(data(2.0, 1.7), "lm", "alt") == ""
 
 
 def test_q2_headline_gives_standards_accuracy_and_chance(tmp_path):
     from qkvlab.data import get_task
-    from qkvlab.studies.qkv.experiments import PROFILES
+    from qkvlab.studies.qkv.plan.profiles import PROFILES
 
     with Store(tmp_path / "r.db") as store:
         _fill(store, "tied_qk_qkv", "relation",

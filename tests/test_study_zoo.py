@@ -8,9 +8,11 @@ import pytest
 from qkvlab.analysis.measures import PUBLISHED_SYMMETRY
 from qkvlab.analysis.zoo import load_manifest
 from qkvlab.experiments.store import Store
-from qkvlab.studies.qkv import results, study
-from qkvlab.studies.qkv.figures_zoo import fig_q2_zoo
-from qkvlab.studies.qkv.zoo_view import MEASURES, decoders_vs_published, large_heads, zoo_table
+from qkvlab.studies.qkv import study
+from qkvlab.studies.qkv.compute import results
+from qkvlab.studies.qkv.render.figures_zoo import fig_q2_zoo
+from qkvlab.studies.qkv.compute.zoo import MEASURES, zoo_table
+from qkvlab.studies.qkv.render.pretrained import decoders_vs_published, large_heads
 
 MODELS = {"minilm": ["encoder"], "whisper-tiny": ["encoder", "cross"],
           "qwen2.5-coder-1.5b": ["decoder"]}

@@ -1,15 +1,12 @@
 """``qkvlab study``: run (or reuse) everything behind the three questions, then write the report.
 
-Steps, each reused from the results store when already done:
-    1. the named experiments (``experiments.ORDER``), swept at the profile as one queue;
-    2. the measures on the trained models and on the designs (``measures.py``), stored as
-       measures (``Store.measure``) next to the run each one reads;
-    3. the pretrained-weight analysis of MiniLM, Whisper tiny and SmolLM2;
-then ``results.load`` reads it all back from the store and ``page.write_report`` writes the
-figures, verdicts, HTML and Markdown to ``<out>/<profile>/``.
-
-Adding a measure is one place: a function in ``measures.py`` returning records, one
-``rec(...)`` call below, and its use in a figure, verdict or table (DEVELOPERS.md).
+The study's steps (``run_study``), each reused from the results store when already done: the
+planned experiments swept at the profile as one queue, the measures on the trained models and
+on the designs, the pretrained-weight analysis of the profile's zoo models, and the tie costs
+of its trained decoders; then ``compute.results.load`` reads it all back from the store and
+``render.page.write_report`` writes the figures, verdicts, HTML and Markdown to
+``<out>/<profile>/``. This module joins the three layers: it is the only one that imports
+``plan``, ``compute`` and ``render`` alike.
 """
 
 from __future__ import annotations
@@ -35,9 +32,12 @@ from qkvlab.hf.cost import measure_tie_cost
 from qkvlab.hf.tie import KINDS
 from qkvlab.models import load_model
 from qkvlab.progress import bar as progress_bar
-from qkvlab.studies.qkv import measures as M
-from qkvlab.studies.qkv import page, results
-from qkvlab.studies.qkv.experiments import ORDER, QKVProfile
+from qkvlab.studies.qkv.compute import measures as M
+from qkvlab.studies.qkv.compute import results
+from qkvlab.studies.qkv.plan.experiments import ORDER
+from qkvlab.studies.qkv.plan.profiles import QKVProfile
+from qkvlab.studies.qkv.plan.vocab import DESIGNS, SPEED_DESIGNS
+from qkvlab.studies.qkv.render import page
 from qkvlab.train import RunSpec, make_task
 
 ZOO = load_manifest()  # every pretrained model the study can analyse, by name
@@ -46,10 +46,6 @@ ZOO = load_manifest()  # every pretrained model the study can analyse, by name
 PRETRAINED = tuple(n for n, m in ZOO.items() if m.profile == "quick")
 # Bump when a measure's code changes meaning: old stored values are then recomputed.
 MEASURE_VERSION = 2
-# Designs compared by speed and cache size: labels as in the experiments' tags.
-SPEED_VARIANTS = {"alt": {"design": "alt"}, "tied_qk": {"design": "tied_qk"},
-                  "tied_qk_selfmask": {"design": "tied_qk", "self_mask": True},
-                  "tied_qkv": {"design": "tied_qkv"}, "tied_kv": {"design": "tied_kv"}}
 
 
 @dataclass
@@ -224,7 +220,7 @@ def run_measures(rec: Recorder, cfg: StudyConfig) -> None:
 
     seq = int(p.task_options.get("lm", {}).get("seq_len", 64))
     dims = {"d_model": p.d_model, "n_heads": p.n_heads}
-    variants = {**SPEED_VARIANTS, "gqa_half": {"n_kv_heads": max(1, p.n_heads // 2)}}
+    variants = {d: DESIGNS[d].model_options(p) for d in SPEED_DESIGNS}
     rec("attention_speed", {**dims, "T": seq, "B": p.batch_size, "rounds": p.rounds,
                             "variants": variants},
         lambda: M.attention_speed(p.d_model, p.n_heads, seq, p.batch_size, variants,

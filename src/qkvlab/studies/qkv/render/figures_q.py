@@ -1,9 +1,9 @@
-"""The study's look (colours, labels, style) and its per-question figures, one function each.
+"""The study's per-question figures, one function each, and the style every figure is drawn in.
 
 Every ``fig_*(data, out)`` reads a ``results.StudyData`` (tidy DataFrames; no key is parsed),
 draws one figure into ``out`` as PNG + SVG + the CSV of exactly the numbers drawn, and returns
-a ``blocks.Figure`` record, or None when its data is absent. One colour per design everywhere
-(``PALETTE``), mean ± 95% CI (Student t over seeds) as error bars or bands, axes labelled with
+a ``blocks.Figure`` record, or None when its data is absent. One color per design everywhere
+(``plan.vocab``), mean ± 95% CI (Student t over seeds) as error bars or bands, axes labelled with
 units, sized for a laptop screen. The forest plots, ``FIGURES`` and ``all_figures`` are in
 ``figures.py``.
 """
@@ -20,42 +20,21 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from qkvlab.stats import mean_ci
 from qkvlab.report.blocks import Figure
-from qkvlab.studies.qkv.results import StudyData, select
-from qkvlab.studies.qkv.experiments import WIDTH_ACCURACY
-from qkvlab.studies.qkv.verdicts import REF_KV_CITE, REF_KV_PPL_PCT  # published reference
+from qkvlab.studies.qkv.compute.frames import ci_rows, concat, decode_ratios, diffs, q3_lm
+from qkvlab.studies.qkv.compute.results import StudyData, select
+from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
+from qkvlab.studies.qkv.plan.references import REF_KV_CITE, REF_KV_PPL_PCT
+from qkvlab.studies.qkv.plan.vocab import ARMS, TIED_QK, color, label
 
-# Okabe-Ito colours (readable by colour-blind readers); one per design, scale placement, role.
-PALETTE = {
-    "standard": "#000000", "alt": "#D55E00", "tied_qk": "#0072B2",
-    "tied_qk_selfmask": "#56B4E9", "tied_qkv": "#CC79A7", "tied_kv": "#009E73",
-    "tied_kv_cross": "#009E73", "gqa_half": "#E69F00", "alt_identity": "#F0A070",
-    "inside": "#0072B2", "outside": "#D55E00", "both": "#009E73", "none": "#CC79A7",
-    "encoder": "#0072B2", "decoder": "#D55E00", "cross": "#009E73",
-}
-LABELS = {"standard": "standard", "alt": "alt (4th matrix)", "tied_qk": "tied Q=K",
-          "tied_qk_selfmask": "tied Q=K + self-mask", "tied_qkv": "Q=K=V",
-          "tied_kv": "tied K=V", "tied_kv_cross": "tied K=V (cross)",
-          "gqa_half": "GQA (n_kv = n_heads/2)", "alt_identity": "alt, W_h = √d_k·I at init"}
-ARMS = {"equal": "equal width", "matched": "parameter-matched"}
 # The report's style, applied while its figures are drawn (not to matplotlib's global state,
 # which other modules, e.g. the analysis figures with their fixed margins, also use).
 STYLE = {"font.size": 10, "figure.constrained_layout.use": True, "axes.spines.top": False,
          "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
          "svg.fonttype": "none", "svg.hashsalt": "qkvlab"}  # deterministic SVG ids
-KV_DESIGNS = ("standard", "tied_kv", "gqa_half")  # decode_speed's designs, in drawing order
 
 
-def color(key: str) -> str:
-    return PALETTE.get(key, "#777777")
-
-
-def label(design: str) -> str:
-    return LABELS.get(design, design)
-
-
-def _save(fig, df: pd.DataFrame, out: Path, name: str, title: str, caption: str) -> Figure:
+def save(fig, df: pd.DataFrame, out: Path, name: str, title: str, caption: str) -> Figure:
     out.mkdir(parents=True, exist_ok=True)
     fig.savefig(out / f"{name}.png", dpi=110)
     fig.savefig(out / f"{name}.svg", metadata={"Date": None})
@@ -67,26 +46,6 @@ def _save(fig, df: pd.DataFrame, out: Path, name: str, title: str, caption: str)
 def _half(x) -> float:
     """A CI half-width to draw: 0 (no bar) where there is none (one seed)."""
     return 0.0 if x is None or not math.isfinite(x) else float(x)
-
-
-def _ci_rows(df: pd.DataFrame, by: list[str], col: str, factor: float = 1.0) -> pd.DataFrame:
-    """mean ± 95% CI of ``factor * col`` over the rows of each group of ``by``."""
-    rows = [{**dict(zip(by, key)), **mean_ci((factor * g[col]).tolist())}
-            for key, g in df.groupby(by, sort=True)]
-    return pd.DataFrame(rows)[[*by, "n", "mean", "half"]]
-
-
-def diffs(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows of a comparison frame that have a paired difference to standard."""
-    if df.empty or "diff" not in df:
-        return df.iloc[0:0]
-    return df[(df.design != "standard") & df["diff"].notna()]
-
-
-def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """The non-empty frames one under the other (an empty frame if none)."""
-    frames = [f for f in frames if not f.empty]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def _bars(ax, df: pd.DataFrame, groups: list[str], designs: list[str], ylabel: str) -> None:
@@ -135,7 +94,7 @@ def fig_q1_loss(data: StudyData, out: Path) -> Figure | None:
             ax.set_ylim(max(0, lo * 0.9), None)
     axes[0][0].legend(frameon=False, fontsize=8)
     df = concat([p[cols] for p, _ in panels])
-    return _save(fig, df, out, "q1_alt_loss", "alt vs standard: validation loss and chrF",
+    return save(fig, df, out, "q1_alt_loss", "alt vs standard: validation loss and chrF",
                  "Mean ± 95% CI over seeds. 'matched': alt narrowed to standard's parameter "
                  "count. chrF: greedy translations of the validation set.")
 
@@ -148,7 +107,7 @@ def fig_q1_scale(data: StudyData, out: Path) -> Figure | None:
         return None
     init = pr[(pr.step == 0) & (pr.stat != "val_loss")].assign(when="init")
     end = pr[pr.stat == "val_loss"].assign(when="end")
-    df = _ci_rows(concat([init, end]), ["when", "stat", "scale", "d_head"], "value")
+    df = ci_rows(concat([init, end]), ["when", "stat", "scale", "d_head"], "value")
     panels = [("saturated", "saturated rows at init (share)"),
               ("norm_entropy", "softmax entropy / log(#keys) at init"),
               ("grad_WQ", "‖∇W_Q‖ at init (Frobenius)"), ("val_loss", "final val loss (nats)")]
@@ -164,7 +123,7 @@ def fig_q1_scale(data: StudyData, out: Path) -> Figure | None:
         if stat == "grad_WQ" and (df[df.stat == stat]["mean"] > 0).all():
             ax.set_yscale("log")
     axes[0].legend(title="1/√d_k placed", frameon=False, fontsize=8)
-    return _save(fig, df, out, "q1_scale_probe", "Where must 1/√d_k sit?",
+    return save(fig, df, out, "q1_scale_probe", "Where must 1/√d_k sit?",
                  "Unit-variance q, k at init (the regime of the 1/√d_k argument). Bands: 95% CI "
                  "over probe seeds (none with one seed).")
 
@@ -174,9 +133,9 @@ def fig_q1_convex(data: StudyData, out: Path) -> Figure | None:
     cv = data.measure("convex_range")
     if cv.empty:
         return None
-    share = _ci_rows(cv, ["design"], "outside_share", 100.0)
+    share = ci_rows(cv, ["design"], "outside_share", 100.0)
     share["group"] = "outside the values' range (%)"
-    ratio = _ci_rows(cv, ["design"], "range_ratio")
+    ratio = ci_rows(cv, ["design"], "range_ratio")
     ratio["group"] = "output range / value range"
     df = concat([share, ratio])[["group", "design", "n", "mean", "half"]]
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
@@ -184,12 +143,11 @@ def fig_q1_convex(data: StudyData, out: Path) -> Figure | None:
         _bars(ax, df[df.group == grp], [grp], ["standard", "alt"], grp)
         ax.set_xticks([])
     axes[0].legend(frameon=False)
-    return _save(fig, df, out, "q1_convex", "Convex combination of the values",
+    return save(fig, df, out, "q1_convex", "Convex combination of the values",
                  "Trained lm models, one validation batch; mean ± 95% CI over seeds.")
 
 
 # ---- Q2 --------------------------------------------------------------------------------------
-TIED_QK = ("tied_qk", "tied_qk_selfmask", "tied_qkv")
 
 
 def fig_q2_own(data: StudyData, out: Path) -> Figure | None:
@@ -197,7 +155,7 @@ def fig_q2_own(data: StudyData, out: Path) -> Figure | None:
     ow = data.measure("own_position")
     if ow.empty:
         return None
-    df = _ci_rows(ow, ["design", "task"], "own_weight").rename(columns={"task": "group"})
+    df = ci_rows(ow, ["design", "task"], "own_weight").rename(columns={"task": "group"})
     df = df.merge(ow.groupby("task", as_index=False).uniform.mean()
                   .rename(columns={"task": "group"}), on="group")
     fig, ax = plt.subplots(figsize=(8, 3.4))
@@ -208,7 +166,7 @@ def fig_q2_own(data: StudyData, out: Path) -> Figure | None:
         ax.hlines(df[df.group == g].uniform.iloc[0], i - 0.45, i + 0.45, colors="#777777",
                   linestyles="dashed", label="uniform over visible keys" if i == 0 else None)
     ax.legend(frameon=False, fontsize=8)
-    return _save(fig, df, out, "q2_own_position", "How much a head attends to itself",
+    return save(fig, df, out, "q2_own_position", "How much a head attends to itself",
                  "Mean attention weight on the query's own position (causal rows 1…T−1), "
                  "trained models, mean ± 95% CI over seeds.")
 
@@ -245,7 +203,7 @@ def fig_q2_pretrained(data: StudyData, out: Path) -> Figure | None:
     ax.set_xlabel("relative depth (layer / last layer)")
     ax.set_ylabel("symmetry s of W_QK (mean over heads)")
     fig.legend(frameon=False, fontsize=8, ncol=4, loc="outside lower center")
-    return _save(fig, df.reset_index(drop=True), out, "q2_pretrained_symmetry",
+    return save(fig, df.reset_index(drop=True), out, "q2_pretrained_symmetry",
                  "Symmetry of W_QK in pretrained models",
                  f"s = 1 for tied Q=K, ≈0 for independent random W_Q, W_K. Published values: "
                  f"{data.published_source} (reference, not measured here).")
@@ -260,7 +218,7 @@ def fig_q2_emergence(data: StudyData, out: Path) -> Figure | None:
     se = se[se.role == se.kind]
     if se.empty:
         return None
-    df = _ci_rows(se, ["kind", "step"], "symmetry")
+    df = ci_rows(se, ["kind", "step"], "symmetry")
     tasks = se.groupby("kind").task.first() if "task" in se else pd.Series(dtype=object)
     fig, ax = plt.subplots(figsize=(7, 3.4))
     for kind, g in df.groupby("kind"):
@@ -270,21 +228,12 @@ def fig_q2_emergence(data: StudyData, out: Path) -> Figure | None:
     ax.set_xlabel("training step")
     ax.set_ylabel("symmetry s of W_QK")
     ax.legend(frameon=False)
-    return _save(fig, df, out, "q2_symmetry_emergence", "Does symmetry emerge in encoders?",
+    return save(fig, df, out, "q2_symmetry_emergence", "Does symmetry emerge in encoders?",
                  "qkvlab models trained as encoder and decoder from identical initial weights; "
                  "mean ± 95% CI over seeds.")
 
 
 # ---- Q3 --------------------------------------------------------------------------------------
-def q3_lm(data: StudyData) -> pd.DataFrame:
-    """lm comparisons of lm_tied_kv and lm_gqa; lm_gqa's standard rows (the same runs as
-    lm_tied_kv's) dropped."""
-    df = data.compared(("lm_tied_kv", "lm_gqa"))
-    if df.empty:
-        return df
-    keys = [c for c in ("task", "arm", "d_head", "design", "metric") if c in df]
-    dup = df.duplicated(subset=keys) & (df.design == "standard")
-    return df[~dup]
 
 
 def fig_q3_bind(data: StudyData, out: Path) -> Figure | None:
@@ -316,7 +265,7 @@ def fig_q3_bind(data: StudyData, out: Path) -> Figure | None:
     axes[0][0].set_ylabel("accuracy (%)")
     h, lab = axes[0][0].get_legend_handles_labels()
     fig.legend(h, lab, loc="outside right center", frameon=False, fontsize=8)
-    return _save(fig, df, out, "q3_bind", "The width price of K = V",
+    return save(fig, df, out, "q3_bind", "The width price of K = V",
                  "bind_codes: each item carries an m-bit key and an m-bit value code; mean ± 95% "
                  f"CI over seeds (the CSV holds fractions). Dashed: {WIDTH_ACCURACY:.0%}, the "
                  "accuracy the needed width is read at; dotted: chance (1/2^m); grey bars: "
@@ -324,29 +273,11 @@ def fig_q3_bind(data: StudyData, out: Path) -> Figure | None:
                  "parameter-matched point sits at the width of the standard head it matches.")
 
 
-def _decode(data: StudyData) -> pd.DataFrame:
-    """Cache bytes/token and decode tokens/s relative to standard, from one decode_speed
-    measure (the first, if the store holds several at this profile)."""
-    dec = data.measure("decode_speed")
-    if dec.empty or "design" not in dec:
-        return pd.DataFrame()
-    dec = dec[dec.measure_id == dec.measure_id.iloc[0]].set_index("design")
-    if "standard" not in dec.index:
-        return pd.DataFrame()
-    base = dec.loc["standard"]
-    return pd.DataFrame([{"design": d,
-                          "cache_vs_standard": dec.loc[d, "cache_bytes_per_token"]
-                          / base.cache_bytes_per_token,
-                          "decode_vs_standard": dec.loc[d, "decode_tokens_per_s"]
-                          / base.decode_tokens_per_s}
-                         for d in KV_DESIGNS if d in dec.index])
-
-
 def fig_q3_kv(data: StudyData, out: Path) -> Figure | None:
     """K=V quality (perplexity change vs standard) and its payoff (cache bytes, decode speed)."""
     q = concat([diffs(select(q3_lm(data), metric="val_loss")),
                 diffs(select(data.compared("kv_translate"), metric="val_loss"))])
-    perf = _decode(data)
+    perf = decode_ratios(data)
     if q.empty and perf.empty:
         return None
     rows = pd.DataFrame()
@@ -376,7 +307,7 @@ def fig_q3_kv(data: StudyData, out: Path) -> Figure | None:
     axes[1].set_ylabel("relative to standard (×)")
     axes[1].set_title("solid: KV-cache bytes/token · hatched: decode tokens/s", fontsize=9)
     df = concat([rows.assign(panel="quality"), perf.assign(panel="cost")])
-    return _save(fig, df, out, "q3_kv", "K = V: what it costs and what it saves",
+    return save(fig, df, out, "q3_kv", "K = V: what it costs and what it saves",
                  f"Left: exp(Δ val loss) − 1, ± 95% CI over seeds (filled: equal width, open: "
                  f"parameter-matched); dash-dot: published reference ({REF_KV_CITE}). Right: one "
                  f"interleaved measurement, batch-1 greedy decoding.")

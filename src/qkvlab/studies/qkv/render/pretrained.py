@@ -1,65 +1,16 @@
-"""The pretrained zoo as the study reads it: one row per model × role × measure, from the stored
-``pretrained`` measures (mean over heads beside the random null), with the manifest's
-architecture facts (family, parameter count, d_head) and, where a family matches, the value
-Saponati et al. published (reference only, never measured here).
-
-Used by the zoo figure (``figures_zoo``) and by Q2's sentence on large heads (``large_heads``).
+"""The pretrained zoo in words: Q2's sentences on the heads of the largest model and on the
+zoo's causal decoders beside the published values. Reads ``compute.zoo.zoo_table``.
 """
 
 from __future__ import annotations
 
-from functools import cache
-
 import pandas as pd
 
-from qkvlab.analysis.zoo import ZooModel, load_manifest
-from qkvlab.studies.qkv.results import StudyData
+from qkvlab.studies.qkv.compute.results import StudyData
+from qkvlab.studies.qkv.compute.zoo import zoo_table
 
-# Drawn in this order; symmetry_layer scores the whole layer's W_QK (heads summed), the
-# quantity Saponati et al. publish.
-MEASURES = ("symmetry_layer", "symmetry", "overlap_qk", "overlap_kv", "overlap_qv")
-MEASURE_LABELS = {"symmetry_layer": "symmetry s of W_QK, whole layer",
-                  "symmetry": "symmetry s of W_QK, per head",
-                  "overlap_qk": "Q–K subspace overlap", "overlap_kv": "K–V subspace overlap",
-                  "overlap_qv": "Q–V subspace overlap"}
-# (family, role) -> the published model it is compared with. MPNet is BERT-base's size and
-# objective family; every causal decoder against the decoders Saponati et al. measured (≈0).
-PUBLISHED_MATCH = {("bert", "encoder"): "BERT-base", ("mpnet", "encoder"): "BERT-base",
-                   ("llama", "decoder"): "Llama-3-8B", ("qwen2", "decoder"): "Llama-3-8B",
-                   ("gemma3", "decoder"): "Llama-3-8B"}
-COLUMNS = ["model", "title", "family", "role", "params", "d_head", "measure", "mean", "null_mean",
-           "null_std", "null_lo", "null_hi", "share_above_null", "n_heads", "published_model",
-           "published"]
 LARGE_D_HEAD = 100  # "100×100 heads of a large model": d_head at least this
 CAUSAL_FAMILIES = ("llama", "qwen2", "gemma3")  # the zoo's causal LMs (gemma3 also has an encoder)
-
-
-@cache
-def manifest() -> dict[str, ZooModel]:
-    return load_manifest()
-
-
-def zoo_table(data: StudyData) -> pd.DataFrame:
-    """Summary rows of every stored ``pretrained`` measure whose source is a zoo model, in
-    ``COLUMNS`` order, sorted by parameter count; empty when none is stored."""
-    pt = data.measure("pretrained")
-    if pt.empty or "level" not in pt:
-        return pd.DataFrame(columns=COLUMNS)
-    s = pt[(pt.level == "summary") & pt.measure.isin(MEASURES)]
-    s = s.rename(columns={"spec.source": "model"})
-    models = manifest()
-    s = s[s.model.isin(list(models))]
-    if s.empty:
-        return pd.DataFrame(columns=COLUMNS)
-    facts = pd.DataFrame([{"model": m.name, "title": m.title, "family": m.family,
-                           "params": m.params, "d_head": m.d_head} for m in models.values()])
-    df = s.merge(facts, on="model", how="left")
-    df["published_model"] = [PUBLISHED_MATCH.get((f, r)) if m == "symmetry_layer" else None
-                             for f, r, m in zip(df.family, df.role, df.measure)]
-    df["published"] = [data.published.get(p) if p else None for p in df.published_model]
-    order = {m: i for i, m in enumerate(MEASURES)}
-    df = df.assign(_o=df.measure.map(order)).sort_values(["params", "model", "role", "_o"])
-    return df[COLUMNS].reset_index(drop=True)
 
 
 def large_heads(data: StudyData) -> str:

@@ -1,50 +1,17 @@
-"""What a tie costs the zoo's trained decoders, as the study reads it: the stored ``tie_cost``
-records (``qkvlab.hf.cost``) of the profile's sizes, with each model's title, and the sentences
-Q2 (Q=K, Q=K=V) and Q3 (K=V, GQA) draw from them.
-
-Used by the tie-cost table (``page``), the per-layer figure (``figures_zoo``) and the verdicts.
+"""What a tie costs a trained decoder, in words: the tie-cost sentences of Q2 (Q=K, Q=K=V)
+and Q3 (K=V, GQA), and the short forms of perplexities and refusals the table and the figure
+share. Reads ``compute.ties.tie_costs``.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import asdict
 
-import pandas as pd
-
-from qkvlab.hf.cost import VERSION
-from qkvlab.studies.qkv.results import StudyData
-from qkvlab.studies.qkv.zoo_view import manifest
+from qkvlab.studies.qkv.compute.results import StudyData
+from qkvlab.studies.qkv.compute.ties import tie_costs
 
 TIE_LABELS = {"none": "untied", "kv": "K=V", "qk": "Q=K", "qkv": "Q=K=V",
               "gqa": "GQA (kv heads mean-pooled to 1)"}
-
-
-def tie_costs(data: StudyData) -> pd.DataFrame:
-    """Records of the current ``tie_cost`` version measured at the profile's sizes (every stored
-    size when the profile measures none, e.g. rows a user stored with ``qkvlab tiecost``), with
-    ``title`` (the zoo's name of the model) and ``pct`` (Δ perplexity in %)."""
-    tc = data.measure("tie_cost")
-    if tc.empty or "spec.version" not in tc:
-        return pd.DataFrame()
-    tc = tc[tc["spec.version"] == VERSION]
-    cfg = getattr(data.profile, "tie_cost", None)
-    if cfg is not None:
-        for k, v in asdict(cfg).items():
-            col = f"spec.{k}"
-            if col not in tc:
-                return pd.DataFrame()
-            stored = tc[col].map(lambda x: tuple(x) if isinstance(x, list) else x)  # JSON lists
-            tc = tc[stored.map(lambda x: x == v)]
-    if tc.empty:
-        return pd.DataFrame()
-    models = manifest()
-    tc = tc.assign(title=[models[m].title if m in models else m for m in tc.model],
-                   params=[models[m].params if m in models else math.nan for m in tc.model])
-    if "delta_nll" in tc:
-        tc = tc.assign(pct=100 * tc.delta_nll.map(lambda x: math.expm1(x) if x == x else x))
-    return tc.sort_values(["params", "model"], kind="stable").reset_index(drop=True)
 
 
 def why_refused(reason: str) -> str:

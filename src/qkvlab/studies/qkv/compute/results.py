@@ -27,17 +27,12 @@ from qkvlab.analysis.measures import PUBLISHED_SOURCE, PUBLISHED_SYMMETRY
 from qkvlab.data import MissingSourceError, get_task
 from qkvlab.experiments.frames import measures_frame, metrics_frame, runs_frame
 from qkvlab.experiments.registry import get_profile
-from qkvlab.stats import compare_frame
 from qkvlab.experiments.store import Store
-from qkvlab.studies.qkv.experiments import ORDER, QKVProfile
+from qkvlab.stats import compare_frame
+from qkvlab.studies.qkv.plan.experiments import ORDER
+from qkvlab.studies.qkv.plan.profiles import QKVProfile
+from qkvlab.studies.qkv.plan.vocab import TASK_METRIC
 
-# task -> (metric, lower is better). Real-text tasks are judged on val loss, synthetic ones
-# on accuracy at the queried positions (chance-level loss says little there).
-TASK_METRIC = {"lm": ("val_loss", True), "mlm": ("val_loss", True),
-               "translate": ("val_loss", True), "mqar": ("accuracy", False),
-               "relation": ("accuracy", False), "bind": ("accuracy", False),
-               "bind_codes": ("accuracy", False),
-               "successor": ("accuracy", False), "successor_causal": ("accuracy", False)}
 # extra metrics compared per experiment, besides each task's own
 EXTRA_METRICS = {"alt_vs_standard": ("tokens_per_s", "chrf", "bleu"), "tied_qk_qkv": ("tokens_per_s",),
                  "lm_tied_kv": ("tokens_per_s",), "lm_gqa": ("tokens_per_s",),
@@ -82,21 +77,8 @@ def select(df: pd.DataFrame, **where) -> pd.DataFrame:
     return df
 
 
-def first(df: pd.DataFrame, **where) -> dict | None:
-    """The first matching row as a dict (None if none): what a verdict sentence reads."""
-    sub = select(df, **where)
-    return None if sub.empty else {k: _py(v) for k, v in sub.iloc[0].items()}
-
-
-def _py(v):
-    """NaN -> None for optional fields; numpy scalars -> Python numbers."""
-    if isinstance(v, float) and math.isnan(v):
-        return None
-    return v.item() if hasattr(v, "item") else v
-
-
 def chance(task: str, profile: QKVProfile, **options) -> float | None:
-    """The chance level of a task's own metric (``TASK_METRIC``) at a profile (``options``:
+    """The chance level of a task's own metric (``vocab.TASK_METRIC``) at a profile (``options``:
     task options a run sets over the profile's, e.g. bind_codes' m): a synthetic task's
     guessing accuracy, or a text task's context-free val loss (nats); None if unknown."""
     try:
@@ -124,7 +106,7 @@ def comparisons(runs: pd.DataFrame) -> pd.DataFrame:
             continue
         by = [c for c in GROUP_BY if c in df and df[c].notna().any()]
         for task, sub in df.groupby("task", sort=True):
-            metrics = [TASK_METRIC.get(task, ("val_loss", True))[0], *EXTRA_METRICS.get(exp, ())]
+            metrics = [TASK_METRIC.get(task, "val_loss"), *EXTRA_METRICS.get(exp, ())]
             for metric in dict.fromkeys(metrics):
                 if metric not in sub or sub[metric].isna().all():
                     continue

@@ -2,8 +2,8 @@
 W_QK and the Q–K / K–V / Q–V subspace overlaps against parameter count, by family (marker) and
 attention role (colour), each point beside its random null (grey), with Saponati et al.'s
 published whole-layer values where a family matches (open star); the numbers are
-``zoo_view.zoo_table``'s. Q3: which layers of a trained decoder tolerate a tie imposed one layer
-at a time (``tie_view.tie_costs``)."""
+``compute.zoo.zoo_table``'s. Q3: which layers of a trained decoder tolerate a tie imposed one layer
+at a time (``compute.ties.tie_costs``)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,17 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
 from qkvlab.report.blocks import Figure
-from qkvlab.studies.qkv.figures_q import _save, color
-from qkvlab.studies.qkv.results import StudyData
-from qkvlab.studies.qkv.tie_view import TIE_LABELS, tie_costs
-from qkvlab.studies.qkv.zoo_view import MEASURE_LABELS, MEASURES, zoo_table
+from qkvlab.studies.qkv.compute.results import StudyData
+from qkvlab.studies.qkv.compute.ties import tie_costs
+from qkvlab.studies.qkv.compute.zoo import MEASURES, zoo_table
+from qkvlab.studies.qkv.plan.vocab import color
+from qkvlab.studies.qkv.render.figures_q import save
+from qkvlab.studies.qkv.render.ties import TIE_LABELS
 
+MEASURE_LABELS = {"symmetry_layer": "symmetry s of W_QK, whole layer",
+                  "symmetry": "symmetry s of W_QK, per head",
+                  "overlap_qk": "Q–K subspace overlap", "overlap_kv": "K–V subspace overlap",
+                  "overlap_qv": "Q–V subspace overlap"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "<", ">")
 
 
@@ -64,7 +70,7 @@ def fig_q2_zoo(data: StudyData, out: Path) -> Figure | None:
                          label="published (whole layer)")])
     flat[-1].legend(handles=handles, loc="center", frameon=False, fontsize=8, ncol=2)
     models = ", ".join(dict.fromkeys(df.title))
-    return _save(fig, df, out, "q2_zoo", "What the pretrained zoo shows",
+    return save(fig, df, out, "q2_zoo", "What the pretrained zoo shows",
                  f"Per model and attention role, the mean over heads of each measure (colour: "
                  f"role; marker: family) beside the random null of the same shapes (grey: 95% "
                  f"of null heads), against parameter count. Symmetry s = 1 for tied Q=K; an "
@@ -100,7 +106,7 @@ def fig_q3_tie_layers(data: StudyData, out: Path) -> Figure | None:
         ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()
     cols = ["model", "title", "tie", "layer", "n_layers", "depth", "ppl", "ppl_base", "pct"]
-    return _save(fig, one[cols], out, "q3_tie_layers", "Which layers of a trained decoder "
+    return save(fig, one[cols], out, "q3_tie_layers", "Which layers of a trained decoder "
                  "tolerate a tie",
                  "Each point: a zoo decoder with the tie imposed in that one layer (best fit on "
                  "real activations, zero-shot), the change in held-out Bible perplexity against "

@@ -1,0 +1,177 @@
+"""The experiments behind the three questions, registered on import: each maps claims from
+the threads (``claims.py``) to runs, built from the profiles (``profiles.py``), the design
+vocabulary (``vocab.py``) and, where a profile tunes them, the learning rates ``rates.py``
+chooses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from qkvlab.data import get_task
+from qkvlab.experiments.registry import (
+    Run,
+    base_model,
+    design_arms,
+    experiment,
+    make_run,
+    task_info,
+)
+from qkvlab.studies.qkv.plan.profiles import QKVProfile
+from qkvlab.studies.qkv.plan.rates import tuning_runs
+from qkvlab.studies.qkv.plan.vocab import DESIGNS, SCALED, TIED_QK
+from qkvlab.train import InitConfig, ProbeConfig
+
+# The experiments behind the three questions, in the order the study runs them (cheapest
+# first, so a smoke study fails fast on a broken set-up).
+ORDER = ("scale_probe", "lr_tune", "alt_vs_standard", "alt_init", "lm_tied_kv", "lm_gqa",
+         "tied_qk_qkv", "directed_relation", "symmetry_emergence", "bind_vs_dhead", "kv_translate", "lm_scaling")
+
+
+def arms(task: str, p: QKVProfile, labels: tuple[str, ...], **kw) -> list[Run]:
+    """``design_arms`` of some design labels, each at its tuned learning rate (if tuned), on
+    the task's seeds and arms of the profile unless ``kw`` names them."""
+    if task in p.task_seeds:
+        if not p.task_seeds[task]:
+            return []
+        kw.setdefault("seeds", p.task_seeds[task])
+    if task in p.task_arms:
+        kw.setdefault("arms", p.task_arms[task])
+    arm_list = kw.get("arms", ("equal", "matched"))
+    return design_arms(task, p, {d: DESIGNS[d].model_options(p) for d in labels},
+                       lrs=p.design_lrs(task, labels, arm_list), **kw)
+
+
+@experiment("lr_tune", "Every design at its own learning rate: the grid the comparisons pick from")
+def lr_tune(p: QKVProfile) -> list[Run]:
+    return tuning_runs(p)
+
+
+@experiment("alt_vs_standard", "Q1: does AttentionAlt's extra per-head matrix and outer scale help?")
+def alt_vs_standard(p: QKVProfile) -> list[Run]:
+    return [r for t in ("lm", "translate") for r in arms(t, p, ("alt",))]
+
+
+@experiment("scale_probe", "Q1: where must 1/sqrt(d_k) sit? entropy, saturation, grads vs d_k")
+def scale_probe(p: QKVProfile) -> list[Run]:
+    n = p.probe_steps
+    at = sorted({0, max(1, n // 10), n // 4, n // 2, n - 1})
+    runs = []
+    for seed in p.probe_seeds:
+        for d_head in p.probe_d_heads:
+            for scale in ("inside", "outside", "both", "none"):
+                model = base_model(p, n_heads=2, d_head=d_head, scale=scale)
+                runs.append(make_run("lm", model, p, seed,
+                                     {"design": scale, "scale": scale, "d_head": d_head,
+                                      "init": "unit"},
+                                     steps=n, probe=ProbeConfig(steps=tuple(at)),
+                                     init=InitConfig(qk="unit"),
+                                     train={"eval_every": 0, "checkpoint_every": 0}))
+    return runs
+
+
+
+@experiment("tied_qk_qkv", "Q2: what does one matrix W = W_Q = W_K (= W_V) cost?")
+def tied_qk_qkv(p: QKVProfile) -> list[Run]:
+    return [r for t in ("lm", "mlm", "mqar", "relation") for r in arms(t, p, TIED_QK)]
+
+
+DIRECTED = ("successor", "successor_causal")
+
+
+@experiment("directed_relation", "Q2: does tied Q=K break a relation between contents, in an "
+                                 "encoder and in a decoder?")
+def directed_relation(p: QKVProfile) -> list[Run]:
+    # The same rule (each token's cyclic successor by id) seen whole by an encoder and causally
+    # by a decoder; equal width only (the tie's cost, not its parameters, is the question).
+    return [r for t in DIRECTED for r in arms(t, p, TIED_QK[:2], arms=("equal",))]
+
+
+@experiment("symmetry_emergence", "Q2: do encoders learn a more symmetric W_QK than decoders?")
+def symmetry_emergence(p: QKVProfile) -> list[Run]:
+    # Same model options and seed -> identical initial weights in both kinds: the build order
+    # is the same and lm and mlm share one tokenizer, hence one d_vocab (checked in the tests).
+    # mlm may train on shorter windows than lm: both models get lm's context (mlm uses the
+    # first positions), so their initial weights stay identical.
+    ctx = {t: get_task(t, **p.task_options.get(t, {})).seq_len for t in ("lm", "mlm")}
+    model = base_model(p, **({"n_ctx": max(ctx.values())} if len(set(ctx.values())) > 1 else {}))
+
+    def keep(task: str) -> list[int]:  # each kind's checkpoints at 0, 1/4, 1/2 and all its steps
+        n = p.task_train.get(task, {}).get("steps", p.steps)
+        return sorted({0, n // 4, n // 2, n})
+    return [make_run(t, model, p, seed, {"design": "standard", "kind": task_info(t)[1]},
+                     train={"keep_at": keep(t)})
+            for seed in p.seeds for t in ("mlm", "lm")]
+
+
+def width_grid(m: int) -> tuple[int, ...]:
+    """The d_heads tried for m-bit keys and values: m − 1 (too narrow for standard) to 2m
+    (wide enough for tied K=V to hold both codes)."""
+    return tuple(range(max(1, m - 1), 2 * m + 1))
+
+
+# The accuracy at which the width price is read: the d_head a design "needs" is the smallest
+# tried whose mean accuracy over seeds reaches it (chance: 1/2^m, at most 25%).
+WIDTH_ACCURACY = 0.9
+
+
+@experiment("bind_vs_dhead", "Q3: what width does K = V cost? The d_head each design needs to "
+                             "bind m-bit keys to m-bit values")
+def bind_vs_dhead(p: QKVProfile) -> list[Run]:
+    # bind_codes fixes each token's input to its key and value codes, so the information a
+    # head must match and return has dimension m each (bind_codes' docstring). One layer and
+    # one head: the head's width is the axis, and neither a second layer nor another head can
+    # route around it. The parameter-matched tied K=V widens that one head by 4/3.
+    runs = []
+    for m in p.bind_bits:
+        opts = {**p.task_options.get("bind_codes", {}), "m": m}
+        pm = dataclasses.replace(p, task_options={**p.task_options, "bind_codes": opts})
+        for d_head in width_grid(m):
+            for spec, tags in design_arms("bind_codes", pm, {"tied_kv": {"design": "tied_kv"}},
+                                          arms=p.task_arms.get("bind_codes", ("equal", "matched")),
+                                          seeds=p.bind_seeds, d_head=d_head, n_layers=1,
+                                          n_heads=1, tie_embeddings=False):
+                runs.append((spec, {**tags, "m": m, "d_head": d_head}))
+    return runs
+
+
+@experiment("alt_init", "Q1: is alt's edge on translate its random W_h at init, or training?")
+def alt_init(p: QKVProfile) -> list[Run]:
+    # alt with W_h = √d_k·I (mix_init="identity"), so that it computes exactly what standard
+    # computes at step 0 with the same other weights (those equal the random-W_h alt's of the
+    # same seed); alt's and standard's runs are alt_vs_standard's (same specs, same ids).
+    return arms("translate", p, ("alt", "alt_identity"), arms=("equal",))
+
+
+
+@experiment("lm_scaling", "Q1–Q3: does each design's gap to standard grow with width?")
+def lm_scaling(p: QKVProfile) -> list[Run]:
+    # Same depth and d_head at every width (n_heads grows with d_model), equal arm, each
+    # design at the learning rate tuned at the profile's own width.
+    d_head = p.d_model // p.n_heads
+    runs = []
+    for width in p.scale_widths:
+        pw = dataclasses.replace(p, d_model=width, n_heads=max(1, width // d_head))
+        for spec, tags in arms("lm", pw, SCALED, arms=("equal",),
+                               seeds=p.scale_seeds or p.seeds):
+            runs.append((spec, {**tags, "d_model": width}))
+    return runs
+
+
+@experiment("kv_translate", "Q3: 'for translation K should equal V': tied K=V in cross-attention")
+def kv_translate(p: QKVProfile) -> list[Run]:
+    return arms("translate", p, ("tied_kv_cross",))
+
+
+@experiment("lm_tied_kv", "Q3: the LM loss penalty of tied K = V (cf. ~3.1% ppl at 300M-1.2B)")
+def lm_tied_kv(p: QKVProfile) -> list[Run]:
+    return arms("lm", p, ("tied_kv",))
+
+
+@experiment("lm_gqa", "Q3: GQA (n_kv_heads = n_heads/2), same KV cache as tied K=V, on lm")
+def lm_gqa(p: QKVProfile) -> list[Run]:
+    # Its KV cache per token equals tied K=V's (one buffer of H heads vs two of H/2); the
+    # baseline runs are lm_tied_kv's (same spec, same id), so this costs one run per seed.
+    return arms("lm", p, ("gqa_half",), arms=("equal",))
+
+

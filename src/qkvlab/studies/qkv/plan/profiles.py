@@ -1,0 +1,212 @@
+"""The study's profiles: model sizes, seeds, per-task options and training, measure sizes and
+the learning-rate grid, from ``smoke`` (every experiment end to end in CI, seconds) through
+``quick`` (``make report``: the report's numbers on a 2-core CPU in minutes), ``standard`` (the
+questions decided on a 2-core CPU) to ``full`` (GPU sizes).
+
+Any change to a profile's sizes changes the run ids, so stored results of the old settings are
+simply not reused. Before changing a quick setting, check that standard attention still learns
+the synthetic tasks well above chance over several seeds and that ``make report`` stays within
+15 minutes on a 2-core CPU. How each profile was sized, with the measurements behind it, is in
+docs/study-profiles.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from qkvlab.experiments.registry import Profile, register_profile
+from qkvlab.hf.cost import CostConfig
+from qkvlab.studies.qkv.plan.rates import EQUAL_ONLY, TUNED, RatesPending, chosen_lrs
+
+
+@dataclass(frozen=True)
+class QKVProfile(Profile):
+    """A profile with this study's extra sizes: the scale probe's head widths, steps and
+    seeds, the key/value bits of the width-price task and its seeds (empty: the profile's),
+    the measures' sizes (evaluation batch, speed rounds, decode length, null sample of the
+    pretrained analysis and whether it runs the models on text for CKA), and the
+    learning-rate grid.
+
+    Learning rates: with an empty ``lr_grid`` every design trains at the task's rate. Otherwise
+    experiment ``lr_tune`` trains each design of ``TUNED`` in each arm its comparisons run
+    (``tuned_arms``) at ``lr_grid`` × the task's rate on ``lr_seeds`` (disjoint from
+    ``seeds``), and the comparisons train each (design, arm) at the rate with the lowest mean
+    validation loss over those seeds (``prepared`` reads it from the store into ``lrs``; a
+    diverged run counts as infinite loss; ties go to the smaller rate). The parameter-matched
+    arm is a model of another width, so it gets its own rate; standard's matched arm is its
+    equal-width run. The reported numbers come from the other seeds.
+    """
+
+    probe_d_heads: tuple[int, ...] = ()
+    probe_steps: int = 4
+    probe_seeds: tuple[int, ...] = (0,)
+    bind_bits: tuple[int, ...] = ()  # m of bind_codes: key and value bits per item
+    bind_seeds: tuple[int, ...] = ()
+    measure_batch: int = 8
+    rounds: int = 3
+    decode_tokens: int = 16
+    n_null: int = 32
+    cka: bool = False
+    lr_grid: tuple[float, ...] = ()
+    lr_seeds: tuple[int, ...] = ()
+    scale_widths: tuple[int, ...] = ()
+    scale_seeds: tuple[int, ...] = ()
+    # per task: the seeds and arms of its design comparisons (absent: the profile's seeds and
+    # both arms; no seeds: the task is left out), so a budget can give diagnostics fewer
+    # seeds than real text
+    task_seeds: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    task_arms: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # (task, design, arm) -> rate; see prepared
+    lrs: Mapping[tuple[str, str, str], float] | None = None
+    # What each tie costs a trained decoder (``qkvlab.hf.cost``): the zoo's decoder LMs
+    # measured, the ties also measured one layer at a time, and the sizes (None: not measured)
+    tie_cost: CostConfig | None = None
+    tie_cost_models: tuple[str, ...] = ()
+    tie_cost_per_layer: tuple[str, ...] = ()
+
+    def prepared(self, store) -> QKVProfile:
+        if not self.lr_grid or self.lrs is not None:
+            return self
+        return dataclasses.replace(self, lrs=chosen_lrs(self, store))
+
+    def tuned_arms(self, task: str, label: str) -> tuple[str, ...]:
+        """The arms whose rate ``lr_tune`` tunes for a design: those its comparisons run."""
+        if label == "standard" or label in EQUAL_ONLY:
+            return ("equal",)
+        return tuple(self.task_arms.get(task, ("equal", "matched")))
+
+    def design_lrs(self, task: str, designs, arms=("equal", "matched")
+                   ) -> dict[tuple[str, str], float]:
+        """``{(label, arm): learning rate}`` of ``standard`` and ``designs`` in ``arms`` on
+        ``task`` (empty when every design trains at the task's rate).
+
+        Raises:
+            RatesPending: the profile tunes rates and ``lr_tune`` has not chosen them yet.
+        """
+        if not self.lr_grid or task not in TUNED:
+            return {}
+        lrs = self.lrs or {}
+
+        def key(d: str, arm: str) -> tuple[str, str, str]:
+            return (task, d, "equal" if d == "standard" else arm)
+        want = [(d, arm) for arm in arms for d in ("standard", *designs)]
+        missing = sorted({f"{d} ({key(d, a)[2]})" for d, a in want if key(d, a) not in lrs})
+        if missing:
+            raise RatesPending(
+                f"profile {self.name}: {task} trains each design at the learning rate that "
+                f"experiment lr_tune chose, and it has not finished for {missing}; run "
+                f"`qkvlab sweep lr_tune --profile {self.name}` first (qkvlab study does)")
+        return {(d, a): lrs[key(d, a)] for d, a in want}
+
+
+# Task options per profile: short contexts and small vocabularies keep CPU runs in seconds.
+# mlm trains on 16-character windows with 30% masking: on 64 it never leaves the context-free
+# plateau (at init a bidirectional head gives the neighbours that predict a masked character
+# 1/64 of its attention). bind and relation are sized so that standard learns them to ~100%,
+# so a tied design's shortfall is a cost of the tie, not of the budget.
+TASK_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
+    "smoke": {"lm": {"seq_len": 32}, "mlm": {"seq_len": 32},
+              "translate": {"seq_len": 48, "vocab_size": 1000, "n_decode": 8, "decode_batch": 8},
+              "mqar": {"seq_len": 32, "vocab": 64, "n_pairs": 4},
+              "bind": {"n_keys": 16, "n_values": 8, "group_size": 4, "n_items": 8, "n_queries": 2},
+              "bind_codes": {"n_queries": 2},
+              "relation": {"vocab": 16, "n_context": 16, "n_queries": 8},
+              "successor": {"vocab": 16, "n_items": 6},
+              "successor_causal": {"vocab": 16, "n_items": 6}},
+    "quick": {"lm": {"seq_len": 64}, "mlm": {"seq_len": 16, "mask_prob": 0.3},
+              "translate": {"seq_len": 48, "vocab_size": 1000, "n_decode": 32, "decode_batch": 32},
+              "mqar": {"seq_len": 32, "vocab": 64, "n_pairs": 4},
+              "bind": {"n_keys": 8, "n_values": 8, "group_size": 2, "n_items": 8, "n_queries": 4},
+              "bind_codes": {"n_queries": 4},
+              "relation": {"vocab": 32, "n_context": 12, "n_queries": 11},
+              "successor": {"vocab": 32, "n_items": 8},
+              "successor_causal": {"vocab": 32, "n_items": 8}},
+    "standard": {"lm": {"seq_len": 64}, "mlm": {"seq_len": 16, "mask_prob": 0.3},
+                 "translate": {"seq_len": 48, "vocab_size": 1000, "n_decode": 100,
+                               "decode_batch": 50},
+                 "mqar": {"seq_len": 32, "vocab": 64, "n_pairs": 4},
+                 "bind": {"n_keys": 8, "n_values": 8, "group_size": 2, "n_items": 8,
+                          "n_queries": 4},
+                 "bind_codes": {"n_queries": 4},
+                 "relation": {"vocab": 32, "n_context": 12, "n_queries": 11},
+                 "successor": {"vocab": 32, "n_items": 8},
+                 "successor_causal": {"vocab": 32, "n_items": 8}},
+    "full": {"lm": {"seq_len": 256}, "mlm": {"seq_len": 128}, "translate": {"seq_len": 128},
+             "mqar": {"seq_len": 128, "n_pairs": 16},
+             "bind": {"n_keys": 64, "n_items": 32, "n_queries": 8},
+             "bind_codes": {"n_queries": 8},
+             "relation": {"n_context": 64, "n_queries": 32},
+             "successor": {"vocab": 64, "n_items": 32},
+             "successor_causal": {"vocab": 64, "n_items": 32}},
+}
+
+# Training per task and profile (TrainConfig fields), over the profile's steps/lr/batch_size:
+# bind's plateau needs large batches, relation (induction) lr 1e-3, translate 300 steps before
+# the decoder leaves unigram statistics; lm and mlm evaluate every quarter at standard, so the
+# report can show the val loss at half the budget.
+TASK_TRAIN: dict[str, dict[str, dict[str, Any]]] = {
+    "smoke": {"translate": {"steps": 4}, "mqar": {"lr": 1e-2}, "bind": {"lr": 1e-2},
+              "bind_codes": {"lr": 1e-2},
+              "relation": {"lr": 1e-2}, "successor": {"lr": 1e-2},
+              "successor_causal": {"lr": 1e-2}},
+    "quick": {"translate": {"steps": 300, "eval_every": 150},
+              "mqar": {"steps": 300, "lr": 1e-2, "batch_size": 32},
+              "bind": {"steps": 800, "lr": 3e-3, "batch_size": 128},
+              "bind_codes": {"steps": 800, "lr": 3e-3, "batch_size": 128},
+              "relation": {"steps": 400, "lr": 1e-3, "batch_size": 32},
+              "successor": {"steps": 500, "batch_size": 32},
+              "successor_causal": {"steps": 500, "batch_size": 32}},
+    "standard": {"lm": {"lr": 6e-3, "eval_every": 250}, "mlm": {"steps": 1500, "eval_every": 375},
+                 "translate": {"steps": 600, "eval_every": 300},
+                 "mqar": {"steps": 600, "lr": 1e-2, "batch_size": 32},
+                 "bind": {"steps": 800, "lr": 3e-3, "batch_size": 128},
+                 "bind_codes": {"steps": 800, "lr": 3e-3, "batch_size": 128},
+                 "relation": {"steps": 600, "lr": 1e-3, "batch_size": 32},
+                 "successor": {"steps": 1000, "batch_size": 32},
+                 "successor_causal": {"steps": 1000, "batch_size": 32}},
+    "full": {"mqar": {"steps": 3000}, "bind": {"steps": 3000}, "bind_codes": {"steps": 3000},
+             "relation": {"steps": 3000},
+             "successor": {"steps": 3000}, "successor_causal": {"steps": 3000}},
+}
+
+PROFILES = {p.name: register_profile(p) for p in (
+    QKVProfile("smoke", seeds=(0,), d_model=32, n_layers=1, n_heads=2, batch_size=8, steps=6,
+               lr=3e-3, eval_batches=1, task_options=TASK_OPTIONS["smoke"],
+               task_train=TASK_TRAIN["smoke"], probe_d_heads=(16, 64), probe_steps=4,
+               probe_seeds=(0,), bind_bits=(1,), measure_batch=8, rounds=3,
+               decode_tokens=16, n_null=32, cka=False, scale_widths=(16, 32)),
+    QKVProfile("quick", seeds=(0, 1, 2), d_model=64, n_layers=2, n_heads=4, batch_size=16,
+               steps=200, lr=3e-3, eval_batches=8, task_options=TASK_OPTIONS["quick"],
+               task_train=TASK_TRAIN["quick"], probe_d_heads=(16, 32, 64, 128, 256),
+               probe_steps=60, probe_seeds=(0,), bind_bits=(3,),
+               bind_seeds=(0, 1), measure_batch=16, rounds=5, decode_tokens=48,
+               n_null=128, cka=True, task_seeds={"mqar": ()},
+               task_arms={"relation": ("equal",), "mlm": ("equal",),
+                          "bind_codes": ("equal",)},
+               tie_cost=CostConfig(), tie_cost_models=("smollm2",)),
+    QKVProfile("standard", seeds=tuple(range(8)), d_model=64, n_layers=2, n_heads=4,
+               batch_size=16, steps=1000, lr=3e-3, eval_batches=16,
+               task_options=TASK_OPTIONS["standard"], task_train=TASK_TRAIN["standard"],
+               probe_d_heads=(16, 32, 64, 128, 256), probe_steps=60, probe_seeds=(0, 1, 2),
+               bind_bits=(2, 3, 4), bind_seeds=(0, 1, 2, 3), measure_batch=16,
+               rounds=5, decode_tokens=48, n_null=128, cka=True,
+               lr_grid=(1 / 3, 1.0, 3.0, 9.0), lr_seeds=(100,), scale_widths=(32, 64, 96),
+               scale_seeds=(0, 1, 2),
+               task_seeds={"mqar": (), "relation": (0, 1, 2),
+                           "successor": tuple(range(4)), "successor_causal": tuple(range(4))},
+               task_arms={"mlm": ("equal",)},
+               tie_cost=CostConfig(), tie_cost_per_layer=("kv",),
+               tie_cost_models=("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b")),
+    QKVProfile("full", seeds=(0, 1, 2, 3, 4), d_model=384, n_layers=6, n_heads=6, batch_size=64,
+               steps=5000, lr=1e-3, eval_batches=50, task_options=TASK_OPTIONS["full"],
+               task_train=TASK_TRAIN["full"], probe_d_heads=(16, 32, 64, 128, 256),
+               probe_steps=1000, probe_seeds=(0, 1, 2), bind_bits=(2, 4, 8, 16),
+               measure_batch=32, rounds=7, decode_tokens=128, n_null=256, cka=True,
+               tie_cost=CostConfig(eval_tokens=8192, calib_tokens=8192, heal_steps=64),
+               tie_cost_per_layer=("kv", "qk"),
+               tie_cost_models=("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b",
+                                "qwen2.5-coder-1.5b")),
+)}

@@ -1,0 +1,213 @@
+"""Verdict sentences generated from the measured numbers and their 95% confidence intervals.
+
+Rules every sentence follows:
+- an effect is written as mean ± CI half-width of the paired difference to ``standard`` in
+  the unit people quote (% perplexity, percentage points), with its verdict against the
+  metric's practical margin: worse, better, equivalent or undecided (``effects.effect``);
+- a conclusion ("adds cost, not expressivity") is written only when the numbers support it.
+Each ``verdict_qN(data)`` takes ``results.StudyData`` and returns a ``blocks.Verdict``: a
+headline and the details, the longer ones from ``sentences.py``.
+"""
+
+from __future__ import annotations
+
+from qkvlab.report.blocks import Verdict
+from qkvlab.stats import mean_ci
+from qkvlab.studies.qkv.compute.effects import Status, effect
+from qkvlab.studies.qkv.compute.frames import (
+    pick,
+    records,
+    rows_of,
+    task_effects,
+)
+from qkvlab.studies.qkv.compute.results import StudyData, chance
+from qkvlab.studies.qkv.plan.references import REF_KV_CITE, REF_KV_PPL_PCT, TRANSLATE_CHRF_AIM
+from qkvlab.studies.qkv.render.pretrained import decoders_vs_published, large_heads
+from qkvlab.studies.qkv.render.sentences import (
+    alt_init_sentence,
+    directed_sentence,
+    emergence_sentence,
+    gap_trend,
+    scale_sentence,
+    width_sentence,
+)
+from qkvlab.studies.qkv.render.text import ci_text, said
+from qkvlab.studies.qkv.render.ties import tie_cost_sentence
+
+
+
+def standard_level(rows: list[dict], task: str, data: StudyData) -> str:
+    """"<mean accuracy> on <task> (chance <c>)" of standard at equal width: what a verdict on
+    an accuracy task is measured against (empty without runs)."""
+    r = pick(rows, design="standard", task=task, arm="equal", metric="accuracy")
+    ch = chance(task, data.profile)
+    if r is None or ch is None:
+        return ""
+    return f"{100 * r['mean']:.1f}% on {task} (chance {100 * ch:.1f}%)"
+
+
+# ---- Q1 --------------------------------------------------------------------------------------
+
+
+def verdict_q1(data: StudyData) -> Verdict:
+    rows = rows_of(data, "alt_vs_standard")
+    eq, mt = task_effects(rows, "alt", "lm")
+    teq, tmt = task_effects(rows, "alt", "translate")
+    headline = (f"alt (4th matrix, outer 1/√d_k) vs standard: {said(eq)} on lm at equal width, "
+                f"{said(mt)} parameter-matched; on translate {said(teq)} at equal width, "
+                f"{said(tmt)} parameter-matched.")
+    details = []
+    fold = records(data.measure("fold_alt"))
+    if fold:
+        d64 = max(f["max_abs_diff_fp64"] for f in fold)
+        d32 = max(f["max_abs_diff_fp32"] for f in fold)
+        scale = max(f["max_abs_logit"] for f in fold)
+        saved = fold[0]["params_alt"] - fold[0]["params_folded"]
+        speed = ci_text([f["speed_folded_vs_alt"] for f in fold], "{:.2f}", "×")
+        s = (f"Folding each trained alt head's W_hᵀ/√d_k into W_O reproduces its logits to "
+             f"{d64:.1e} in fp64 ({d32:.1e} in fp32; logits reach {scale:.1f}) with {int(saved):,} "
+             f"fewer parameters; the folded model runs at {speed} alt's speed")
+        exact = d64 <= 1e-9 * max(scale, 1.0)
+        not_better = eq.status is not Status.BETTER and mt.status is not Status.BETTER
+        faster = mean_ci([f["speed_folded_vs_alt"] for f in fold])["mean"] > 1.0
+        cost = "parameters and time" if faster else "parameters"
+        if exact and not_better:
+            s += f": the 4th matrix adds {cost}, not expressivity."
+        elif exact:
+            s += ": alt computes nothing standard cannot; any gain is in optimization, not capacity."
+        else:
+            s += "."
+        details.append(s)
+    details.append(alt_init_sentence(data))
+    details.append(scale_sentence(records(data.probe)))
+    convex = records(data.measure("convex_range"))
+    conv = {d: [r["outside_share"] for r in convex if r["design"] == d]
+            for d in ("standard", "alt")}
+    ratio = {d: [r["range_ratio"] for r in convex if r["design"] == d]
+             for d in ("standard", "alt")}
+    if conv["standard"] and conv["alt"]:
+        details.append(
+            f"Convex combination: a standard head's output leaves its values' range in "
+            f"{ci_text([100 * v for v in conv['standard']], '{:.2f}', '%')} of coordinates, an alt "
+            f"head's in {ci_text([100 * v for v in conv['alt']], '{:.1f}', '%')} (output range / "
+            f"value range: {ci_text(ratio['standard'], '{:.2f}')} vs "
+            f"{ci_text(ratio['alt'], '{:.2f}')}).")
+    return Verdict(headline, tuple(d for d in details if d))
+
+
+# ---- Q2 --------------------------------------------------------------------------------------
+MQAR_LEFT_OUT = (
+    "mqar is not compared at this profile: standard attention does not leave its chance level "
+    "(1/n_pairs) within the budget (seq 16–64, 4–8 pairs, lr 3e-4 to 1e-2, up to 2,500 steps, "
+    "with and without noise tokens; Zoology trains it for 100 epochs of 10,000 examples, about "
+    "31,000 steps at batch 32), so its comparisons could not count; relation is the recall "
+    "task standard learns here.")
+
+
+def verdict_q2(data: StudyData) -> Verdict:
+    rows = rows_of(data, "tied_qk_qkv")
+    head, parts = [], []
+    for design, label in (("tied_qk", "tied Q=K"), ("tied_qkv", "one matrix Q=K=V")):
+        for task in ("lm", "mlm", "mqar", "relation"):
+            eq, mt = task_effects(rows, design, task, data)
+            if eq.status is not Status.MISSING:
+                s = (f"{label} on {task}: {said(eq)} at equal width, {said(mt)} "
+                     f"parameter-matched")
+                (head if task in ("lm", "relation") else parts).append(s)
+    base = [standard_level(rows, t, data) for t in ("relation", "mqar")]
+    base = [b for b in base if b]
+    headline = ("; ".join(head) + "." if head else "No tied Q=K runs finished.") + \
+        (" Standard reaches " + "; ".join(base) + "." if base and head else "")
+    details = ["; ".join(parts) + "."] if parts else []
+    if "mqar" in data.profile.task_seeds and not data.profile.task_seeds["mqar"]:
+        details.append(MQAR_LEFT_OUT)
+    own = records(data.measure("own_position"))
+    if own:
+        def ow(design, task="lm"):
+            return [r["own_weight"] for r in own if r["design"] == design and r["task"] == task]
+        uni = [r["uniform"] for r in own if r["task"] == "lm"]
+        details.append(
+            f"Weight a head puts on its own position (lm, uniform spread would give "
+            f"{ci_text(uni, '{:.2f}')}): standard {ci_text(ow('standard'), '{:.2f}')}, tied Q=K "
+            f"{ci_text(ow('tied_qk'), '{:.2f}')}, tied Q=K with the self-mask "
+            f"{ci_text(ow('tied_qk_selfmask'), '{:.2f}')}, Q=K=V {ci_text(ow('tied_qkv'), '{:.2f}')}.")
+    pre = []
+    pt = data.measure("pretrained")
+    if not pt.empty:
+        summ = pt[(pt.level == "summary")]
+        for (source, role), g in summ.groupby(["spec.source", "role"], sort=False):
+            by = g.set_index("measure")
+            if "symmetry" not in by.index:
+                continue
+            s, layer = by.loc["symmetry"], by.loc["symmetry_layer"] if "symmetry_layer" in \
+                by.index else None
+            # Saponati et al. score the whole layer's W_QK (heads summed): compare that one.
+            whole = (f"whole layer {layer['mean']:.2f} (null {layer['null_mean']:+.3f}), "
+                     if layer is not None else "")
+            pre.append(f"{source} {role}: {whole}per head {s['mean']:.2f} (random null "
+                       f"{s['null_mean']:+.3f} ± {s['null_std']:.3f} sd)")
+    if pre:
+        pub = data.published
+        ref = ", ".join(f"{k} {v:.2f}" for k, v in pub.items() if k in ("BERT-base", "GPT-2"))
+        details.append("Symmetry s of W_QK in pretrained models: " + "; ".join(pre)
+                       + f". Published reference values for whole layers (not measured here): "
+                       f"{ref} ({data.published_source}).")
+    details.append(directed_sentence(data))
+    details.append(large_heads(data))
+    details.append(decoders_vs_published(data))
+    details.append(tie_cost_sentence(data, ("qk", "qkv")))
+    details.append(emergence_sentence(data))
+    return Verdict(headline, tuple(d for d in details if d))
+
+
+# ---- Q3 --------------------------------------------------------------------------------------
+
+
+def verdict_q3(data: StudyData) -> Verdict:
+    lm = rows_of(data, "lm_tied_kv", "lm_gqa")
+    eq, mt = task_effects(lm, "tied_kv", "lm")
+    headline = (f"tied K=V: {said(eq)} on lm at equal width (published reference ≈ "
+                f"+{REF_KV_PPL_PCT}% perplexity at 300M–1.2B parameters, {REF_KV_CITE}); "
+                f"{said(mt)} parameter-matched.")
+    details = []
+    trend = gap_trend(data, "lm", "tied_kv")
+    if trend:
+        details.append(trend)
+    width = width_sentence(data)
+    if width:
+        details.append(width)
+    tr = rows_of(data, "kv_translate")
+    teq, tmt = task_effects(tr, "tied_kv_cross", "translate")
+    chrf = effect(pick(tr, design="tied_kv_cross", arm="equal", metric="chrf"), what="chrF")
+    if teq.status is not Status.MISSING:
+        s = (f"Translation with tied K=V in cross-attention (the thread's 'for translation K "
+             f"should be the same with V'): {said(teq)} at equal width, {said(tmt)} "
+             f"parameter-matched; {said(chrf)}.")
+        std = data.compared("kv_translate", design="standard", arm="equal", metric="chrf")
+        if not std.empty:
+            r = std.iloc[0]
+            s += (f" Standard reaches chrF {r['mean']:.1f} ± {r['half']:.1f} on held-out verses "
+                  f"(the aim is ≥ {TRANSLATE_CHRF_AIM}: "
+                  + ("a cross-attention comparison at a level where translations carry meaning)."
+                     if r["mean"] >= TRANSLATE_CHRF_AIM else
+                     "below it a decode shares only fragments of its reference's character "
+                     "n-grams, so this compares partly trained translators; a bigger model and "
+                     "longer training, beyond this profile's CPU budget, are what it takes)."))
+        details.append(s)
+    dec = data.measure("decode_speed")
+    if not dec.empty and {"standard", "tied_kv", "gqa_half"} <= set(dec.design):
+        d = dec.set_index("design")
+        cache = d.cache_bytes_per_token / d.cache_bytes_per_token["standard"]
+        speed = d.decode_tokens_per_s / d.decode_tokens_per_s["standard"]
+        g = pick(lm, design="gqa_half", task="lm", arm="equal", metric="val_loss")
+        details.append(
+            f"KV cache per token: tied K=V {cache['tied_kv']:.2f}× standard's, GQA (n_kv_heads = "
+            f"n_heads/2) {cache['gqa_half']:.2f}×; batch-1 decode speed {speed['tied_kv']:.2f}× "
+            f"and {speed['gqa_half']:.2f}× standard's. At that equal cache size GQA costs "
+            f"{said(effect(g))} on lm, tied K=V {said(eq)}.")
+    details.append(tie_cost_sentence(data, ("kv", "gqa")))
+    return Verdict(headline, tuple(d for d in details if d))
+
+
+def all_verdicts(data: StudyData) -> dict[str, Verdict]:
+    return {"q1": verdict_q1(data), "q2": verdict_q2(data), "q3": verdict_q3(data)}
