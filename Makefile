@@ -23,7 +23,9 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps $(OFFLINE_DATA)
 	touch $@
 
-# The report's browser test opens the HTML in Debian's headless Chromium.
+# The report's browser test opens the HTML in Debian's headless Chromium, driven by Playwright
+# (pinned in the test extra) through its path: Debian's package, never `playwright install`,
+# which downloads a browser build and fails offline.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \

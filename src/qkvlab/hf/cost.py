@@ -178,9 +178,6 @@ class TieCost:
             f"{math.exp(self.base_nll):.3f} on {self.eval_ids.numel()} tokens "
             f"({time.perf_counter() - t:.0f} s)")
 
-    def spec(self, kind: str, layers: str | int) -> dict:
-        return {"model": self.source, "tie": kind, "layers": layers, "version": VERSION, **asdict(self.cfg)}
-
     def _record(self, model, kind, layers, stage, value, t0, healed: dict | None = None) -> dict:
         cache, params = footprint(model)
         base = self.healed_base()["nll"] if stage == "healed" else self.base_nll
