@@ -1,4 +1,4 @@
-"""Hugging Face models with a Q/K/V tie imposed, and what the tie costs them (issue #12, section 3).
+"""Hugging Face models with a Q/K/V tie imposed, and what the tie costs them on held-out text.
 
 ``tie(model, "kv" | "qk" | "qkv" | "gqa", calibration=token_ids)`` returns the model with the
 tie fitted on real activations and imposed by sharing Parameters in the transformers modules,
