@@ -11,9 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import math
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +20,7 @@ import torch.nn.functional as F
 
 from qkvlab.attention import DESIGNS, AttentionConfig, build_attention, gemv, linear
 from qkvlab.models import DecoderLM, ModelConfig, count_params, fold_alt, from_hf_gpt2
+from qkvlab.timing import interleaved, interleaved_rounds, rate, ratio_stats, seconds
 
 VOCAB = 65  # character-level, as nanoGPT's Shakespeare benchmark
 
@@ -57,23 +56,6 @@ def bigram_batches(s: Size, n: int, seed: int = 0) -> list[torch.Tensor]:
     return tuple(out)
 
 
-def interleaved_rounds(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """Each fn's returned rate per round, contenders run round-robin after one warm-up call
-    each, so machine noise hits all contenders alike."""
-    for fn in fns.values():
-        fn()
-    rates: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            rates[k].append(fn())
-    return rates
-
-
-def interleaved(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
-    """Median over ``rounds`` of each fn's returned rate (see :func:`interleaved_rounds`)."""
-    return {k: statistics.median(v) for k, v in interleaved_rounds(fns, rounds).items()}
-
-
 def default_device() -> str:
     """``cuda`` where PyTorch sees a GPU, else ``cpu`` (as the trainer picks)."""
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -96,46 +78,6 @@ def check_device(device: str) -> str:
             raise ValueError(f"device: {device!r}: only {torch.cuda.device_count()} CUDA "
                              "device(s) here")
     return str(d)
-
-
-def sync(device) -> None:
-    """Wait for the work queued on ``device``: CUDA kernels run asynchronously, so a timer
-    must not stop before they finish; on the CPU this does nothing."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-# A speed ratio inside 1 ± SPEED_MARGIN reads "level": fixed before the runs, as the study's
-# margins are. The 2-core VMs these benches run on spread single rounds by ±10-15%; a user
-# does not notice 5% on a training run.
-SPEED_MARGIN = 0.05
-VERDICT_WORDS = {"equivalent": "level", "better": "faster", "worse": "slower",
-                 "undecided": "undecided"}
-
-
-def ratio_stats(num: list[float], den: list[float]) -> dict:
-    """Median, min and max over rounds of the per-round ratio num / den, and the verdict on it.
-
-    The rounds are paired (interleaved), so the verdict is ``stats.decide`` on the
-    per-round log ratios against ``ln(1 + SPEED_MARGIN)``: ``verdict`` is ``level`` (the 90%
-    CI of the geometric-mean ratio inside 1 ± margin), ``faster``/``slower`` (its 95% CI
-    excludes 1; num faster or slower than den), or ``undecided`` with ``rounds_needed`` (how
-    many rounds the observed spread would need; None with one round). ``ci_lo``/``ci_hi``:
-    the 95% CI of the geometric-mean ratio ``gmean``.
-    """
-    from qkvlab.stats import decide  # lazy: scipy loads only for the bench
-
-    ratios = [a / b for a, b in zip(num, den)]
-    r = sorted(ratios)
-    logs = [math.log(x) for x in ratios]
-    out = {"ratio": statistics.median(r), "min": r[0], "max": r[-1],
-           "gmean": math.exp(statistics.fmean(logs))}
-    if len(logs) < 2:  # no spread, no CI
-        return {**out, "ci_lo": None, "ci_hi": None, "verdict": "undecided", "rounds_needed": None}
-    d = decide(statistics.fmean(logs), statistics.stdev(logs), len(logs),
-               math.log1p(SPEED_MARGIN), lower_is_better=False)
-    return {**out, "ci_lo": math.exp(d["lo"]), "ci_hi": math.exp(d["hi"]),
-            "verdict": VERDICT_WORDS[d["status"]], "rounds_needed": d["seeds"]}
 
 
 # ---- training throughput -------------------------------------------------------------------
@@ -178,15 +120,7 @@ def _train_rate(loss_fn, model, s: Size, steps: int, bf16: bool, seed: int = 0,
         opt.step()
         losses.append(loss.item())
 
-    def run() -> float:
-        sync(device)
-        t = time.perf_counter()
-        for _ in range(steps):
-            step()
-        sync(device)
-        return steps * s.batch * s.n_ctx / (time.perf_counter() - t)
-
-    return run, losses
+    return rate(step, work=s.batch * s.n_ctx, iters=steps, device=device), losses
 
 
 def _matched_name(opts: dict) -> str:
@@ -218,33 +152,31 @@ def bench_training(size: str = "small", steps: int = 5, rounds: int = 3,
     torch.manual_seed(0)
     fns, losses, out = {}, {}, {}
     ours = _ours(s)
-    rate = functools.partial(_train_rate, s=s, steps=steps, device=device)
-    fns["qkvlab"], losses["qkvlab"] = rate(_ours_loss(ours), ours, bf16=False)
+    timed = functools.partial(_train_rate, s=s, steps=steps, device=device)
+    fns["qkvlab"], losses["qkvlab"] = timed(_ours_loss(ours), ours, bf16=False)
     if bf16:
         ours16 = _ours(s)
         ours16.load_state_dict(ours.state_dict())  # same init: the loss curves must coincide
-        fns["qkvlab_bf16"], losses["qkvlab_bf16"] = rate(_ours_loss(ours16), ours16, bf16=True)
+        fns["qkvlab_bf16"], losses["qkvlab_bf16"] = timed(_ours_loss(ours16), ours16, bf16=True)
     if compile:
         comp = _ours(s)
         comp.load_state_dict(ours.state_dict())
         compiled = torch.compile(comp)
         run, _ = _train_rate(_ours_loss(compiled), comp, s, 1, bf16=False, device=device)
-        t = time.perf_counter()
-        run()  # the first step compiles
-        first = time.perf_counter() - t
-        fns["qkvlab_compiled"], _ = rate(_ours_loss(compiled), comp, bf16=False)
+        first = seconds(run, device=device)  # the first step compiles
+        fns["qkvlab_compiled"], _ = timed(_ours_loss(compiled), comp, bf16=False)
         eager = s.batch * s.n_ctx / fns["qkvlab"]()
         out["compile_s"] = first - eager
     matched = {}
     for p, builder in build.items():
         with torch.device(device):  # a peer's tensors that are not parameters or buffers too
             loss_fn, model = builder(s, VOCAB)
-        fns[p], losses[p] = rate(loss_fn, model, bf16=False)
+        fns[p], losses[p] = timed(loss_fn, model, bf16=False)
         name = "qkvlab" if P.MATCHED[p] == _DEFAULT else _matched_name(P.MATCHED[p])
         matched[p] = name
         if name not in fns:
             m = _ours(s, **P.MATCHED[p])
-            fns[name], _ = rate(_ours_loss(m), m, bf16=False)
+            fns[name], _ = timed(_ours_loss(m), m, bf16=False)
     log(f"training throughput, size {size}, {device}: {s}, contenders {list(fns)}")
     raw = interleaved_rounds(fns, rounds)
     out.update({k: statistics.median(v) for k, v in raw.items()})
@@ -290,16 +222,8 @@ def attention_layer_speed(d_model: int, n_heads: int, T: int, B: int,
         att = build_attention(cfg).to(device)
         flops[label] = projection_flops(cfg, B, T)
         params[label] = sum(p.numel() for p in att.parameters())
-
-        def run(att=att) -> float:
-            sync(device)
-            t = time.perf_counter()
-            for _ in range(iters):
-                att(x, is_causal=True).sum().backward()
-            sync(device)
-            return iters / (time.perf_counter() - t)
-
-        fns[label] = run
+        fns[label] = rate(lambda att=att: att(x, is_causal=True).sum().backward(), iters=iters,
+                          device=device)
     rates = interleaved(fns, rounds)
     return {k: {"time_vs_standard": rates["standard"] / rates[k],
                 "flops_vs_standard": flops[k] / flops["standard"],
@@ -323,13 +247,7 @@ def copy_bandwidth(mbytes: int = 256, reps: int = 5, device: str = "cpu") -> flo
     a = torch.empty(mbytes * 2**20 // 4, device=device)
     b = torch.empty_like(a)
     b.copy_(a)  # touch the pages
-    best = float("inf")
-    for _ in range(reps):
-        sync(device)
-        t = time.perf_counter()
-        b.copy_(a)
-        sync(device)
-        best = min(best, time.perf_counter() - t)
+    best = min(seconds(lambda: b.copy_(a), device=device) for _ in range(reps))
     return 2 * a.nbytes / best
 
 
@@ -360,17 +278,14 @@ def gemv_seconds_per_token(model: DecoderLM, reps: int = 9, fn: Callable = F.lin
     mats = decode_matrices(model)
     xs = [torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w, _ in mats]
 
-    def once() -> float:
-        sync(mats[0][0].device)
-        t = time.perf_counter()
+    def once() -> None:
         for (w, b), x in zip(mats, xs):
             fn(x, w, b)
-        sync(mats[0][0].device)
-        return time.perf_counter() - t
 
+    device = mats[0][0].device
     with gemv.use(gemv.decode_kernel(model)):  # what linear runs inside generate
-        once()
-        return statistics.median(once() for _ in range(reps))
+        seconds(once, device=device)  # warm-up
+        return statistics.median(seconds(once, device=device) for _ in range(reps))
 
 
 def bench_decode(size: str = "large", new_tokens: int = 128, rounds: int = 3,
@@ -396,20 +311,9 @@ def bench_decode(size: str = "large", new_tokens: int = 128, rounds: int = 3,
     new = min(new_tokens, s.n_ctx - prompt.shape[1])
     transformers.logging.set_verbosity_error()
 
-    def run_ours() -> float:
-        sync(device)
-        t = time.perf_counter()
-        ours.generate(prompt, new, greedy=True)
-        sync(device)
-        return new / (time.perf_counter() - t)
-
-    def run_hf() -> float:
-        sync(device)
-        t = time.perf_counter()
+    def hf_generate() -> None:
         with torch.no_grad():
             hf.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
-        sync(device)
-        return new / (time.perf_counter() - t)
 
     # Same weights, same function: compare logits on a generated sequence (argmax ties of an
     # untrained model can flip on float rounding, so token equality is tested in float64 in
@@ -419,7 +323,9 @@ def bench_decode(size: str = "large", new_tokens: int = 128, rounds: int = 3,
         gap = (ours(seq) - hf(seq).logits).abs().max().item()
     log(f"decode, size {size}, batch 1, {device}, {new} new tokens "
         f"(max |logit diff| vs HF: {gap:.2g})")
-    raw = interleaved_rounds({"qkvlab": run_ours, "hf_generate": run_hf}, rounds)
+    raw = interleaved_rounds({"qkvlab": rate(lambda: ours.generate(prompt, new, greedy=True),
+                                             work=new, device=device),
+                              "hf_generate": rate(hf_generate, work=new, device=device)}, rounds)
     rates = {k: statistics.median(v) for k, v in raw.items()}
     rates.update(ratio_stats(raw["qkvlab"], raw["hf_generate"]), max_logit_diff=gap,
                  threads=torch.get_num_threads())
@@ -490,15 +396,10 @@ def fold_compare(alt, idx: torch.Tensor, rounds: int = 5) -> dict[str, float]:
     a64 = copy.deepcopy(alt).double().eval()
     diff64 = (fold_alt(a64).eval()(idx) - a64(idx)).abs().max().item()
 
-    def rate(model):
-        def run() -> float:
-            t = time.perf_counter()
-            for _ in range(5):
-                model(idx)
-            return 5 * idx.numel() / (time.perf_counter() - t)
-        return run
+    def forward(model):
+        return rate(lambda: model(idx), work=idx.numel(), iters=5)
 
-    speed = interleaved({"alt": rate(alt), "folded": rate(folded)}, rounds)
+    speed = interleaved({"alt": forward(alt), "folded": forward(folded)}, rounds)
     return {"max_abs_diff_fp32": diff32, "max_abs_diff_fp64": diff64,
             "max_abs_logit": ref.abs().max().item(),
             "params_alt": count_params(alt)["total"], "params_folded": count_params(folded)["total"],

@@ -21,6 +21,7 @@ from qkvlab.attention import DESIGNS, AttentionConfig, build_attention
 from qkvlab.env import cpu_model
 from qkvlab.experiments.registry import load_studies
 from qkvlab.fileio import atomic_open
+from qkvlab.timing import SPEED_MARGIN
 from qkvlab.train.precision import cpu_bf16_report
 
 # command -> (module, configure function, run function, one-line help)
@@ -128,9 +129,9 @@ def _training_tables(training: dict) -> str:
     text = (f"Training tokens/s, fp32, qkvlab under each peer's settings (ratio > 1: qkvlab is "
             f"faster; median of {'/'.join(map(str, sorted(x for x in rounds if x)))} interleaved "
             f"rounds, min-max; 95% CI of the geometric-mean ratio over the paired rounds; "
-            f"level: its 90% CI inside 1 ± {bench.SPEED_MARGIN:.0%})\n\n" + _table(
+            f"level: its 90% CI inside 1 ± {SPEED_MARGIN:.0%})\n\n" + _table(
                 ["size", "peer", "matched settings", "peer tokens/s", "qkvlab tokens/s", "ratio",
-                 "spread", "95% CI", f"verdict (±{bench.SPEED_MARGIN:.0%})"], rows))
+                 "spread", "95% CI", f"verdict (±{SPEED_MARGIN:.0%})"], rows))
     heads = ["size", "qkvlab default fp32"]
     if any_bf16:
         heads += ["qkvlab bf16", "max |loss fp32 - bf16|"]

@@ -26,13 +26,13 @@ threads may run each other's choice (the same results, another speed).
 from __future__ import annotations
 
 import contextlib
-import statistics
-import time
 from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from qkvlab.timing import interleaved, seconds
 
 __all__ = ["FEW_ROWS", "GEMV_KERNELS", "Linear", "decode_kernel", "gemv_probe", "linear",
            "matrices", "set_gemv_kernel", "use"]
@@ -70,19 +70,15 @@ def gemv_probe(mats: list[tuple[Tensor, Tensor | None]], reps: int = 5) -> float
                          f"(got {len(mats)})")
     xs = [torch.zeros(1, w.shape[1], dtype=w.dtype, device=w.device) for w, _ in mats]
 
-    def timed(fn) -> float:
-        t = time.perf_counter()
-        for (w, b), x in zip(mats, xs):
-            fn(x, w, b)
-        return time.perf_counter() - t
+    def timer(fn):
+        def products() -> None:
+            for (w, b), x in zip(mats, xs):
+                fn(x, w, b)
+        return lambda: seconds(products, device=mats[0][0].device)
 
-    with torch.no_grad():
-        timed(F.linear), timed(_batched)  # warm-up
-        plain, batched = [], []
-        for _ in range(reps):
-            plain.append(timed(F.linear))
-            batched.append(timed(_batched))
-    return statistics.median(plain) / max(statistics.median(batched), 1e-9)
+    with torch.no_grad():  # the warm-up call of each, then reps rounds, alternating
+        t = interleaved({"linear": timer(F.linear), "batched": timer(_batched)}, reps)
+    return t["linear"] / max(t["batched"], 1e-9)
 
 
 def decode_kernel(model: nn.Module, part: nn.Module | None = None) -> str:
