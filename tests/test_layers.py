@@ -1,8 +1,8 @@
-"""Imports flow down the layers of DEVELOPERS.md: attention, models, data, train, experiments,
-analysis, report, the studies, then cli. The library never imports a study: ``qkvlab`` finds
+"""Imports flow down the layers of DEVELOPERS.md: kernels, attention, models, data, train,
+experiments, analysis, report, the studies, then cli. The library never imports a study: ``qkvlab`` finds
 installed studies through the ``qkvlab.studies`` entry points. A module may import its own layer or a lower one, never a higher
 one (``fold_alt`` rewrites model configs, so it lives in ``models``, not ``attention``).
-``bench.py`` sits above models: it times them, and the report reuses its timing."""
+``bench`` sits above models: it times them."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-ORDER = ("attention", "models", "bench", "data", "train", "experiments", "analysis", "report",
-         "studies", "cli")
+ORDER = ("kernels", "attention", "models", "bench", "data", "train", "experiments", "analysis",
+         "report", "studies", "cli")
 LAYERS = [m for m in ORDER if m not in ("bench", "cli")]  # the folders
 SRC = Path(__file__).resolve().parents[1] / "src" / "qkvlab"
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from qkvlab.attention import DESIGNS, AttentionConfig, build_attention, gemv, linear
+from qkvlab.attention import DESIGNS, AttentionConfig, build_attention
+from qkvlab.kernels import gemv, linear
 from qkvlab.models import DecoderLM, ModelConfig, count_params, fold_alt, from_hf_gpt2
 from qkvlab.timing import interleaved, interleaved_rounds, rate, ratio_stats, seconds
 
@@ -272,7 +273,7 @@ def gemv_seconds_per_token(model: DecoderLM, reps: int = 9, fn: Callable = F.lin
     """Seconds the matrix-vector products of one batch-1 decoding step take on their own: every
     projection (each attention's fused W_in, every ``nn.Linear``, the unembedding once) applied
     to one vector with its bias by ``fn`` (``F.linear``, the kernel HF runs; or qkvlab's
-    :func:`qkvlab.attention.linear`, the one its decoding runs), median of ``reps``. Where the
+    :func:`qkvlab.kernels.linear`, the one its decoding runs), median of ``reps``. Where the
     weights fit in the CPU's cache this, not the copy bandwidth, is the floor the rest of the
     step adds to."""
     mats = decode_matrices(model)

@@ -2,14 +2,12 @@
 
 Decoding multiplies one row (batch 1) or a few rows by every weight matrix, once per token.
 ``F.linear`` sends such a product to the BLAS's single GEMM, which on some CPUs reads weights
-that do not fit in cache far slower than memory allows: on a 2-core AMD EPYC with AVX-512
-(2026-11-25) MKL read the bench's large model (42.7 MB) at 10-11 GB/s that way, where a row sum
-read 34 GB/s and the same products written as one batched GEMM over row blocks of each weight
-(``baddbmm`` of (n, out/n, in) blocks with the rows, MKL's ``SGEMM_BATCH``) read at 25-35 GB/s,
-also on one thread. Where the weights fit in cache the batched form is slower (twice the time
-per matrix at the bench's small model, 3.2 MB), and where the BLAS's GEMV is good it gains
-nothing. So each model's decoding measures both kernels once on its own matrices and uses the
-faster:
+that do not fit in cache far slower than memory allows; the same products written as one batched
+GEMM over row blocks of each weight (``baddbmm`` of (n, out/n, in) blocks with the rows, MKL's
+``SGEMM_BATCH``) read them at close to copy speed there. Where the weights fit in cache the
+batched form is slower, and where the BLAS's GEMV is good it gains nothing (measurements in
+DEVELOPERS.md, "Decode speed"). So each model's decoding measures both kernels once on its own
+matrices and uses the faster:
 
     with use(decode_kernel(model)):   # what generate() does around its token loop
         y = linear(x, weight, bias)   # the batched form for <= FEW_ROWS rows, no grad
@@ -59,8 +57,8 @@ def gemv_probe(mats: list[tuple[Tensor, Tensor | None]], reps: int = 5) -> float
 
     The kernels alternate after a warm-up and the ratio is of the medians of ``reps`` passes
     over all of ``mats`` at the current thread count, so a busy machine slows both alike and the
-    weights sit where decoding finds them (in cache or not). About 35 ms for the bench's large
-    model on a 2-core EPYC. Leaves grad mode and the RNG alone.
+    weights sit where decoding finds them (in cache or not); cheap enough to run once per model.
+    Leaves grad mode and the RNG alone.
 
     Raises:
         ValueError: ``reps < 1``, or no matrices.
