@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from qkvlab import bench, peers
+from qkvlab.attention import AttentionConfig
+from qkvlab.models import speed
 from qkvlab.cli import bench_tables, measure_bf16
 from qkvlab.train import precision
 
@@ -23,8 +25,8 @@ def test_fold_alt_benchmark_reports_exact_fold():
 def test_projection_flops_order_follows_tying():
     res = {}
     for d in ("standard", "alt", "tied_qk", "tied_kv", "tied_qkv"):
-        cfg = bench.AttentionConfig(d_model=64, n_heads=4, design=d)
-        res[d] = bench.projection_flops(cfg, 2, 16)
+        cfg = AttentionConfig(d_model=64, n_heads=4, design=d)
+        res[d] = speed.projection_flops(cfg, 2, 16)
     assert res["tied_qkv"] < res["tied_qk"] == res["tied_kv"] < res["standard"] < res["alt"]
 
 
@@ -228,7 +230,7 @@ def test_bench_parts_take_an_explicit_device():
     run, losses = bench._train_rate(bench._ours_loss(model), model, s, 1, bf16=False,
                                     device="cpu")
     assert run() > 0 and len(losses) == 1
-    r = bench.attention_layer_speed(32, 2, 8, 1, {"tied_kv": {"design": "tied_kv"}}, iters=1,
+    r = speed.attention_layer_speed(32, 2, 8, 1, {"tied_kv": {"design": "tied_kv"}}, iters=1,
                                     rounds=1, device="cpu")
     assert r["standard"]["time_vs_standard"] == 1.0 and r["tied_kv"]["params_vs_standard"] < 1
     assert bench.copy_bandwidth(mbytes=1, reps=1, device="cpu") > 0
