@@ -55,8 +55,8 @@ def bench_training(size: str = "small", steps: int = 5, rounds: int = 3,
 
     Every contender runs in one interleaved measurement: qkvlab's default (``qkvlab``; also in
     bf16 autocast with ``bf16``, and under ``torch.compile`` with ``compile``), each peer, and
-    qkvlab under each peer's settings (``peers.MATCHED``). ``nanogpt`` is the path of a
-    nanoGPT checkout (both its ``bias`` settings are run).
+    qkvlab under each peer's settings (``qkvlab.bench.peers.MATCHED``). ``nanogpt`` is the path
+    of a nanoGPT checkout (both its ``bias`` settings are run).
 
     Returns tokens/s per contender, and ``vs_peer``: for each peer its matched qkvlab name and
     the qkvlab / peer ratio (median, min, max over rounds; > 1: qkvlab is faster).
