@@ -1,6 +1,6 @@
 """How qkvlab times code: one timer, interleaved rounds, and the ratio between two contenders.
 
-Every speed figure in the library, the bench and the study goes through here, so they all
+Speed figures (the library's, the bench's, the study's measures) go through here, so they all
 time alike: :func:`seconds` and :func:`rate` wait for the device before and after the calls
 (CUDA kernels return before they finish), :func:`interleaved_rounds` runs contenders
 round-robin so that machine noise hits them alike, and :func:`ratio_stats` reads the paired
