@@ -63,7 +63,7 @@ bench: $(VENV)/.installed
 RUFF := ruff==0.17.6
 lint: $(VENV)/.installed
 	$(BIN)/pip install -q $(RUFF)
-	$(BIN)/python -m ruff check src tests benchmarks
+	$(BIN)/python -m ruff check src tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -8,13 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-from qkvlab import bench, peers
-from qkvlab.cli import bench_tables, measure_bf16
+from qkvlab.attention import AttentionConfig
+from qkvlab.bench import decode, designs, peers, training, workload
+from qkvlab.bench.run import check_device, default_device, measure_bf16
+from qkvlab.bench.tables import bench_tables
+from qkvlab.kernels import gemv, linear
+from qkvlab.models import speed
+from qkvlab.timing import ratio_stats
 from qkvlab.train import precision
 
 
 def test_fold_alt_benchmark_reports_exact_fold():
-    r = bench.bench_fold_alt("small", train_steps=3, rounds=1, log=lambda m: None)
+    r = designs.bench_fold_alt("small", train_steps=3, rounds=1, log=lambda m: None)
     assert r["max_abs_diff_fp32"] <= 1e-5 and r["max_abs_diff_fp64"] <= 1e-12
     assert r["params_alt"] - r["params_folded"] == 4 * 4 * 32 * 32  # layers * heads * d_v²
     assert r["train_loss_last"] < r["train_loss_first"]
@@ -23,13 +28,13 @@ def test_fold_alt_benchmark_reports_exact_fold():
 def test_projection_flops_order_follows_tying():
     res = {}
     for d in ("standard", "alt", "tied_qk", "tied_kv", "tied_qkv"):
-        cfg = bench.AttentionConfig(d_model=64, n_heads=4, design=d)
-        res[d] = bench.projection_flops(cfg, 2, 16)
+        cfg = AttentionConfig(d_model=64, n_heads=4, design=d)
+        res[d] = speed.projection_flops(cfg, 2, 16)
     assert res["tied_qkv"] < res["tied_qk"] == res["tied_kv"] < res["standard"] < res["alt"]
 
 
 def test_cache_bytes_table_halves_for_tied_kv():
-    t = bench.cache_bytes_table("small")
+    t = designs.cache_bytes_table("small")
     assert t["tied_kv"] * 2 == t["standard"] == t["tied_qk"] == t["alt"]
     assert t["tied_qkv"] == t["tied_kv"] == t["standard GQA G=2"]
     assert t["standard"] == 4 * 2 * 128 * 4  # layers * (k, v) * d_model * fp32 bytes
@@ -40,7 +45,7 @@ NANOGPT = Path(__file__).parent / "fixtures" / "nanogpt"
 
 @pytest.mark.slow
 def test_training_benchmark_runs_against_peers():
-    r = bench.bench_training("small", steps=1, rounds=1, log=lambda m: None)
+    r = training.bench_training("small", steps=1, rounds=1, log=lambda m: None)
     assert set(r["vs_peer"]) == {"hf_gpt2", "x_transformers", "litgpt"}
     assert {"qkvlab", "qkvlab_bf16", "hf_gpt2", "x_transformers", "litgpt", "bf16_loss_gap"} <= set(r)
     assert r["vs_peer"]["hf_gpt2"]["qkvlab"] == "qkvlab"  # GPT-2's settings are qkvlab's defaults
@@ -48,8 +53,8 @@ def test_training_benchmark_runs_against_peers():
 
 
 def test_training_benchmark_runs_nanogpt_from_a_checkout_with_and_without_biases():
-    r = bench.bench_training("small", steps=1, rounds=2, peers=(), nanogpt=NANOGPT, bf16=False,
-                             log=lambda m: None)
+    r = training.bench_training("small", steps=1, rounds=2, peers=(), nanogpt=NANOGPT,
+                                bf16=False, log=lambda m: None)
     assert set(r["vs_peer"]) == {"nanogpt", "nanogpt_bias"}
     assert r["vs_peer"]["nanogpt"]["qkvlab"] == "qkvlab[activation=gelu,bias=False]"
     assert r["vs_peer"]["nanogpt_bias"]["qkvlab"] == "qkvlab[activation=gelu,bias=True]"
@@ -77,17 +82,17 @@ def test_bench_cli_refuses_a_nanogpt_path_without_model_py(tmp_path, capsys):
 
 
 def test_peer_builders_match_their_qkvlab_settings():
-    s = bench.SIZES["small"]
-    loss, model = peers.nanogpt(peers.load_nanogpt(NANOGPT), bias=False)(s, bench.VOCAB)
+    s = workload.SIZES["small"]
+    loss, model = peers.nanogpt(peers.load_nanogpt(NANOGPT), bias=False)(s, workload.VOCAB)
     assert all("bias" not in n for n, _ in model.named_parameters())
-    x, y = bench.train_batches(s, 1)[0]
+    x, y = workload.train_batches(s, 1)[0]
     assert loss(x, y).shape == ()
-    ours = bench._ours(s, **peers.MATCHED["nanogpt"])
+    ours = workload.qkvlab_lm(s, **peers.MATCHED["nanogpt"])
     assert all("bias" not in n and "b_in" not in n for n, _ in ours.named_parameters())
 
 
 def test_ratio_stats_are_per_round():
-    r = bench.ratio_stats([2.0, 3.0, 8.0], [1.0, 3.0, 2.0])
+    r = ratio_stats([2.0, 3.0, 8.0], [1.0, 3.0, 2.0])
     assert (r["ratio"], r["min"], r["max"]) == (2.0, 1.0, 4.0)
     assert r["gmean"] == pytest.approx(2.0)  # (2 · 1 · 4)^(1/3)
 
@@ -96,43 +101,43 @@ def test_ratio_verdict_is_a_paired_t_test_on_log_ratios():
     from scipy import stats
 
     ratios = [1.30, 1.22, 1.41, 1.18, 1.35]
-    r = bench.ratio_stats(ratios, [1.0] * len(ratios))
+    r = ratio_stats(ratios, [1.0] * len(ratios))
     logs = np.log(ratios)
     lo, hi = stats.t.interval(0.95, len(logs) - 1, loc=logs.mean(), scale=stats.sem(logs))
     assert (r["ci_lo"], r["ci_hi"]) == pytest.approx((np.exp(lo), np.exp(hi)))
     assert r["verdict"] == "faster"
-    assert bench.ratio_stats([1 / x for x in ratios], [1.0] * 5)["verdict"] == "slower"
-    level = bench.ratio_stats([1.01, 0.99, 1.00, 1.02, 0.995, 1.005], [1.0] * 6)
+    assert ratio_stats([1 / x for x in ratios], [1.0] * 5)["verdict"] == "slower"
+    level = ratio_stats([1.01, 0.99, 1.00, 1.02, 0.995, 1.005], [1.0] * 6)
     assert level["verdict"] == "level" and level["rounds_needed"] is None
-    noisy = bench.ratio_stats([1.10, 0.90, 1.15, 0.88, 1.02], [1.0] * 5)
+    noisy = ratio_stats([1.10, 0.90, 1.15, 0.88, 1.02], [1.0] * 5)
     assert noisy["verdict"] == "undecided" and noisy["rounds_needed"] > 5
-    one = bench.ratio_stats([1.1], [1.0])
+    one = ratio_stats([1.1], [1.0])
     assert one["verdict"] == "undecided" and one["ci_lo"] is None
 
 
 def test_decode_bound_counts_each_weight_once():
-    model = bench._ours(bench.SIZES["small"])
+    model = workload.qkvlab_lm(workload.SIZES["small"])
     n = sum(p.numel() for p in model.parameters())  # the tied embedding counted once
     rows = model.embed.wpe.weight.shape[0]
-    assert bench.weight_bytes_per_token(model) == 4 * (n - (rows - 1) * model.cfg.d_model)
-    assert bench.copy_bandwidth(mbytes=8, reps=1) > 0
+    assert decode.weight_bytes_per_token(model) == 4 * (n - (rows - 1) * model.cfg.d_model)
+    assert decode.copy_bandwidth(mbytes=8, reps=1) > 0
 
 
 def test_decode_gemvs_are_every_weight_but_norms_and_positions():
-    model = bench._ours(bench.SIZES["small"])
-    mats = bench.decode_matrices(model)
+    model = workload.qkvlab_lm(workload.SIZES["small"])
+    mats = gemv.matrices(model)
     got = sum(w.nbytes + (0 if b is None else b.nbytes) for w, b in mats)
     norms = sum(p.nbytes for m in model.modules() if isinstance(m, torch.nn.LayerNorm)
                 for p in m.parameters())
     row = model.embed.wpe.weight[0].nbytes
-    assert got == bench.weight_bytes_per_token(model) - norms - row
-    assert 0 < bench.gemv_seconds_per_token(model, reps=1) < 1
-    assert 0 < bench.gemv_seconds_per_token(model, reps=1, fn=bench.linear) < 1
+    assert got == decode.weight_bytes_per_token(model) - norms - row
+    assert 0 < decode.gemv_seconds_per_token(model, reps=1) < 1
+    assert 0 < decode.gemv_seconds_per_token(model, reps=1, fn=linear) < 1
 
 
 def test_decode_bench_gives_both_gemv_floors_and_the_kernel_decoding_chose():
     pytest.importorskip("transformers")
-    r = bench.bench_decode("small", new_tokens=4, rounds=1, log=lambda *a: None)
+    r = decode.bench_decode("small", new_tokens=4, rounds=1, log=lambda *a: None)
     assert r["qkvlab"] > 0 and r["hf_generate"] > 0 and r["max_logit_diff"] < 1e-4
     assert r["gemv_kernel"] in ("linear", "batched") and r["gemv_probe"] > 0
     assert r["gemv_tokens_per_s"] > 0 and r["gemv_ours_tokens_per_s"] > 0
@@ -189,8 +194,8 @@ def test_default_model_table_keeps_its_columns_when_one_size_has_no_bf16():
 
 
 def test_training_table_gives_each_ratio_its_ci_and_verdict():
-    vs = bench.ratio_stats([1.30, 1.22, 1.41, 1.18, 1.35], [1.0] * 5)
-    noisy = bench.ratio_stats([1.10, 0.90, 1.15, 0.88, 1.02], [1.0] * 5)
+    vs = ratio_stats([1.30, 1.22, 1.41, 1.18, 1.35], [1.0] * 5)
+    noisy = ratio_stats([1.10, 0.90, 1.15, 0.88, 1.02], [1.0] * 5)
     training = {"small": {"qkvlab": 1000.0, "qkvlab[x]": 900.0, "hf_gpt2": 700.0, "nanogpt": 950.0,
                           "vs_peer": {"hf_gpt2": {"qkvlab": "qkvlab", **vs},
                                       "nanogpt": {"qkvlab": "qkvlab[x]", **noisy}}}}
@@ -200,15 +205,15 @@ def test_training_table_gives_each_ratio_its_ci_and_verdict():
 
 
 def test_bench_device_errors_name_what_is_wrong(monkeypatch):
-    assert bench.check_device("cpu") == "cpu"
+    assert check_device("cpu") == "cpu"
     with pytest.raises(ValueError, match="not a torch device"):
-        bench.check_device("gpu0")
+        check_device("gpu0")
     with pytest.raises(ValueError, match="runs on cpu or cuda"):
-        bench.check_device("meta")
+        check_device("meta")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="no CUDA device here"):
-        bench.check_device("cuda")
-    assert bench.default_device() == "cpu"
+        check_device("cuda")
+    assert default_device() == "cpu"
 
 
 def test_bench_cli_refuses_cuda_where_there_is_none(tmp_path, capsys, monkeypatch):
@@ -223,15 +228,15 @@ def test_bench_cli_refuses_cuda_where_there_is_none(tmp_path, capsys, monkeypatc
 def test_bench_parts_take_an_explicit_device():
     """The CUDA path is the CPU path with the device passed through and a sync around each
     timer (a GPU test needs a GPU: see DEVELOPERS.md); on the CPU every part runs as before."""
-    s = bench.SIZES["small"]
-    model = bench._ours(s)
-    run, losses = bench._train_rate(bench._ours_loss(model), model, s, 1, bf16=False,
-                                    device="cpu")
+    s = workload.SIZES["small"]
+    model = workload.qkvlab_lm(s)
+    run, losses = training._train_rate(workload.lm_loss(model), model, s, 1, bf16=False,
+                                       device="cpu")
     assert run() > 0 and len(losses) == 1
-    r = bench.attention_layer_speed(32, 2, 8, 1, {"tied_kv": {"design": "tied_kv"}}, iters=1,
+    r = speed.attention_layer_speed(32, 2, 8, 1, {"tied_kv": {"design": "tied_kv"}}, iters=1,
                                     rounds=1, device="cpu")
     assert r["standard"]["time_vs_standard"] == 1.0 and r["tied_kv"]["params_vs_standard"] < 1
-    assert bench.copy_bandwidth(mbytes=1, reps=1, device="cpu") > 0
+    assert decode.copy_bandwidth(mbytes=1, reps=1, device="cpu") > 0
 
 
 def test_gpu_table_holds_the_gpu_and_the_cpu_table_only_the_cpu():

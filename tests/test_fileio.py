@@ -45,7 +45,7 @@ def test_new_files_get_the_mode_open_would_give(tmp_path, umask022):
 
 def test_cli_and_analysis_json_outputs_are_0644(tmp_path, umask022):
     from qkvlab.analysis.run import _atomic_json
-    from qkvlab.cli import _write_json
+    from qkvlab.bench.cli import _write_json
 
     _write_json(tmp_path / "bench.json", {"a": 1})
     _atomic_json(tmp_path / "measures.json", {"a": float("nan")})

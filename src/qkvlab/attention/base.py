@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from qkvlab.attention.circuits import FactoredMatrix
 from qkvlab.attention.config import AttentionConfig
 from qkvlab.attention.core import KVCache, attend, build_mask, repeat_kv
-from qkvlab.attention.gemv import Linear, linear
+from qkvlab.kernels import Linear, linear
 
 Rope = Callable[[Tensor, int], Tensor]  # (x (B, n, T, d), position of x[..., 0, :]) -> rotated x
 

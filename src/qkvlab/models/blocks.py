@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkvlab.attention import Attention, KVCache, Linear, build_attention
+from qkvlab.attention import Attention, KVCache, build_attention
+from qkvlab.kernels import Linear
 from qkvlab.models.config import ModelConfig
 
 

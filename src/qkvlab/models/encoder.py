@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from qkvlab.attention import Linear, gemv
+from qkvlab.kernels import Linear, gemv
 from qkvlab.models.blocks import Block, Embedding, attention_modules, init_and_tie, rotary_for
 from qkvlab.models.config import ModelConfig
 from qkvlab.models.lm import pick_next
@@ -104,7 +104,7 @@ class EncoderDecoder(nn.Module):
         cross = [b.cross.new_cache(B, src.shape[1], dtype=dtype, frozen=True) for b in self.decoder]
         out = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
         step, done = out, torch.zeros(B, dtype=torch.bool, device=src.device)
-        # few-row products on the kernel measured faster for the decoder's matrices (attention.gemv)
+        # few-row products on the kernel measured faster for the decoder's matrices (kernels.gemv)
         decoder = nn.ModuleList([self.decoder, self.lm_head])
         with gemv.use(gemv.decode_kernel(self, decoder)):
             for _ in range(max_new_tokens):

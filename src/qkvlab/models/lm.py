@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from qkvlab.attention import KVCache, Linear, gemv
+from qkvlab.attention import KVCache
+from qkvlab.kernels import Linear, gemv
 from qkvlab.models.blocks import Block, Embedding, attention_modules, init_and_tie, rotary_for
 from qkvlab.models.config import ModelConfig
 
@@ -70,7 +71,7 @@ class DecoderLM(nn.Module):
                                  dtype=self.embed.wte.weight.dtype)
         out, step = idx, idx
         # inference mode: no view or version tracking, ~5% faster decoding; few-row products on
-        # the kernel measured faster for this model (attention.gemv)
+        # the kernel measured faster for this model (kernels.gemv)
         with torch.inference_mode(), gemv.use(gemv.decode_kernel(self)):
             for _ in range(max_new_tokens):
                 logits = self(step, caches=caches)[:, -1]

@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import statistics
-import time
 import warnings
 
 import torch
 import torch.nn.functional as F
 
+from qkvlab.timing import interleaved, seconds
 from qkvlab.train.config import PRECISIONS
 
 __all__ = ["SlowPrecisionWarning", "autocast", "bf16_probe", "cpu_bf16_report", "cpu_capability",
@@ -102,25 +101,20 @@ def bf16_probe(n: int = 256, reps: int = 5) -> float:
     w1 = (torch.randn(d, n, generator=g) * d ** -0.5).requires_grad_()
     w2 = (torch.randn(n, d, generator=g) * n ** -0.5).requires_grad_()
 
-    def timed(bf16: bool) -> float:
-        t = time.perf_counter()
+    def step(bf16: bool) -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             y = F.gelu(x @ w1) @ w2  # (n, d)
         y.float().square().mean().backward()
-        return time.perf_counter() - t
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with torch.enable_grad():
-            timed(False), timed(True)  # warm-up: kernel selection, allocations
-            fp32, bf16 = [], []
-            for _ in range(reps):
-                fp32.append(timed(False))
-                bf16.append(timed(True))
+        with torch.enable_grad():  # the warm-up call of each: kernel selection, allocations
+            t = interleaved({"fp32": lambda: seconds(lambda: step(False)),
+                             "bf16": lambda: seconds(lambda: step(True))}, reps)
     finally:
         torch.set_num_threads(threads)
-    return statistics.median(bf16) / max(statistics.median(fp32), 1e-9)
+    return t["bf16"] / max(t["fp32"], 1e-9)
 
 
 def _cpu_words() -> str:

@@ -28,8 +28,9 @@ from torch import Tensor, nn
 from qkvlab.analysis import analyze, measures
 from qkvlab.analysis.load_qkvlab import load_qkvlab
 from qkvlab.attention import repeat_kv
-from qkvlab.bench import attention_layer_speed, fold_compare, interleaved
 from qkvlab.models import DecoderLM, ModelConfig
+from qkvlab.models.speed import attention_layer_speed, fold_compare
+from qkvlab.timing import interleaved
 
 
 class _Capture:

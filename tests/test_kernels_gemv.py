@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from qkvlab.attention import DESIGNS, Linear, decode_kernel, linear, set_gemv_kernel
-from qkvlab.attention import gemv
+from qkvlab.attention import DESIGNS
+from qkvlab.kernels import Linear, decode_kernel, gemv, linear, set_gemv_kernel
 from qkvlab.models import ModelConfig, build_model
 
 TINY = dict(d_vocab=37, n_ctx=24, d_model=32, n_layers=2, n_heads=4)

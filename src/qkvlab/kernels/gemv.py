@@ -2,14 +2,12 @@
 
 Decoding multiplies one row (batch 1) or a few rows by every weight matrix, once per token.
 ``F.linear`` sends such a product to the BLAS's single GEMM, which on some CPUs reads weights
-that do not fit in cache far slower than memory allows: on a 2-core AMD EPYC with AVX-512
-(2026-11-25) MKL read the bench's large model (42.7 MB) at 10-11 GB/s that way, where a row sum
-read 34 GB/s and the same products written as one batched GEMM over row blocks of each weight
-(``baddbmm`` of (n, out/n, in) blocks with the rows, MKL's ``SGEMM_BATCH``) read at 25-35 GB/s,
-also on one thread. Where the weights fit in cache the batched form is slower (twice the time
-per matrix at the bench's small model, 3.2 MB), and where the BLAS's GEMV is good it gains
-nothing. So each model's decoding measures both kernels once on its own matrices and uses the
-faster:
+that do not fit in cache far slower than memory allows; the same products written as one batched
+GEMM over row blocks of each weight (``baddbmm`` of (n, out/n, in) blocks with the rows, MKL's
+``SGEMM_BATCH``) read them at close to copy speed there. Where the weights fit in cache the
+batched form is slower, and where the BLAS's GEMV is good it gains nothing (measurements in
+DEVELOPERS.md, "Decode speed"). So each model's decoding measures both kernels once on its own
+matrices and uses the faster:
 
     with use(decode_kernel(model)):   # what generate() does around its token loop
         y = linear(x, weight, bias)   # the batched form for <= FEW_ROWS rows, no grad
@@ -26,13 +24,13 @@ threads may run each other's choice (the same results, another speed).
 from __future__ import annotations
 
 import contextlib
-import statistics
-import time
 from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from qkvlab.timing import interleaved, seconds
 
 __all__ = ["FEW_ROWS", "GEMV_KERNELS", "Linear", "decode_kernel", "gemv_probe", "linear",
            "matrices", "set_gemv_kernel", "use"]
@@ -59,8 +57,8 @@ def gemv_probe(mats: list[tuple[Tensor, Tensor | None]], reps: int = 5) -> float
 
     The kernels alternate after a warm-up and the ratio is of the medians of ``reps`` passes
     over all of ``mats`` at the current thread count, so a busy machine slows both alike and the
-    weights sit where decoding finds them (in cache or not). About 35 ms for the bench's large
-    model on a 2-core EPYC. Leaves grad mode and the RNG alone.
+    weights sit where decoding finds them (in cache or not); cheap enough to run once per model.
+    Leaves grad mode and the RNG alone.
 
     Raises:
         ValueError: ``reps < 1``, or no matrices.
@@ -70,19 +68,15 @@ def gemv_probe(mats: list[tuple[Tensor, Tensor | None]], reps: int = 5) -> float
                          f"(got {len(mats)})")
     xs = [torch.zeros(1, w.shape[1], dtype=w.dtype, device=w.device) for w, _ in mats]
 
-    def timed(fn) -> float:
-        t = time.perf_counter()
-        for (w, b), x in zip(mats, xs):
-            fn(x, w, b)
-        return time.perf_counter() - t
+    def timer(fn):
+        def products() -> None:
+            for (w, b), x in zip(mats, xs):
+                fn(x, w, b)
+        return lambda: seconds(products, device=mats[0][0].device)
 
-    with torch.no_grad():
-        timed(F.linear), timed(_batched)  # warm-up
-        plain, batched = [], []
-        for _ in range(reps):
-            plain.append(timed(F.linear))
-            batched.append(timed(_batched))
-    return statistics.median(plain) / max(statistics.median(batched), 1e-9)
+    with torch.no_grad():  # the warm-up call of each, then reps rounds, alternating
+        t = interleaved({"linear": timer(F.linear), "batched": timer(_batched)}, reps)
+    return t["linear"] / max(t["batched"], 1e-9)
 
 
 def decode_kernel(model: nn.Module, part: nn.Module | None = None) -> str:

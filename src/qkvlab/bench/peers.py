@@ -37,6 +37,10 @@ MATCHED = {
     "nanogpt": {"bias": False, "activation": "gelu"},
     "nanogpt_bias": {"bias": True, "activation": "gelu"},
 }
+# The same settings in words, for the bench's training table.
+PEER_SETTINGS = {"hf_gpt2": "biases, tanh GELU", "x_transformers": "no biases, exact GELU",
+                 "litgpt": "biases, exact GELU, rotary, untied", "nanogpt": "no biases, exact GELU",
+                 "nanogpt_bias": "biases, exact GELU"}
 
 
 def _logits_loss(model):
