@@ -112,7 +112,8 @@ def _decode_row(size: str, r: dict) -> list:
     def tok(key):
         return int(r[key]) if key in r else ""
     kernel = f"{r['gemv_kernel']} ({r['gemv_probe']:.2f}x)" if "gemv_kernel" in r else ""
-    return [size, int(r["qkvlab"]), int(r["hf_generate"]), r.get("ratio", r["qkvlab"] / r["hf_generate"]),
+    return [size, int(r["qkvlab"]), int(r["hf_generate"]),
+            r.get("ratio", r["qkvlab"] / r["hf_generate"]),
             f"{r['min']:.2f}-{r['max']:.2f}" if "min" in r else "", tok("bound_tokens_per_s"),
             tok("gemv_tokens_per_s"),
             r["gemv_tokens_per_s"] / r["hf_generate"] if "gemv_tokens_per_s" in r else "",
@@ -130,19 +131,21 @@ def bench_tables(res: dict) -> str:
     if "training" in res:
         out.append(_training_tables(res["training"]))
     if "attention" in res:
-        rows = [[d, r["time_vs_standard"], r["flops_vs_standard"]] for d, r in res["attention"].items()]
+        rows = [[d, r["time_vs_standard"], r["flops_vs_standard"]]
+                for d, r in res["attention"].items()]
         out.append("Attention layer forward+backward (causal), relative to standard\n\n" +
                    markdown_table(["design", "time ratio", "FLOPs ratio"], rows))
     if "decode" in res:
         rows = [_decode_row(size, r) for size, r in res["decode"].items()]
-        out.append("Batch-1 greedy decoding with the KV cache, same weights; bound = copy bandwidth "
-                   "/ weight bytes per token; GEMVs alone = the step's matrix-vector products "
-                   "without the rest (the floor where the weights fit in cache, or where the CPU's GEMV "
-                   "kernel reads slower than it copies), with F.linear (HF's kernel) and with the "
-                   "kernel qkvlab's decoding chose (qkvlab.attention.decode_kernel: batched GEMM over "
-                   "row blocks where its probe measured it 1.2x faster or more, else F.linear; "
-                   "the probe's ratio in brackets); ratio at HF's GEMV floor = F.linear GEMVs / HF: "
-                   "the ratio a decoder doing nothing but HF's GEMVs would reach\n\n" + markdown_table(
+        out.append("Batch-1 greedy decoding with the KV cache, same weights; bound = copy "
+                   "bandwidth / weight bytes per token; GEMVs alone = the step's matrix-vector "
+                   "products without the rest (the floor where the weights fit in cache, or where "
+                   "the CPU's GEMV kernel reads slower than it copies), with F.linear (HF's "
+                   "kernel) and with the kernel qkvlab's decoding chose "
+                   "(qkvlab.kernels.decode_kernel: batched GEMM over row blocks where its probe "
+                   "measured it 1.2x faster or more, else F.linear; the probe's ratio in "
+                   "brackets); ratio at HF's GEMV floor = F.linear GEMVs / HF: the ratio a decoder "
+                   "doing nothing but HF's GEMVs would reach\n\n" + markdown_table(
                        ["size", "qkvlab tokens/s", "HF generate tokens/s", "ratio", "spread",
                         "bound tokens/s", "GEMVs alone, F.linear, tokens/s",
                         "ratio at HF's GEMV floor", "qkvlab GEMV kernel",
@@ -158,5 +161,6 @@ def bench_tables(res: dict) -> str:
             ["train loss", "max |Δlogit| fp32", "max |Δlogit| fp64", "params alt", "params folded",
              "speed folded/alt"],
             [[f"{r['train_loss_first']:.3f} → {r['train_loss_last']:.3f}", r["max_abs_diff_fp32"],
-              r["max_abs_diff_fp64"], r["params_alt"], r["params_folded"], r["speed_folded_vs_alt"]]]))
+              r["max_abs_diff_fp64"], r["params_alt"], r["params_folded"],
+              r["speed_folded_vs_alt"]]]))
     return "\n\n".join(out)

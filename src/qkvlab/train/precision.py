@@ -1,9 +1,8 @@
 """Which precision a run actually trains in: bf16 autocast only where the hardware helps it.
 
 On a CPU without bf16 instructions (AVX2-only x86 such as many AMD EPYC, or AVX-512 without
-``avx512_bf16``), PyTorch's bf16 autocast runs its matrix multiplies in slow fallback kernels:
-qkvlab's quick lm model trained at 803 tokens/s in bf16 against 10,812 in fp32 on such a
-machine, about 13× slower, with nothing said. So ``precision="bf16"`` falls back to fp32 there
+``avx512_bf16``), PyTorch's bf16 autocast runs its matrix multiplies in slow fallback kernels,
+an order of magnitude slower than fp32 with nothing said (measurements: DEVELOPERS.md). So ``precision="bf16"`` falls back to fp32 there
 with one warning per process; ``"bf16_force"`` insists on bf16 (warned once too). On CUDA, bf16
 is used where ``torch.cuda.is_bf16_supported()``.
 
@@ -13,9 +12,8 @@ way. ``torch.backends.cpu.get_cpu_capability()`` (``"AVX2"``, ``"AVX512"``, ...)
 ``"AVX512"`` covers CPUs with and without bf16. Only where the flags cannot be read (not Linux)
 does the decision fall to :func:`bf16_probe`, a measured time ratio.
 
-Native bf16 is not always faster either: on a 2-core Intel Xeon with ``avx512_bf16``
-(2026-11-25) the probe measured bf16 1.6× slower, and ``qkvlab bench`` trained its two GPT
-sizes 2.0× and 1.7× slower in bf16 (small GEMMs gain nothing and autocast adds casts). So
+Native bf16 is not always faster either: small GEMMs gain nothing and autocast adds casts, so
+on some CPUs with ``avx512_bf16`` bf16 trains slower (DEVELOPERS.md has the ratios). So
 there ``"bf16"`` still trains in bf16, as asked and as the flags say, but warns once with the
 measured ratio whenever the probe finds bf16 at least ``NATIVE_SLOW_RATIO`` times slower.
 
