@@ -134,7 +134,8 @@ def compare(rows: Iterable[dict[str, Any]], metric: str, *, baseline: str = "sta
         ``diverged``, ``n_params`` (median over seeds) and, for non-baseline designs,
         ``baseline_mean``, ``baseline_params`` and the fields of :func:`paired`.
     """
-    groups: dict[tuple, dict[str, dict[Any, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
+    groups: dict[tuple, dict[str, dict[Any, dict[str, Any]]]] = defaultdict(
+        lambda: defaultdict(dict))
     for r in rows:
         tags = dict(r["tags"])
         design, seed = tags.pop(design_key, None), tags.pop(pair_on, None)
@@ -155,7 +156,8 @@ def compare(rows: Iterable[dict[str, Any]], metric: str, *, baseline: str = "sta
                          if r["status"] == "done" and r["final"].get(metric) is not None}
                 seeds = sorted(set(vals) & set(bvals), key=str)
                 row["baseline_mean"] = mean_ci(list(bvals.values()), level)["mean"]
-                row["baseline_params"] = _median([r["n_params"] for r in base.values() if r["n_params"]])
+                row["baseline_params"] = _median([r["n_params"] for r in base.values()
+                                                  if r["n_params"]])
                 row.update(paired([vals[s] for s in seeds], [bvals[s] for s in seeds], level))
             out.append(row)
     return out

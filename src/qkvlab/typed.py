@@ -5,7 +5,8 @@ dataclass validated in ``__post_init__``. Dicts come in from JSON (stored run sp
 ``torchrun`` spec files, the command line); this module is the one door between the two:
 
     from_dict(TrainConfig, {"steps": 10}, "train")   # -> TrainConfig(steps=10, ...)
-    from_dict(TrainConfig, {"stpes": 10}, "train")   # ValueError: train.stpes: unknown key; allowed: [...]
+    from_dict(TrainConfig, {"stpes": 10}, "train")   # ValueError: train.stpes: unknown key;
+                                                     # allowed: [...]
 
 Nested dataclass fields (``RunSpec.train`` is a ``TrainConfig``) are built recursively, lists
 become tuples where the field is a tuple, and ``to_dict`` is the inverse (tuples -> lists), so
@@ -23,7 +24,8 @@ T = TypeVar("T")
 
 
 def unknown_key(where: str, key: str, allowed: Iterable[str]) -> ValueError:
-    """The one error for a key a config does not have: ``where.key: unknown key; allowed: [...]``."""
+    """The one error for a key a config does not have:
+    ``where.key: unknown key; allowed: [...]``."""
     name = f"{where}.{key}" if where else str(key)
     return ValueError(f"{name}: unknown key; allowed: {sorted(allowed)}")
 

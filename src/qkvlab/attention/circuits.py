@@ -16,7 +16,8 @@ class FactoredMatrix:
 
     def __init__(self, A: Tensor, B: Tensor):
         if A.shape[-1] != B.shape[-2] or A.shape[:-2] != B.shape[:-2]:
-            raise ValueError(f"FactoredMatrix: shapes {tuple(A.shape)} @ {tuple(B.shape)} do not chain")
+            raise ValueError(f"FactoredMatrix: shapes {tuple(A.shape)} @ {tuple(B.shape)} "
+                             "do not chain")
         self.A, self.B = A, B
 
     @property
@@ -43,7 +44,8 @@ class FactoredMatrix:
 
     def norm(self) -> Tensor:
         """Frobenius norm per matrix (…): ‖AB‖² = tr((AᵀA)(BBᵀ))."""
-        return ((self.A.transpose(-1, -2) @ self.A) * (self.B @ self.B.transpose(-1, -2))).sum((-1, -2)).clamp_min(0).sqrt()
+        return ((self.A.transpose(-1, -2) @ self.A)
+                * (self.B @ self.B.transpose(-1, -2))).sum((-1, -2)).clamp_min(0).sqrt()
 
     def __getitem__(self, idx) -> "FactoredMatrix":
         return FactoredMatrix(self.A[idx], self.B[idx])

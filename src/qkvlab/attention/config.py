@@ -76,7 +76,8 @@ class AttentionConfig:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
-                f"n_kv_heads: n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}"
+                f"n_kv_heads: n_heads={self.n_heads} is not divisible by "
+                f"n_kv_heads={self.n_kv_heads}"
             )
         if self.scale is None:
             object.__setattr__(self, "scale", DESIGNS[self.design].default_scale)

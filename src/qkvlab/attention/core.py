@@ -158,7 +158,8 @@ def attend(
         future = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        scores = (scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool
+                  else scores + mask)
     weights = scores.softmax(dim=-1)
     if dropout_p > 0:
         weights = F.dropout(weights, p=dropout_p)

@@ -81,7 +81,8 @@ def bench_decode(size: str = "large", new_tokens: int = 128, rounds: int = 3,
 
     def hf_generate() -> None:
         with torch.no_grad():
-            hf.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+            hf.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                        pad_token_id=0)
 
     # Same weights, same function: compare logits on a generated sequence (argmax ties of an
     # untrained model can flip on float rounding, so token equality is tested in float64 in

@@ -97,7 +97,8 @@ def load_nanogpt(path: str | Path) -> ModuleType:
     spec.loader.exec_module(mod)
     missing = [n for n in ("GPT", "GPTConfig") if not hasattr(mod, n)]
     if missing:
-        raise ValueError(f"nanogpt: {f} defines no {' or '.join(missing)}; is it nanoGPT's model.py?")
+        raise ValueError(f"nanogpt: {f} defines no {' or '.join(missing)}; "
+                         "is it nanoGPT's model.py?")
     return mod
 
 
@@ -120,7 +121,8 @@ def builders(names, nanogpt_path: str | Path | None = None) -> dict:
     """Peer name -> builder for ``names`` plus, with ``nanogpt_path``, both nanoGPT variants."""
     unknown = [n for n in names if n not in BUILDERS]
     if unknown:
-        raise ValueError(f"peers: unknown {unknown}; known: {list(BUILDERS)} (nanoGPT: --nanogpt PATH)")
+        raise ValueError(f"peers: unknown {unknown}; known: {list(BUILDERS)} "
+                         "(nanoGPT: --nanogpt PATH)")
     out = {n: BUILDERS[n] for n in names}
     if nanogpt_path is not None:
         mod = load_nanogpt(nanogpt_path)

@@ -105,7 +105,8 @@ def bench_training(size: str = "small", steps: int = 5, rounds: int = 3,
     # Same data, same init: fp32 and bf16 losses of our model should track each other.
     if bf16:
         n = min(len(losses["qkvlab"]), len(losses["qkvlab_bf16"]))
-        out["bf16_loss_gap"] = max(abs(a - b) for a, b in zip(losses["qkvlab"][:n], losses["qkvlab_bf16"][:n]))
+        out["bf16_loss_gap"] = max(abs(a - b)
+                                   for a, b in zip(losses["qkvlab"][:n], losses["qkvlab_bf16"][:n]))
     return out
 
 

@@ -54,7 +54,8 @@ def qkvlab_lm(s: Size, **opts) -> DecoderLM:
 
 
 def lm_loss(model):
-    """``loss(x, y)``: next-token cross-entropy of ``model``'s logits (B, T, V) on targets (B, T)."""
+    """``loss(x, y)``: next-token cross-entropy of ``model``'s logits (B, T, V) on targets
+    (B, T)."""
     return lambda x, y: F.cross_entropy(model(x).flatten(0, 1), y.flatten())
 
 

@@ -1,9 +1,9 @@
 """Data and tasks: offline corpora, tokenizers, the prepared-data cache, one file per task.
 
 ``get_task(name, **options)`` builds a registered task; ``TASKS`` maps names to classes:
-``lm`` and ``mlm`` (real text), ``translate`` (real pairs), ``mqar``, ``bind``, ``bind_codes``, ``relation``,
-``successor`` and ``successor_causal`` (synthetic, generated on the fly). See ``base.Task`` for
-the interface.
+``lm`` and ``mlm`` (real text), ``translate`` (real pairs), ``mqar``, ``bind``, ``bind_codes``,
+``relation``, ``successor`` and ``successor_causal`` (synthetic, generated on the fly). See
+``base.Task`` for the interface.
 """
 
 from qkvlab.data.base import IGNORE, SPLITS, TASKS, Task, get_task, register
@@ -23,5 +23,6 @@ from qkvlab.data.successor import Successor, SuccessorCausal
 # isort: on
 
 __all__ = ["BIBLES", "BOS", "EOS", "IGNORE", "INSTALL_HINT", "LM", "MASK", "MLM", "MQAR", "PAD",
-           "SPECIALS", "SPLITS", "TASKS", "UNK", "Bind", "BindCodes", "MissingSourceError", "Relation", "Successor",
+           "SPECIALS", "SPLITS", "TASKS", "UNK", "Bind", "BindCodes", "MissingSourceError",
+           "Relation", "Successor",
            "SuccessorCausal", "Task", "Translate", "get_task", "load_tokenizer", "register"]

@@ -81,7 +81,8 @@ class Task:
                 b = to_device(self.batch(split, batch_size, generator), model)
                 logits = model(b["idx"]).float()  # (B, T, V)
                 keep = b["targets"] != IGNORE  # (B, T)
-                loss_sum += F.cross_entropy(logits[keep], b["targets"][keep], reduction="sum").item()
+                loss_sum += F.cross_entropy(logits[keep], b["targets"][keep],
+                                            reduction="sum").item()
                 n_right += (logits[keep].argmax(-1) == b["targets"][keep]).sum().item()
                 n_tok += int(keep.sum())
         return {"val_loss": loss_sum / n_tok, "accuracy": n_right / n_tok}
@@ -94,7 +95,8 @@ class Task:
     # Loaded arrays live in private attributes (not fields); a worker process reloads them from
     # the same cache instead of receiving a pickled copy.
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_") or k == "_cache_dir"}
+        return {k: v for k, v in self.__dict__.items()
+                if not k.startswith("_") or k == "_cache_dir"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for k, v in state.items():
@@ -109,7 +111,8 @@ def register(cls: type[Task]) -> type[Task]:
     if not cls.name or cls.name in TASKS:
         raise ValueError(f"task name {cls.name!r} is empty or registered twice")
     if cls.model_kind not in MODEL_KINDS:
-        raise ValueError(f"{cls.name}.model_kind: {cls.model_kind!r} is not one of {list(MODEL_KINDS)}")
+        raise ValueError(f"{cls.name}.model_kind: {cls.model_kind!r} is not one of "
+                         f"{list(MODEL_KINDS)}")
     TASKS[cls.name] = cls
     return cls
 

@@ -69,15 +69,16 @@ class Bind(Task):
             object.__setattr__(self, "seq_len", need)
         super().__post_init__()
         if self.seq_len != need:
-            raise ValueError(f"bind.seq_len: {self.seq_len} must equal n_items + n_queries = {need} "
-                             "(or be left out)")
+            raise ValueError(f"bind.seq_len: {self.seq_len} must equal n_items + n_queries = "
+                             f"{need} (or be left out)")
         if self.n_keys % self.group_size:
             raise ValueError(f"bind.group_size: {self.group_size} must divide n_keys={self.n_keys}")
         if self.n_queries > self.n_keys // self.group_size:
             raise ValueError(f"bind.n_queries: {self.n_queries} exceeds the "
                              f"{self.n_keys // self.group_size} key groups (one group per query)")
         if not self.n_queries * (1 + self.n_near) <= self.n_items <= self.n_keys:
-            raise ValueError(f"bind.n_items: {self.n_items} must lie in [n_queries*(1+n_near), n_keys]"
+            raise ValueError(f"bind.n_items: {self.n_items} must lie in "
+                             "[n_queries*(1+n_near), n_keys]"
                              f" = [{self.n_queries * (1 + self.n_near)}, {self.n_keys}]")
 
     @property

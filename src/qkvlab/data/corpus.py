@@ -41,7 +41,8 @@ N_BLOCKS = 100  # user text and TSV files are cut into this many contiguous rang
 
 
 class MissingSourceError(FileNotFoundError):
-    """A data source (package or file) is not installed or not found; the message says how to fix it."""
+    """A data source (package or file) is not installed or not found; the message says how to
+    fix it."""
 
 
 class Verse(NamedTuple):
@@ -89,7 +90,8 @@ _SPACE = re.compile(r"\s+")
 
 
 def clean_verse(text: str) -> str:
-    """One line per verse: editorial marks dropped, WEB's backtick apostrophe fixed, spaces collapsed."""
+    """One line per verse: editorial marks dropped, WEB's backtick apostrophe fixed, spaces
+    collapsed."""
     return _SPACE.sub(" ", _BRACKETS.sub("", text.replace("`", "'"))).strip()
 
 
@@ -131,7 +133,8 @@ def bible_text_splits(codes: str, db: Path | None = None) -> dict[str, list[str]
         check_bible(c, "translations")
     table = chapter_splits(db)
     out: dict[str, list[str]] = {s: [] for s in SPLITS}
-    for code in dict.fromkeys(codes):  # a repeated code would duplicate text across nothing: drop it
+    # a repeated code would duplicate text across nothing: drop it
+    for code in dict.fromkeys(codes):
         for v in read_bible(code, db):
             if v.text:
                 out[table[v.book, v.chapter]].append(v.text)
@@ -166,18 +169,21 @@ def text_files(path: str | Path) -> list[Path]:
         if not files:
             raise ValueError(f"text: folder {path} holds no *.txt files")
         return files
-    raise MissingSourceError(f"text: {path} does not exist (give a UTF-8 text file or a folder of *.txt)")
+    raise MissingSourceError(f"text: {path} does not exist "
+                             "(give a UTF-8 text file or a folder of *.txt)")
 
 
 def _read_utf8(path: Path, field: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{field}: {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise ValueError(f"{field}: {path} is not UTF-8 text "
+                         f"({e.reason} at byte {e.start})") from None
 
 
 def range_splits(items: list, weights: list[int]) -> dict[str, list]:
-    """Cut ``items`` into ``N_BLOCKS`` contiguous ranges of about equal total weight; split by block."""
+    """Cut ``items`` into ``N_BLOCKS`` contiguous ranges of about equal total weight; split by
+    block."""
     total = max(sum(weights), 1)
     out: dict[str, list] = {s: [] for s in SPLITS}
     before = 0
@@ -207,10 +213,12 @@ def user_text_splits(path: str | Path) -> dict[str, list[str]]:
 
 
 def read_pairs_tsv(path: str | Path) -> list[tuple[str, str]]:
-    """(source, target) from ``source<TAB>target`` lines; extra columns ignored, blank lines skipped."""
+    """(source, target) from ``source<TAB>target`` lines; extra columns ignored, blank lines
+    skipped."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise MissingSourceError(f"pairs: {path} does not exist (give a UTF-8 file of source<TAB>target lines)")
+        raise MissingSourceError(f"pairs: {path} does not exist "
+                                 "(give a UTF-8 file of source<TAB>target lines)")
     pairs = []
     for n, line in enumerate(_read_utf8(path, "pairs").splitlines(), 1):
         if not line.strip():

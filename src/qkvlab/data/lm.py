@@ -54,7 +54,8 @@ class TextTask(Task):
                                  f"translations, e.g. 'k4'; allowed codes: {list(corpus.BIBLES)}")
             for c in self.translations:
                 if c not in corpus.BIBLES:
-                    raise ValueError(f"{self.name}.translations: {c!r} is not one of {list(corpus.BIBLES)}")
+                    raise ValueError(f"{self.name}.translations: {c!r} is not one of "
+                                     f"{list(corpus.BIBLES)}")
         check_choice(self, "tokenizer", KINDS)
         check_int(self, "vocab_size", 262, MAX_VOCAB)
 
@@ -67,8 +68,8 @@ class TextTask(Task):
         data = prepare_text(self._source(), self.tokenizer, self.vocab_size, cache_dir)
         for s, arr in data.tokens.items():
             if arr.size < self.seq_len + 2:
-                raise ValueError(f"{self.name}.seq_len: {self.seq_len} is too long for the {s} split "
-                                 f"of {data.path.name} ({arr.size} tokens)")
+                raise ValueError(f"{self.name}.seq_len: {self.seq_len} is too long for the "
+                                 f"{s} split of {data.path.name} ({arr.size} tokens)")
         object.__setattr__(self, "_data", data)
         object.__setattr__(self, "_cache_dir", cache_dir)
 
@@ -94,7 +95,8 @@ class TextTask(Task):
             object.__setattr__(self, "_chance", float(-(p * np.log(p)).sum()))
         return self.__dict__["_chance"]
 
-    def windows(self, split: str, batch_size: int, length: int, generator: torch.Generator) -> Tensor:
+    def windows(self, split: str, batch_size: int, length: int,
+                generator: torch.Generator) -> Tensor:
         """(B, length) int64 token windows at uniformly drawn starts of ``split``."""
         check_split(self, split)
         arr = self.data.tokens[split]
@@ -132,4 +134,5 @@ class LM(TextTask):
         loss = total / n_batches
         meta = self.data.meta
         per_char = meta["tokens"][split] / max(meta["chars"][split], 1)
-        return {"val_loss": loss, "bits_per_token": bits(loss), "bits_per_char": bits(loss) * per_char}
+        return {"val_loss": loss, "bits_per_token": bits(loss),
+                "bits_per_char": bits(loss) * per_char}

@@ -57,7 +57,8 @@ class MQAR(Task):
         check_int(self, "n_pairs", 1)
         half = self.vocab // 2
         if self.n_pairs > half - 1:
-            raise ValueError(f"mqar.n_pairs: {self.n_pairs} exceeds the {half - 1} keys of vocab {self.vocab}")
+            raise ValueError(f"mqar.n_pairs: {self.n_pairs} exceeds the {half - 1} keys of "
+                             f"vocab {self.vocab}")
         if (self.seq_len - 2 * self.n_pairs) // 2 < self.n_pairs:
             raise ValueError(f"mqar.seq_len: {self.seq_len} leaves too few query slots for "
                              f"{self.n_pairs} pairs (need seq_len >= {4 * self.n_pairs})")

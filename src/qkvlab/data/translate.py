@@ -45,7 +45,8 @@ def pad_rows(rows: list[np.ndarray], prefix: int | None, suffix: int | None, fil
     width = max(len(r) for r in rows) + extra
     out = torch.full((len(rows), width), fill, dtype=torch.long)
     for i, r in enumerate(rows):
-        body = ([prefix] if prefix is not None else []) + r.tolist() + ([suffix] if suffix is not None else [])
+        body = (([prefix] if prefix is not None else []) + r.tolist()
+                + ([suffix] if suffix is not None else []))
         out[i, :len(body)] = torch.tensor(body, dtype=torch.long)
     return out
 
@@ -154,7 +155,8 @@ class Translate(Task):
                 b = to_device(self.batch(split, batch_size, generator), model)
                 logits = self.logits(model, b).float()
                 keep = b["tgt_out"] != IGNORE
-                loss_sum += F.cross_entropy(logits[keep], b["tgt_out"][keep], reduction="sum").item()
+                loss_sum += F.cross_entropy(logits[keep], b["tgt_out"][keep],
+                                            reduction="sum").item()
                 n_right += (logits[keep].argmax(-1) == b["tgt_out"][keep]).sum().item()
                 n_tok += int(keep.sum())
             out = {"val_loss": loss_sum / n_tok, "accuracy": n_right / n_tok}

@@ -9,12 +9,12 @@ import importlib
 
 _WHERE = {"EXPERIMENTS": "registry", "PROFILES": "registry", "Profile": "registry",
           "describe": "registry", "experiment": "registry", "get_profile": "registry",
-          "runs_of": "registry", "ResultsPending": "registry", "execute": "runner", "sweep": "runner",
-          "DEFAULT_DB": "store", "Store": "store",
+          "runs_of": "registry", "ResultsPending": "registry", "execute": "runner",
+          "sweep": "runner", "DEFAULT_DB": "store", "Store": "store",
           "run_id": "store"}
 
-__all__ = ["DEFAULT_DB", "EXPERIMENTS", "PROFILES", "Profile", "ResultsPending", "Store", "describe",
-           "execute", "experiment", "get_profile",
+__all__ = ["DEFAULT_DB", "EXPERIMENTS", "PROFILES", "Profile", "ResultsPending", "Store",
+           "describe", "execute", "experiment", "get_profile",
            "run_id", "runs_of", "sweep"]
 
 

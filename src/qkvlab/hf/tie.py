@@ -92,9 +92,11 @@ class SharedQuery(nn.Module):
 def _family(model: nn.Module) -> str:
     cfg = getattr(model, "config", None)
     mtype = getattr(cfg, "model_type", None)
-    mtype = getattr(getattr(cfg, "text_config", None), "model_type", mtype) if mtype == "gemma3" else mtype
+    mtype = (getattr(getattr(cfg, "text_config", None), "model_type", mtype) if mtype == "gemma3"
+             else mtype)
     if mtype not in FAMILIES:
-        raise TieError(f"model: model_type {mtype!r} is not supported; supported: {sorted(FAMILIES)}")
+        raise TieError(f"model: model_type {mtype!r} is not supported; "
+                       f"supported: {sorted(FAMILIES)}")
     return mtype
 
 
@@ -102,7 +104,8 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The decoder layers of an HF causal LM (``model.model.layers``)."""
     _family(model)
     inner = getattr(model, "model", model)
-    layers = getattr(inner, "layers", None) or getattr(getattr(inner, "language_model", None), "layers", None)
+    layers = (getattr(inner, "layers", None)
+              or getattr(getattr(inner, "language_model", None), "layers", None))
     if layers is None:
         raise TieError(f"model: {type(model).__name__} has no decoder layers at .model.layers")
     return layers
@@ -111,7 +114,8 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 @torch.no_grad()
 def calibrate(model: nn.Module, input_ids: torch.Tensor, batch: int = 4) -> Calibration:
     """Per-layer second moments of the attention input on ``input_ids`` [B, T] (no padding)."""
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
+    if (not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2
+            or input_ids.dtype != torch.long):
         raise TieError(f"calibration: expected a LongTensor [batch, seq] of token ids, got "
                        f"{type(input_ids).__name__} {getattr(input_ids, 'shape', '')}")
     layers = decoder_layers(model)
@@ -152,7 +156,8 @@ def _rows(lin: nn.Linear) -> torch.Tensor:
     if isinstance(lin, SharedQuery):  # the effective Q: each kv head's rows repeated n_rep times
         k = _rows(lin.proj).unflatten(0, (-1, 1, lin.d_head))
         return k.expand(-1, lin.n_rep, -1, -1).flatten(0, 2)
-    b = lin.bias if lin.bias is not None else torch.zeros(lin.out_features, device=lin.weight.device)
+    b = (lin.bias if lin.bias is not None
+         else torch.zeros(lin.out_features, device=lin.weight.device))
     return torch.cat([lin.weight.detach().double(), b.detach().double()[:, None]], 1).cpu()
 
 
@@ -183,7 +188,8 @@ def fit_kv(attn: nn.Module, C: torch.Tensor) -> torch.Tensor:
 def fold_kv(attn: nn.Module, M: torch.Tensor) -> None:
     """W_O,h ← W_O,h M_gᵀ for each q head h of kv head g; then v_proj shares k_proj's Parameters."""
     n_heads, n_kv, d_head = _shape(attn)
-    W_O = attn.o_proj.weight.detach().double().cpu().view(-1, n_heads, d_head)  # [d_model, h, d_head]
+    W_O = (attn.o_proj.weight.detach().double().cpu()
+           .view(-1, n_heads, d_head))                                      # [d_model, h, d_head]
     M_h = M.repeat_interleave(n_heads // n_kv, 0)                           # [h, d_head, d_head]
     attn.o_proj.weight.data.copy_(torch.einsum("dhe,hfe->dhf", W_O, M_h).reshape(
         attn.o_proj.weight.shape).to(attn.o_proj.weight))
@@ -228,10 +234,12 @@ def _nearest_tied(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def fit_qk(attn: nn.Module, C: torch.Tensor) -> torch.Tensor:
-    """The shared rows [n_kv*d_head, D] nearest (under C) to each group's score forms; see module doc."""
+    """The shared rows [n_kv*d_head, D] nearest (under C) to each group's score forms; see module
+    doc."""
     n_heads, n_kv, d_head = _shape(attn)
     a, b, inv_root = _whitened_qk(attn, C)
-    w = _nearest_tied(a.mean(1), b)          # nearest to the mean form = nearest to all of the group
+    w = _nearest_tied(a.mean(1), b)          # nearest to the mean form
+                                             # = nearest to all of the group
     c = w.conj() @ inv_root                  # C^-½ c̃ with c̃ = conj(w); [g, plane, D]
     return torch.cat([c.real, c.imag], 1).reshape(n_kv * d_head, -1)
 
@@ -287,7 +295,8 @@ def merge_kv_heads(attn: nn.Module, kv_heads: int) -> None:
         raise TieError(f"kv_heads: {kv_heads} must divide the model's {n_kv} kv heads and be fewer")
     for name in ("k_proj", "v_proj"):
         old = getattr(attn, name)
-        rows = _rows(old).view(kv_heads, n_kv // kv_heads, d_head, -1).mean(1).reshape(kv_heads * d_head, -1)
+        rows = (_rows(old).view(kv_heads, n_kv // kv_heads, d_head, -1).mean(1)
+                .reshape(kv_heads * d_head, -1))
         new = nn.Linear(old.in_features, kv_heads * d_head, bias=old.bias is not None,
                         device=old.weight.device, dtype=old.weight.dtype)
         _write(new, rows)
@@ -326,7 +335,8 @@ def tie(model: nn.Module, kind: str, calibration: torch.Tensor | Calibration | N
             model.config.num_key_value_heads = kv_heads
         return model
     if calibration is None:
-        raise TieError(f"calibration: tie {kind!r} is fitted on activations; pass token ids or a Calibration")
+        raise TieError(f"calibration: tie {kind!r} is fitted on activations; "
+                       "pass token ids or a Calibration")
     cal = calibration if isinstance(calibration, Calibration) else calibrate(model, calibration)
     if len(cal.moments) != len(all_layers):
         raise TieError(f"calibration: has {len(cal.moments)} layers, the model {len(all_layers)}")

@@ -9,6 +9,7 @@ from qkvlab.models.io import KINDS, build_model, load_model, read_metadata, save
 from qkvlab.models.lm import DecoderLM
 from qkvlab.models.params import config_params, count_params, match_params
 
-__all__ = ["Block", "DecoderLM", "from_hf_gpt2", "Encoder", "EncoderDecoder", "KINDS", "ModelConfig",
+__all__ = ["Block", "DecoderLM", "from_hf_gpt2", "Encoder", "EncoderDecoder", "KINDS",
+           "ModelConfig",
            "ROLES", "Rotary", "build_model", "config_params", "count_params", "fold_alt",
            "fold_attention", "load_model", "match_params", "read_metadata", "save_model"]

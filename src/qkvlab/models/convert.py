@@ -15,7 +15,8 @@ from qkvlab.models.lm import DecoderLM
 def gpt2_config(hf_config) -> ModelConfig:
     """The qkvlab config of an HF ``GPT2Config`` (standard design, learned positions)."""
     if getattr(hf_config, "model_type", None) != "gpt2":
-        raise ValueError(f"hf_config: model_type {getattr(hf_config, 'model_type', None)!r} is not 'gpt2'")
+        raise ValueError(f"hf_config: model_type {getattr(hf_config, 'model_type', None)!r} "
+                         "is not 'gpt2'")
     return ModelConfig(d_vocab=hf_config.vocab_size, n_ctx=hf_config.n_positions,
                        d_model=hf_config.n_embd, n_layers=hf_config.n_layer,
                        n_heads=hf_config.n_head, d_mlp=hf_config.n_inner or 4 * hf_config.n_embd,

@@ -97,7 +97,8 @@ class EncoderDecoder(nn.Module):
         """
         B = src.shape[0]
         if max_new_tokens + 1 > self.cfg.n_ctx:
-            raise ValueError(f"max_new_tokens: {max_new_tokens} + BOS exceeds n_ctx={self.cfg.n_ctx}")
+            raise ValueError(f"max_new_tokens: {max_new_tokens} + BOS exceeds "
+                             f"n_ctx={self.cfg.n_ctx}")
         memory = self.encode(src, src_key_padding_mask)
         dtype = memory.dtype
         caches = [b.attn.new_cache(B, max_new_tokens + 1, dtype=dtype) for b in self.decoder]

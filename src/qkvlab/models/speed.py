@@ -72,6 +72,7 @@ def fold_compare(alt, idx: torch.Tensor, rounds: int = 5) -> dict[str, float]:
     speed = interleaved({"alt": forward(alt), "folded": forward(folded)}, rounds)
     return {"max_abs_diff_fp32": diff32, "max_abs_diff_fp64": diff64,
             "max_abs_logit": ref.abs().max().item(),
-            "params_alt": count_params(alt)["total"], "params_folded": count_params(folded)["total"],
+            "params_alt": count_params(alt)["total"],
+            "params_folded": count_params(folded)["total"],
             "tokens_per_s_alt": speed["alt"], "tokens_per_s_folded": speed["folded"],
             "speed_folded_vs_alt": speed["folded"] / speed["alt"]}

@@ -20,10 +20,12 @@ from qkvlab.fileio import atomic_write_text
 CSS = """
 body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",sans-serif;max-width:1100px;margin:0 auto;
 padding:1rem 1.5rem;color:#1a1a1a}
-h1{font-size:1.5rem}h2{border-bottom:2px solid #ddd;padding-top:1rem}h3{font-size:1.05rem;margin-bottom:.3rem}
+h1{font-size:1.5rem}h2{border-bottom:2px solid #ddd;padding-top:1rem}\
+h3{font-size:1.05rem;margin-bottom:.3rem}
 nav a{margin-right:1rem}
 table{border-collapse:collapse;font-size:12.5px;margin:.5rem 0 1.2rem;display:block;overflow-x:auto}
-th,td{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top}th{background:#f4f4f4}
+th,td{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top}\
+th{background:#f4f4f4}
 caption{caption-side:top;text-align:left;font-style:italic;padding:.2rem 0;color:#444}
 figure{margin:1rem 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{font-size:13px;color:#444}
@@ -31,7 +33,8 @@ figcaption{font-size:13px;color:#444}
 .verdict p{margin:.3rem 0}.quotes li{margin:.2rem 0}.quotes q{font-style:italic}
 .muted{color:#666;font-size:13px}.note{color:#8a5300;font-size:13px}
 .worse{color:#b00020;font-weight:600}.better{color:#00703c;font-weight:600}
-dl{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem;font-size:13px}dt{font-weight:600}
+dl{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem;font-size:13px}\
+dt{font-weight:600}
 """
 
 

@@ -18,6 +18,8 @@ from qkvlab.train.trainer import (
                                   train,
 )
 
-__all__ = ["TIMING_PARTS", "DistInfo", "InitConfig", "ProbeConfig", "RunSpec", "TrainConfig", "TrainResult", "apply_init", "build_seeded", "evaluate",
+__all__ = ["TIMING_PARTS", "DistInfo", "InitConfig", "ProbeConfig", "RunSpec", "TrainConfig",
+           "TrainResult", "apply_init", "build_seeded", "evaluate",
            "load_checkpoint", "lr_at", "make_optimizer", "make_task", "model_config",
-           "read_checkpoint", "resolve_precision", "run_from_spec", "save_checkpoint", "setup", "teardown", "train"]
+           "read_checkpoint", "resolve_precision", "run_from_spec", "save_checkpoint", "setup",
+           "teardown", "train"]

@@ -253,7 +253,8 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
                 log(step, dict(extra))
             metrics: dict[str, float] = {}
             if done % cfg.log_every == 0 or done == cfg.steps or step == 0:
-                metrics.update(train_loss=loss_all.item(), grad_norm=gnorm.item(), lr=lr_at(step, cfg))
+                metrics.update(train_loss=loss_all.item(), grad_norm=gnorm.item(),
+                               lr=lr_at(step, cfg))
             watch.lap("log")
             if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
                 metrics.update(evaluate(model, task, cfg, device))

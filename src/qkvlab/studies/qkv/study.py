@@ -89,7 +89,8 @@ class Recorder:
         self.store, self.profile, self.notes = store, profile, []
         self.env = environment()
 
-    def __call__(self, name: str, spec: dict, fn: Callable[[], Any], run: str | None = None) -> None:
+    def __call__(self, name: str, spec: dict, fn: Callable[[], Any],
+                 run: str | None = None) -> None:
         full = {**spec, "profile": self.profile, "version": MEASURE_VERSION}
         try:
             self.store.measure(name, full, fn, run=run, env=self.env)

@@ -106,7 +106,8 @@ def task_effects(rows: list[dict], design: str, task: str, data: StudyData | Non
 
 
 def probe_at(probe: list[dict], stat: str, step: int | None = None) -> dict[tuple, list[float]]:
-    """``{(scale, d_head): [values over seeds]}`` of a probe statistic at ``step`` (first if None)."""
+    """``{(scale, d_head): [values over seeds]}`` of a probe statistic at ``step`` (first if
+    None)."""
     out: dict[tuple, list[float]] = {}
     first = {}
     for r in probe:
@@ -223,8 +224,10 @@ FOREST = {
     "q2": [*(("tied_qk_qkv", d, t) for d in TIED_QK for t in ("lm", "mlm", "mqar", "relation")),
            *(("directed_relation", d, t) for d in TIED_QK[:2]
              for t in ("successor", "successor_causal"))],
-    "q3": [(("lm_tied_kv", "lm_gqa"), "tied_kv", "lm"), (("lm_tied_kv", "lm_gqa"), "gqa_half", "lm"),
-           ("kv_translate", "tied_kv_cross", "translate"), ("bind_vs_dhead", "tied_kv", "bind_codes")],
+    "q3": [(("lm_tied_kv", "lm_gqa"), "tied_kv", "lm"),
+           (("lm_tied_kv", "lm_gqa"), "gqa_half", "lm"),
+           ("kv_translate", "tied_kv_cross", "translate"),
+           ("bind_vs_dhead", "tied_kv", "bind_codes")],
 }
 
 
@@ -312,7 +315,8 @@ def budget_gap(data: StudyData, task: str, design: str) -> dict | None:
     b = data.budget
     if b.empty:
         return None
-    d, s = b[(b.task == task) & (b.design == design)], b[(b.task == task) & (b.design == "standard")]
+    d, s = (b[(b.task == task) & (b.design == design)],
+            b[(b.task == task) & (b.design == "standard")])
     if d.empty or s.empty:
         return None
     d, s = d.iloc[0], s.iloc[0]

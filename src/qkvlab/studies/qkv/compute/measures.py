@@ -124,7 +124,8 @@ def convex_range(model: nn.Module, idx: Tensor) -> dict[str, float]:
 
 
 def fold_check(alt: nn.Module, idx: Tensor, rounds: int = 5) -> dict[str, float]:
-    """Fold a trained ``alt`` model into ``standard`` and compare (``qkvlab.bench.fold_compare``)."""
+    """Fold a trained ``alt`` model into ``standard`` and compare
+    (``qkvlab.bench.fold_compare``)."""
     return fold_compare(alt, idx, rounds)
 
 

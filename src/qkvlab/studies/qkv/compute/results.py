@@ -34,10 +34,12 @@ from qkvlab.studies.qkv.plan.profiles import QKVProfile
 from qkvlab.studies.qkv.plan.vocab import TASK_METRIC
 
 # extra metrics compared per experiment, besides each task's own
-EXTRA_METRICS = {"alt_vs_standard": ("tokens_per_s", "chrf", "bleu"), "tied_qk_qkv": ("tokens_per_s",),
+EXTRA_METRICS = {"alt_vs_standard": ("tokens_per_s", "chrf", "bleu"),
+                 "tied_qk_qkv": ("tokens_per_s",),
                  "lm_tied_kv": ("tokens_per_s",), "lm_gqa": ("tokens_per_s",),
                  "kv_translate": ("chrf", "bleu")}
-GROUP_BY = ("task", "arm", "m", "d_head", "d_model")  # tags that tell comparisons apart (besides design, seed)
+# tags that tell comparisons apart (besides design, seed)
+GROUP_BY = ("task", "arm", "m", "d_head", "d_model")
 PROBE_STATS = ("norm_entropy", "saturated", "grad_WQ", "grad_WK")
 RUN_TAGS = ("experiment", "design", "task", "arm", "seed", "kind")
 

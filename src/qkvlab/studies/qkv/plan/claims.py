@@ -15,7 +15,8 @@ from pathlib import Path
 
 THREADS = {
     "001": "“Why is attention asymmetric between (Q, K) and V?” (Stack Exchange, seed 001)",
-    "003": "“Why shouldn't the attention matrices W^Q, W^K, W^V be the same?” (Stack Exchange, seed 003)",
+    "003": "“Why shouldn't the attention matrices W^Q, W^K, W^V be the same?” "
+           "(Stack Exchange, seed 003)",
     "004": "“Why K and V are not the same in Transformer attention?” (Stack Exchange, seed 004)",
 }
 LICENSE = "Stack Exchange content, CC BY-SA; quoted verbatim, short phrases only."
@@ -102,7 +103,8 @@ def resolved_claims() -> tuple[dict[str, list[dict]], str]:
     for q, claims in CLAIMS.items():
         for c in claims:
             found = c.seed in texts and _norm(c.quote) in texts[c.seed]
-            out.setdefault(q, []).append({"seed": c.seed, "quote": c.quote, "tested_by": c.tested_by,
+            out.setdefault(q, []).append({"seed": c.seed, "quote": c.quote,
+                                          "tested_by": c.tested_by,
                                           "thread": THREADS[c.seed], "verified": found})
     note = (f"Quotes checked against {folder}." if folder is not None and texts
             else "Seed threads not found on this machine: quotes are qkvlab's shipped copies.")

@@ -25,7 +25,8 @@ from qkvlab.train import InitConfig, ProbeConfig
 # The experiments behind the three questions, in the order the study runs them (cheapest
 # first, so a smoke study fails fast on a broken set-up).
 ORDER = ("scale_probe", "lr_tune", "alt_vs_standard", "alt_init", "lm_tied_kv", "lm_gqa",
-         "tied_qk_qkv", "directed_relation", "symmetry_emergence", "bind_vs_dhead", "kv_translate", "lm_scaling")
+         "tied_qk_qkv", "directed_relation", "symmetry_emergence", "bind_vs_dhead", "kv_translate",
+         "lm_scaling")
 
 
 def arms(task: str, p: QKVProfile, labels: tuple[str, ...], **kw) -> list[Run]:
@@ -47,7 +48,8 @@ def lr_tune(p: QKVProfile) -> list[Run]:
     return tuning_runs(p)
 
 
-@experiment("alt_vs_standard", "Q1: does AttentionAlt's extra per-head matrix and outer scale help?")
+@experiment("alt_vs_standard", "Q1: does AttentionAlt's extra per-head matrix and outer scale "
+                               "help?")
 def alt_vs_standard(p: QKVProfile) -> list[Run]:
     return [r for t in ("lm", "translate") for r in arms(t, p, ("alt",))]
 

@@ -69,7 +69,8 @@ def meta_items(data: StudyData) -> tuple[tuple[str, str], ...]:
             ("model sizes", json.dumps(sizes)),
             ("training per task", json.dumps({k: dict(v) for k, v in p.task_train.items()})),
             ("hardware", (f"{hw.get('cpu_model') or hw.get('machine')}, {hw.get('cpu_count')} "
-                          f"cores, {hw.get('torch_threads')} torch threads, GPU: {hw.get('cuda')}")),
+                          f"cores, {hw.get('torch_threads')} torch threads, "
+                          f"GPU: {hw.get('cuda')}")),
             ("versions", ", ".join(f"{k} {v}" for k, v in versions.items())),
             ("git revision", str(env.get("git_rev"))), ("platform", str(env.get("platform"))),
             ("results store", str(m.get("db"))),
@@ -113,7 +114,8 @@ def q2_blocks(data: StudyData) -> list[Block]:
         by = g.set_index("measure")
         if "symmetry" not in by.index:
             continue
-        cells = [f"{num(by.loc[m, 'mean'])} (null {pm(by.loc[m, 'null_mean'], by.loc[m, 'null_std'])})"
+        cells = [f"{num(by.loc[m, 'mean'])} "
+                 f"(null {pm(by.loc[m, 'null_mean'], by.loc[m, 'null_std'])})"
                  if m in by.index else "—"
                  for m in ("symmetry", "overlap_qk", "overlap_kv", "overlap_qv")]
         rows.append((source, role, num(by.loc["symmetry", "n_heads"]), *cells))

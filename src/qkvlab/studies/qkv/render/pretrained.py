@@ -71,8 +71,8 @@ def decoders_vs_published(data: StudyData) -> str:
     big = ", ".join(f"{m} {pub[m]:.2f}" for m in ("Llama-3-8B", "Mistral-7B") if m in pub)
     gpt2 = f"GPT-2's published {pub['GPT-2']:.2f}" if "GPT-2" in pub else ""
     return (f"Causal decoders of the zoo, whole-layer symmetry: {vals} (random nulls ≤ "
-            f"{dec.null_hi.max():.3f}; {'every one above' if above else 'not all above'} its null's "
-            f"95% range){enc_text}. They sit with {gpt2} (124 M parameters), not at the ≈0 "
+            f"{dec.null_hi.max():.3f}; {'every one above' if above else 'not all above'} its "
+            f"null's 95% range){enc_text}. They sit with {gpt2} (124 M parameters), not at the ≈0 "
             f"published for the 7–8 B decoders ({big}; {data.published_source}). The zoo stops "
             f"at {dec.params.max() / 1e9:.1f} B parameters, so it cannot say whether a decoder's "
             f"symmetric part vanishes with scale" + (f" ({'; '.join(trend)})" if trend else "")

@@ -240,6 +240,6 @@ def gap_trend(data: StudyData, task: str, design: str) -> str:
     text = (f"Its mean val-loss gap to standard on {task} is {half:+.3f} at step {g['half_step']} "
             f"and {full:+.3f} at step {g['steps']}")
     if half > 0 and full < 0.75 * half:
-        return text + (": still closing, so at this budget the perplexity cost above overstates what the "
-                       "tie costs a model trained to the end.")
+        return text + (": still closing, so at this budget the perplexity cost above overstates "
+                       "what the tie costs a model trained to the end.")
     return text + "."

@@ -86,7 +86,8 @@ def lr_blocks(data: StudyData, figs: dict[str, list[Figure]]) -> list[Block]:
                  f"seeds)."),
             *figs.get("setup", []),
             Table("Chosen learning rate per design", ("task", "design", "arm", "rate",
-                                                      "val loss (tuning seeds)", "at the grid's edge"),
+                                                      "val loss (tuning seeds)",
+                                                      "at the grid's edge"),
                   body)]
 
 

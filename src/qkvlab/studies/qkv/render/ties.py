@@ -70,7 +70,8 @@ def tie_cost_sentence(data: StudyData, kinds: tuple[str, ...]) -> str:
             if not one.empty:
                 text += (f"; one layer at a time: median {ppl_change(one.pct.median())}, "
                          f"{(one.pct < 1).sum()} of {len(one)} layers under +1%, worst "
-                         f"{ppl_change(one.pct.max())} (layer {one.loc[one.pct.idxmax(), 'layers']})")
+                         f"{ppl_change(one.pct.max())} "
+                         f"(layer {one.loc[one.pct.idxmax(), 'layers']})")
             bits.append(text)
         if bits:
             parts.append(f"{b.title} (perplexity {ppl_text(b.ppl)}): " + "; ".join(bits))
@@ -80,7 +81,8 @@ def tie_cost_sentence(data: StudyData, kinds: tuple[str, ...]) -> str:
     how = ""
     if not heal.empty:
         h = heal.iloc[0]
-        rates = ", ".join(f"{float(x):g}" for x in h["spec.heal_lrs"]) if "spec.heal_lrs" in heal else ""
+        rates = (", ".join(f"{float(x):g}" for x in h["spec.heal_lrs"])
+                 if "spec.heal_lrs" in heal else "")
         how = (f" Healing: {int(h.heal_steps)} Adam steps on the attention projections only "
                f"({int(h.heal_tokens):,} tokens of the train chapters), each healed model at the "
                f"rate{f' of {rates}' if rates else ''} with the lowest loss on "

@@ -74,7 +74,8 @@ def verdict_q1(data: StudyData) -> Verdict:
         if exact and not_better:
             s += f": the 4th matrix adds {cost}, not expressivity."
         elif exact:
-            s += ": alt computes nothing standard cannot; any gain is in optimization, not capacity."
+            s += (": alt computes nothing standard cannot; any gain is in optimization, "
+                  "not capacity.")
         else:
             s += "."
         details.append(s)
@@ -130,7 +131,8 @@ def verdict_q2(data: StudyData) -> Verdict:
             f"Weight a head puts on its own position (lm, uniform spread would give "
             f"{ci_text(uni, '{:.2f}')}): standard {ci_text(ow('standard'), '{:.2f}')}, tied Q=K "
             f"{ci_text(ow('tied_qk'), '{:.2f}')}, tied Q=K with the self-mask "
-            f"{ci_text(ow('tied_qk_selfmask'), '{:.2f}')}, Q=K=V {ci_text(ow('tied_qkv'), '{:.2f}')}.")
+            f"{ci_text(ow('tied_qk_selfmask'), '{:.2f}')}, "
+            f"Q=K=V {ci_text(ow('tied_qkv'), '{:.2f}')}.")
     pre = []
     pt = data.measure("pretrained")
     if not pt.empty:
