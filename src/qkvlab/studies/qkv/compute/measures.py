@@ -30,7 +30,7 @@ from qkvlab.analysis.load_qkvlab import load_qkvlab
 from qkvlab.attention import repeat_kv
 from qkvlab.models import DecoderLM, ModelConfig
 from qkvlab.models.speed import attention_layer_speed, fold_compare
-from qkvlab.timing import interleaved
+from qkvlab.timing import interleaved, rate
 
 
 class _Capture:
@@ -125,7 +125,7 @@ def convex_range(model: nn.Module, idx: Tensor) -> dict[str, float]:
 
 def fold_check(alt: nn.Module, idx: Tensor, rounds: int = 5) -> dict[str, float]:
     """Fold a trained ``alt`` model into ``standard`` and compare
-    (``qkvlab.bench.fold_compare``)."""
+    (``qkvlab.models.speed.fold_compare``)."""
     return fold_compare(alt, idx, rounds)
 
 
@@ -156,12 +156,8 @@ def decode_speed(configs: dict[str, ModelConfig], new_tokens: int, rounds: int =
         torch.manual_seed(seed)
         model = DecoderLM(cfg).eval()
         cache[label] = model.cache_bytes(1, 1)
-
-        def run(m=model) -> float:
-            t = time.perf_counter()
-            m.generate(prompt, new_tokens, greedy=True)
-            return new_tokens / (time.perf_counter() - t)
-        fns[label] = run
+        fns[label] = rate(lambda m=model: m.generate(prompt, new_tokens, greedy=True),
+                          work=new_tokens)
     speed = interleaved(fns, rounds)
     return [{"design": k, "cache_bytes_per_token": cache[k], "decode_tokens_per_s": speed[k]}
             for k in configs]
