@@ -100,7 +100,8 @@ def _nct_cdf(x: float, df: int, nc: float) -> float:
 
 
 def seeds_for_power(diff: float, sd: float, margin: float, *, level: float = 0.95,
-                    power: float = 0.8, max_seeds: int = 10_000) -> tuple[int | None, str | None]:
+                    power: float = 0.8,
+                    max_seeds: int = 10_000) -> tuple[int | None, str | None]:
     """The fewest pairs at which a new experiment would decide a difference with ``power``
     if the true difference and spread were ``diff`` and ``sd``: the smaller of the seed
     count for the two-sided paired t-test (``power_t``, "difference") and for the TOST
@@ -252,8 +253,9 @@ def compare(rows: Iterable[dict[str, Any]], metric: str, *, baseline: str = "sta
         done = {d: {s: r["final"][metric] for s, r in runs.items() if r["status"] == "done"
                     and _finite(r["final"].get(metric))} for d, runs in designs.items()}
         floor = [v for d in done.values() for v in d.values()]
-        given = failed(dict(key)) if callable(failed) else failed
-        floor += [given] if _finite(given) else []
+        if any(r["status"] in LOST for runs in designs.values() for r in runs.values()):
+            given = failed(dict(key)) if callable(failed) else failed  # only where needed
+            floor += [given] if _finite(given) else []
         lost_value = worst(floor) if floor and lower_is_better is not None else None
 
         def scored(d: str) -> dict[Any, float]:  # finished values and lost runs at lost_value
@@ -274,7 +276,8 @@ def compare(rows: Iterable[dict[str, Any]], metric: str, *, baseline: str = "sta
                 b = designs[baseline]
                 seeds = sorted(set(vals) & set(base), key=str)
                 row["baseline_mean"] = mean_ci(list(base.values()), level)["mean"]
-                row["baseline_params"] = _median([r["n_params"] for r in b.values() if r["n_params"]])
+                row["baseline_params"] = _median([r["n_params"] for r in b.values()
+                                                  if r["n_params"]])
                 row["baseline_lost"] = sum(b[s]["status"] in LOST for s in seeds)
                 row["lost"] = sum(runs[s]["status"] in LOST for s in seeds)
                 row.update(paired([vals[s] for s in seeds], [base[s] for s in seeds], level))
