@@ -1,6 +1,6 @@
 """Each question's family of headline comparisons (``plan.families``), corrected together.
 
-``correct(comparisons, chance_of)`` adds four columns to the comparison rows: ``family`` (the
+``correct(comparisons)`` adds four columns to the comparison rows: ``family`` (the
 question, None outside the families), ``family_m`` (how many comparisons the family holds at
 this profile), ``p_decided`` (the p of the test that decided the raw verdict: the TOST's for
 equivalent, the two-sided paired t-test's for worse/better, the smaller for undecided) and
@@ -10,8 +10,6 @@ verdict and p beside it.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import pandas as pd
 
@@ -36,9 +34,10 @@ def members(df: pd.DataFrame, h: Headline) -> pd.DataFrame:
     return df
 
 
-def correct(df: pd.DataFrame, chance_of: Callable[[dict], float | None]) -> pd.DataFrame:
-    """``df`` (``results.comparisons``) with the ``COLUMNS`` of each family's correction;
-    ``chance_of(row)``: the chance level of a row's task (``results.row_chance``).
+def correct(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (``results.comparisons``) with the ``COLUMNS`` of each family's correction.
+    A member that reads "not learned" is tested all the same (``effect`` without a chance
+    level) and counts in m: leaving it out would pick the family after seeing the runs.
 
     Raises:
         ValueError: a family names a correction other than ``CORRECTIONS``.
@@ -55,8 +54,7 @@ def correct(df: pd.DataFrame, chance_of: Callable[[dict], float | None]) -> pd.D
         idx, ps = [], []
         for h in fam.members:
             for i, row in members(df, h).iterrows():
-                r = row.to_dict()
-                p = effect(r, chance=chance_of(r)).p
+                p = effect(row.to_dict()).p
                 if finite(p):
                     idx.append(i)
                     ps.append(p)
