@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import stats as st
 
 from qkvlab.env import environment
 from qkvlab.experiments.store import Store
@@ -16,7 +17,8 @@ from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.compute.effects import Status, effect
 from qkvlab.studies.qkv.compute.frames import width_needed
 from qkvlab.studies.qkv.render import sentences, tables, verdicts
-from qkvlab.studies.qkv.render.text import WORDS, said
+from qkvlab.stats import holm, seeds_for_power
+from qkvlab.studies.qkv.render.text import WORDS, cell, said
 
 T975_DF2 = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom
 STD = [2.00, 2.10, 2.20]
@@ -62,7 +64,9 @@ def test_effect_reads_perplexity_points_and_margins():
     e = effect(_row([0.01, -0.02, 0.03]))
     assert e.status == "undecided" and e.seeds > 3
     assert "undecided: the CI straddles zero and reaches past ±2%" in said(e)
-    assert f"≈{e.seeds} seeds would decide it" in said(e)
+    d = np.array([0.01, -0.02, 0.03])  # n≈: the seeds for 80% power at the observed effect
+    assert e.seeds == seeds_for_power(d.mean(), d.std(ddof=1), np.log1p(0.02))[0]
+    assert f"≈{e.seeds} seeds would give 80% power" in said(e)
     # tight around zero: the 90% CI lies inside ±2% perplexity -> equivalent
     e = effect(_row([0.001, -0.001, 0.0005, 0.0]))
     assert e.status == "equivalent" and "90% CI inside ±2%" in said(e)
@@ -83,19 +87,32 @@ def test_q3_verdict_and_summary_from_store(tmp_path):
         data = results.load(store, "smoke")
     mean, half = _expected_ppl(TIED, STD)
     mmean, mhalf = _expected_ppl([2.0, 2.2, 2.1], STD)
-    seeds = effect(_row(np.array([2.0, 2.2, 2.1]) - np.array(STD))).seeds
+    # Q3's family at this store: tied K=V on lm, equal and matched; Holm over their two p's
+    d_eq, d_mt = np.array(TIED) - np.array(STD), np.array([2.0, 2.2, 2.1]) - np.array(STD)
+    p_eq = st.ttest_1samp(d_eq, 0.0).pvalue  # worse: the paired t-test decided it
+    margin = np.log1p(0.02)
+    p_mt = min(st.ttest_1samp(d_mt, 0.0).pvalue,  # undecided: the smaller of its two tests
+               max(st.ttest_1samp(d_mt, -margin, alternative="greater").pvalue,
+                   st.ttest_1samp(d_mt, margin, alternative="less").pvalue))
+    adj = holm([p_eq, p_mt])
+    assert adj[0] == pytest.approx(2 * p_eq) and adj[0] < 0.05  # it survives
+    seeds = seeds_for_power(d_mt.mean(), d_mt.std(ddof=1), margin, level=1 - 0.05 / 2)[0]
+    cmp = data.compared("lm_tied_kv", design="tied_kv", metric="val_loss")
+    np.testing.assert_allclose(cmp.p_adj, adj, rtol=1e-9)
+    assert set(cmp.family) == {"Q3"} and set(cmp.family_m) == {2}
     v = verdicts.verdict_q3(data)
     assert v.headline == (
-        f"tied K=V: {mean:+.1f}% ± {half:.1f}% perplexity (worse) on lm at equal width "
+        f"tied K=V: {mean:+.1f}% ± {half:.1f}% perplexity (worse; p {adj[0]:.2g} after Holm over "
+        f"Q3's 2) on lm at equal width "
         f"(published reference ≈ +3.1% perplexity at 300M–1.2B parameters, Kayyam et al. 2026, "
         f"arXiv 2606.04032); {mmean:+.1f}% ± {mhalf:.1f}% perplexity (undecided: the CI "
-        f"straddles zero and reaches past ±2%; ≈{seeds} seeds would decide it) "
+        f"straddles zero and reaches past ±2%; ≈{seeds} seeds would give 80% power) "
         f"parameter-matched.")
     table = tables.summary_table(data)
     assert table.headers[:5] == ("design", "attention params ×", "attention layer time ×",
                                  "KV cache ×", "decode tokens/s ×")
     assert table.rows == (("tied K=V", "0.75", "—", "—", "—",
-                           f"worse {mean:+.1f} ± {half:.1f}%"),)
+                           f"worse {mean:+.1f} ± {half:.1f}% (p {p_eq:.2g})"),)
     assert "equivalent: the 90% CI lies inside the practical margin" in table.legend
     assert "val_loss ±2% perplexity" in table.legend
 
@@ -186,7 +203,7 @@ def test_alt_init_sentence_names_the_explanation_the_numbers_support(tmp_path, i
     s = sentences.alt_init_sentence(data)
     assert s.startswith("Why alt differs on translate (one learning rate for all designs): "
                         "with its random W_h alt is ")
-    assert "(better)" in s and s.endswith(ends)
+    assert "(better" in s and s.endswith(ends)
 
 
 def test_directed_relation_sentence_gives_standard_chance_and_both_kinds(tmp_path):
@@ -213,9 +230,9 @@ def test_directed_relation_sentence_gives_standard_chance_and_both_kinds(tmp_pat
     half = T975_DF2 * d.std(ddof=1) / np.sqrt(3)
     assert f"tied Q=K in the decoder: {d.mean():+.1f} pp ± {half:.1f} pp" in s
     assert "tied Q=K in the encoder: " in s and "(equivalent" in s.split("in the decoder")[0]
-    assert "(worse)" in s.split("tied Q=K in the decoder")[1].split(";")[0]
+    assert "(worse" in s.split("tied Q=K in the decoder")[1].split(";")[0]
     assert ("with the self-mask in the encoder: +0.0 pp ± 0.0 pp accuracy (equivalent: every "
-            "seed scores the same for both)") in s
+            "seed scores the same for both; p 0 after Holm over Q2's 4)") in s
     assert s.endswith("One head need not hold one directed relation.")
     with Store(tmp_path / "empty.db") as store:
         assert sentences.directed_sentence(results.load(store, "smoke")) == ""
@@ -286,3 +303,60 @@ def test_q2_headline_gives_standards_accuracy_and_chance(tmp_path):
     head = verdicts.verdict_q2(data).headline
     assert head.startswith("tied Q=K on relation: -54.0 pp")
     assert head.endswith(f" Standard reaches 99.0% on relation (chance {100 * ch:.1f}%).")
+
+
+def test_a_verdict_that_fails_holm_reads_undecided_with_its_raw_p(tmp_path):
+    """Q1 at this store holds alt on lm at both widths: equal is worse at p ≈ 0.04 alone, the
+    matched arm undecided, so Holm (×2 for the smaller p) undoes the equal arm's verdict."""
+    eq = [2.03, 2.14, 2.22]  # paired differences 0.03, 0.04, 0.02
+    with Store(tmp_path / "r.db") as store:
+        _fill(store, "alt_vs_standard", "lm", {
+            ("standard", "equal"): STD, ("standard", "matched"): STD, ("alt", "equal"): eq,
+            ("alt", "matched"): [2.1, 2.0, 2.25]})
+        data = results.load(store, "smoke")
+    row = data.compared("alt_vs_standard", design="alt", arm="equal",
+                        metric="val_loss").iloc[0].to_dict()
+    d = np.array(eq) - np.array(STD)
+    p = st.ttest_1samp(d, 0.0).pvalue
+    assert 0.025 < p < 0.05 and row["p_adj"] == pytest.approx(2 * p)
+    e = effect(row)
+    assert (e.status, e.raw_status, e.family, e.family_m) == ("undecided", "worse", "Q1", 2)
+    assert e.seeds == seeds_for_power(d.mean(), d.std(ddof=1), np.log1p(0.02),
+                                      level=1 - 0.05 / 2)[0]
+    assert f"(undecided: worse at p {p:.2g} alone, not significant after Holm over Q1's 2 " \
+           f"headline comparisons, adjusted p {2 * p:.2g}; ≈{e.seeds} seeds would give 80% " \
+           f"power)" in said(e)
+    assert cell(e).endswith(f" · n≈{e.seeds} (worse at p {p:.2g}, not after Holm)")
+    # the same row without the family's correction is the raw verdict: effect reads one row
+    bare = {k: v for k, v in row.items() if k not in ("p_adj", "family", "family_m")}
+    assert effect(bare).status == "worse" and effect(bare).raw_status is None
+    # the headline and the summary table say the corrected verdict
+    assert "(worse" not in verdicts.verdict_q1(data).headline
+    assert tables.summary_table(data).rows[0][-1].startswith("undecided ")
+
+
+def test_a_diverged_run_counts_at_chance_and_the_cell_says_so(tmp_path):
+    """tied Q=K diverges at seed 1 on relation: it enters that seed's pair at chance accuracy
+    (below every finished run), the pairing keeps 3 seeds, and the cell says 1 of 3 was lost."""
+    from qkvlab.data import get_task
+    std, tied = [0.90, 0.92, 0.95], [0.85, None, 0.90]
+    with Store(tmp_path / "r.db") as store:
+        _fill(store, "tied_qk_qkv", "relation", {("standard", "equal"): std}, metric="accuracy")
+        for seed, v in enumerate(tied):
+            tags = {"task": "relation", "design": "tied_qk", "arm": "equal", "seed": seed}
+            (rid,) = store.add("tied_qk_qkv", "smoke", [({"model": tags, "seed": seed}, tags)])
+            store.claim(rid)
+            store.finish(rid, "done" if v is not None else "diverged", 10,
+                         {} if v is None else {"accuracy": v},
+                         {"n_params": 1000, **environment()})
+        data = results.load(store, "smoke")
+    ch = get_task("relation", **results.get_profile("smoke").task_options["relation"]).chance
+    assert ch < 0.85
+    row = data.compared("tied_qk_qkv", design="tied_qk", metric="accuracy").iloc[0]
+    assert (row.n_pairs, row.lost, row.baseline_lost, row.diverged) == (3, 1, 0, 1)
+    d = np.array([0.85, ch, 0.90]) - np.array(std)
+    assert row["diff"] == pytest.approx(d.mean()) and row.lost_value == pytest.approx(ch)
+    e = effect(row.to_dict())
+    assert (e.n, e.lost) == (3, 1)
+    assert "1 of 3 lost by the design" in cell(e)
+    assert "1 of 3 lost by the design, counted as worst" in said(e)

@@ -166,7 +166,8 @@ def format_stats(rows: list[dict], metric: str) -> str:
     """A plain-text table of ``stats.compare`` rows."""
     skip = {"design", "n", "mean", "sd", "half", "lo", "hi", "diverged", "n_params",
             "baseline_mean", "baseline_params", "diff", "diff_half", "diff_lo", "diff_hi", "p",
-            "rel_pct", "rel_half", "n_pairs"}
+            "rel_pct", "rel_half", "n_pairs", "diff_sd", "rel_sd", "failed", "lost_value",
+            "baseline_lost", "lost"}
     lines = []
     for r in rows:
         group = " ".join(f"{k}={v}" for k, v in r.items() if k not in skip)
@@ -175,8 +176,8 @@ def format_stats(rows: list[dict], metric: str) -> str:
         if "diff" in r:
             s += (f"  vs standard: {_f(r['diff'], 3)} ± {_f(r['diff_half'], 2)}"
                   f" ({_f(r['rel_pct'], 3)}% ± {_f(r['rel_half'], 2)}%), p={_f(r['p'], 2)}")
-        if r["diverged"]:
-            s += f"  diverged {r['diverged']}"
+        if r["diverged"] or r["failed"]:
+            s += f"  diverged {r['diverged']}, failed {r['failed']}"
         lines.append(s)
     return "\n".join(lines)
 

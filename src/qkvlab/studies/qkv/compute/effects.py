@@ -8,6 +8,17 @@ the runs: worse / better (the paired 95% CI excludes 0), equivalent (the 90% CI 
 spread says would decide it), not learned (neither design learned the task). Every table,
 figure and sentence of the report reads effects through :func:`effect`; ``render.text`` words
 them.
+
+A row of a question's family of headline comparisons carries Holm's adjusted p (``p_adj``,
+``compute.multiplicity``): a worse, better or equivalent verdict whose adjusted p exceeds
+``plan.families.ALPHA`` reads *undecided*, ``raw_status`` keeping what the test alone said
+("not significant after Holm"). A row without ``p_adj`` (outside the families, or built by
+hand) keeps its raw verdict, so ``effect`` still reads a single row.
+
+``undecided``'s seed count is the number of seeds a new experiment would need for 80% power
+to decide it (``stats.seeds_for_power``) if the true effect and spread were the observed ones:
+at 5%, or for a family member at 5%/m (Holm's first and strictest level), so that those seeds
+would also decide it after the correction.
 """
 
 from __future__ import annotations
@@ -16,7 +27,8 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
-from qkvlab.stats import decide
+from qkvlab.stats import decide, seeds_for_power
+from qkvlab.studies.qkv.plan.families import ALPHA
 from qkvlab.studies.qkv.plan.vocab import metric_of
 
 LN2 = math.log(2)  # a loss task counts as learned once a design halves context-free perplexity
@@ -38,10 +50,15 @@ class Effect:
     """A design's effect vs standard and its verdict.
 
     ``value`` ± ``half`` in the display ``unit`` (``lo``/``hi`` the 95% CI mapped there; for
-    perplexity the map is not linear, so ``half`` is half of ``hi − lo``); ``seeds`` the count
-    that would decide an undecided one; ``n`` the paired seeds it rests on. ``significant``: an
-    equivalent effect whose 95% CI still excludes 0; ``identical``: every seed scored the same
-    for both. ``mean``/``baseline_mean``/``chance``: the levels a not-learned verdict quotes.
+    perplexity the map is not linear, so ``half`` is half of ``hi − lo``); ``seeds`` the seeds
+    for 80% power to decide an undecided one; ``n`` the paired seeds it rests on, ``lost`` and
+    ``baseline_lost`` how many of them the design and standard lost (diverged or failed; they
+    enter at the worst value, ``stats.compare``). ``significant``: an equivalent effect whose
+    95% CI still excludes 0; ``identical``: every seed scored the same for both.
+    ``mean``/``baseline_mean``/``chance``: the levels a not-learned verdict quotes. ``p``: the
+    p of the test that decided the raw verdict; ``family``/``family_m``/``p_adj``: the
+    question whose headline family holds it, its size and Holm's adjusted p; ``raw_status``:
+    the verdict before correction, where the correction changed it.
     """
 
     status: Status
@@ -60,6 +77,13 @@ class Effect:
     mean: float | None = None
     baseline_mean: float | None = None
     chance: float | None = None
+    lost: int = 0
+    baseline_lost: int = 0
+    p: float | None = None
+    p_adj: float | None = None
+    family: str = ""
+    family_m: int = 0
+    raw_status: Status | None = None
 
 
 def finite(x) -> bool:
@@ -80,7 +104,8 @@ def effect(c: dict | None, what: str | None = None, chance: float | None = None)
     raw = c.get("diff" if m.field == "diff" else "rel_pct")
     sd = c.get("diff_sd" if m.field == "diff" else "rel_sd")
     lower = m.lower_is_better
-    base = {"what": what or m.what, "unit": m.unit, "lower_is_better": lower}
+    base = {"what": what or m.what, "unit": m.unit, "lower_is_better": lower,
+            "lost": _count(c.get("lost")), "baseline_lost": _count(c.get("baseline_lost"))}
     if not finite(raw):
         return Effect(Status.MISSING, unit=m.unit)
     if chance is not None and finite(c.get("mean")) and finite(c.get("baseline_mean")):
@@ -89,12 +114,32 @@ def effect(c: dict | None, what: str | None = None, chance: float | None = None)
                 (lower and min(mean, ref) > chance - LN2):
             return Effect(Status.NOT_LEARNED, mean=mean, baseline_mean=ref, chance=chance, **base)
     n = int(c.get("n_pairs") or 0)
-    d = decide(raw, sd if finite(sd) else float("nan"), n, m.raw_margin, lower_is_better=lower)
+    sd = sd if finite(sd) else float("nan")
+    d = decide(raw, sd, n, m.raw_margin, lower_is_better=lower)
     value = m.show(raw)
     if not finite(d["half"]):
         return Effect(Status.UNDECIDED, value=value, n=n, **base)
+    status, seeds, raw_status = Status(d["status"]), d["seeds"], None
+    p_adj = c.get("p_adj") if finite(c.get("p_adj")) else None
+    if p_adj is not None and p_adj > ALPHA and status is not Status.UNDECIDED:
+        raw_status, status = status, Status.UNDECIDED
+    fam_m = _count(c.get("family_m"))
+    if status is Status.UNDECIDED and fam_m:  # power at α/m, the level Holm tests first at
+        seeds = seeds_for_power(raw, sd, m.raw_margin, level=1 - ALPHA / fam_m)[0]
     lo, hi = m.show(d["lo"]), m.show(d["hi"])
-    return Effect(Status(d["status"]), value=value, half=(hi - lo) / 2, lo=lo, hi=hi,
-                  seeds=d["seeds"] if d["status"] == "undecided" else None, n=n,
+    fam = c.get("family")
+    return Effect(status, value=value, half=(hi - lo) / 2, lo=lo, hi=hi,
+                  seeds=seeds if status is Status.UNDECIDED else None, n=n,
                   margin=m.margin_text, significant=bool(d["significant"]),
-                  identical=raw == 0 and sd == 0, **base)
+                  identical=raw == 0 and sd == 0, p=d["p_decided"], p_adj=p_adj,
+                  family=fam if isinstance(fam, str) else "",
+                  family_m=fam_m, raw_status=raw_status, **base)
+
+
+def _count(x) -> int:
+    """A count from a comparison row (NaN, None or absent: 0)."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return 0
+    return int(v) if math.isfinite(v) else 0

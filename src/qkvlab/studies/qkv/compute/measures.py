@@ -19,7 +19,6 @@ Shapes: B batch, T tokens, H heads, d head width.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch

@@ -6,7 +6,10 @@ Figures, verdicts and the page select columns of these frames; none of them pars
 ``StudyData`` holds:
     runs         ``qkvlab.experiments.frames.runs_frame`` of the study's experiments
     comparisons  one row per (experiment, task, arm, d_head, design, metric): mean ± 95% CI over
-                 seeds and the paired difference to ``standard`` (``stats.compare`` columns)
+                 seeds and the paired difference to ``standard`` (``stats.compare`` columns; a
+                 diverged or failed run enters at its task's chance level or the worst
+                 finished value, whichever is worse), and each headline family's correction
+                 (``multiplicity.correct``: family, family_m, p_decided, p_adj)
     probe        the scale probe's statistics: scale, d_head, seed, step, stat, value
     measures     per measure name, its records joined with the tags of the run it read
                  (design, task, seed, ...), see ``measures.py`` for each one's columns
@@ -29,9 +32,10 @@ from qkvlab.experiments.frames import measures_frame, metrics_frame, runs_frame
 from qkvlab.experiments.registry import get_profile
 from qkvlab.experiments.store import Store
 from qkvlab.stats import compare_frame
+from qkvlab.studies.qkv.compute.multiplicity import correct
 from qkvlab.studies.qkv.plan.experiments import ORDER
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
-from qkvlab.studies.qkv.plan.vocab import TASK_METRIC
+from qkvlab.studies.qkv.plan.vocab import TASK_METRIC, lower_is_better
 
 # extra metrics compared per experiment, besides each task's own
 EXTRA_METRICS = {"alt_vs_standard": ("tokens_per_s", "chrf", "bleu"),
@@ -98,8 +102,13 @@ def row_chance(row, profile: QKVProfile) -> float | None:
     return chance(row["task"], profile, **opts)
 
 
-def comparisons(runs: pd.DataFrame) -> pd.DataFrame:
-    """``stats.compare_frame`` per experiment and task, for the task's metric and the extras."""
+def comparisons(runs: pd.DataFrame, profile: QKVProfile | None = None) -> pd.DataFrame:
+    """``stats.compare_frame`` per experiment and task, for the task's metric and the extras.
+
+    A diverged or failed run counts (``plan.families``' rule): on its task's own metric at the
+    worse of the task's chance level at ``profile`` (``row_chance``) and the worst finished
+    run of its comparison; on the other metrics at the worst finished run.
+    """
     parts = []
     if runs.empty:
         return pd.DataFrame()
@@ -112,7 +121,13 @@ def comparisons(runs: pd.DataFrame) -> pd.DataFrame:
             for metric in dict.fromkeys(metrics):
                 if metric not in sub or sub[metric].isna().all():
                     continue
-                c = compare_frame(sub, metric, by)
+                own = metric == TASK_METRIC.get(task, "val_loss") and profile is not None
+
+                def at_chance(tags: dict, task=task) -> float | None:
+                    return row_chance({**tags, "task": task}, profile)
+
+                c = compare_frame(sub, metric, by, lower_is_better=lower_is_better(metric),
+                                  failed=at_chance if own else None)
                 parts.append(c.assign(experiment=exp, metric=metric))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
@@ -189,7 +204,8 @@ def load(store: Store, profile: str | QKVProfile, meta: dict[str, Any] | None = 
     """Everything the report shows, from the store (``profile``: a name or the profile)."""
     p = get_profile(profile)
     runs = pd.concat([runs_frame(store, e, p.name) for e in ORDER], ignore_index=True)
-    return StudyData(profile=p, runs=runs, comparisons=comparisons(runs),
+    cmp = correct(comparisons(runs, p))
+    return StudyData(profile=p, runs=runs, comparisons=cmp,
                      probe=probe(store, runs), measures=measures(store, runs, p.name),
                      budget=budget(store, runs),
                      meta=dict(meta or {}))

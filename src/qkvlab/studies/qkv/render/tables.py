@@ -36,8 +36,15 @@ def compare_table(df: pd.DataFrame, caption: str, metrics: tuple[str, ...] = ())
         body.append((str(r.get("task", "")), str(r.get("arm", "")),
                      *(num(r.get(c)) for c in extra),
                      label(r["design"]), str(r["n"]), num(r.get("n_params")),
-                     r["metric"], pm(r["mean"], r["half"], 4), eff, num(r.get("p"), 2)))
+                     r["metric"], pm(r["mean"], r["half"], 4), eff, _p(r)))
     return Table(caption, headers, tuple(body))
+
+
+def _p(r: dict) -> str:
+    """The paired t-test's p, and Holm's adjusted p where the row is a headline comparison."""
+    adj = r.get("p_adj")
+    return num(r.get("p"), 2) + (f" (Holm {num(adj, 2)})" if isinstance(adj, float)
+                                 and math.isfinite(adj) else "")
 
 
 def summary_table(data: StudyData) -> Table:
@@ -61,7 +68,8 @@ def summary_table(data: StudyData) -> Table:
                      num(c.get("cache")), num(c.get("decode")), *cells))
     caption = ("Each design relative to standard (× = ratio to standard; quality: paired "
                "difference at equal width, mean ± 95% CI over seeds: % perplexity for losses, "
-               "percentage points of accuracy) and its verdict against the stated margin.")
+               "percentage points of accuracy) and its verdict against the stated margin, "
+               "corrected by Holm over each question's headline comparisons (raw p beside it).")
     return Table(caption, headers, tuple(body), legend=LEGEND)
 
 

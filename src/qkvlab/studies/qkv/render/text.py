@@ -23,10 +23,32 @@ def _margins_text() -> str:
 
 LEGEND = ("worse / better: the paired 95% CI over seeds excludes zero; equivalent: the 90% CI "
           "lies inside the practical margin written down before the runs (a TOST at 5%; "
-          f"margins: {_margins_text()}); undecided: neither, with n≈ the number of seeds at "
-          "which the observed paired spread would decide it; not learned: neither design "
-          "reached 1.5× the task's chance accuracy, or half the perplexity of a context-free "
-          "guess (the unigram entropy of the text), so the difference is between two guessers.")
+          f"margins: {_margins_text()}); undecided: neither, with n≈ the seeds a new experiment "
+          "would need for 80% power to decide it (paired t-test or TOST, whichever needs "
+          "fewer) if the true effect and spread were the observed ones. Each question's "
+          "headline comparisons (this table's cells, the matched arms the headlines quote) are "
+          "one family, planned before the runs, corrected by Holm at 5%: the verdict shown is "
+          "the corrected one, p the raw p of the test that decided it (TOST for equivalent, "
+          "the paired t-test otherwise), and a verdict that does not survive reads undecided "
+          "with the raw verdict beside it; a headline comparison's n≈ is at 5%/m, Holm's "
+          "strictest level, so those seeds would decide it after the correction too. Other "
+          "verdicts on the page are at 5% each, uncorrected. lost: runs that diverged or failed; "
+          "each counts as its seed's worst outcome (the task's chance level, or the worst "
+          "finished run of the comparison if that is worse), never dropped. not learned: "
+          "neither design reached 1.5× the task's chance accuracy, or half the perplexity of a "
+          "context-free guess (the unigram entropy of the text), so the difference is between "
+          "two guessers.")
+
+
+def _p(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2g}"
+
+
+def _lost(e: Effect) -> str:
+    """"1 of 3 lost by standard, …": the seeds each side lost (diverged or failed)."""
+    parts = [f"{k} of {e.n} lost by {who}" for k, who in ((e.lost, "the design"),
+                                                          (e.baseline_lost, "standard")) if k]
+    return ", ".join(parts)
 
 
 def said(e: Effect) -> str:
@@ -45,26 +67,40 @@ def said(e: Effect) -> str:
     if e.half is None:
         return f"{e.value:+.1f}{e.unit} {e.what} from {e.n} seed (undecided: no CI)"
     text = f"{e.value:+.1f}{e.unit} ± {e.half:.1f}{e.unit} {e.what}"
+    holm = (f"; p {_p(e.p_adj)} after Holm over {e.family}'s {e.family_m}"
+            if e.family else "")
+    lost = f"; {_lost(e)}, counted as worst" if _lost(e) else ""
     if e.status is Status.EQUIVALENT:
         why = ("every seed scores the same for both" if e.identical else
                f"90% CI inside {e.margin}" + ("; a real but smaller difference" if e.significant
                                               else ""))
-        return f"{text} (equivalent: {why})"
+        return f"{text} (equivalent: {why}{holm}{lost})"
     if e.status in (Status.WORSE, Status.BETTER):
-        return f"{text} ({e.status.value})"
-    more = (f"≈{e.seeds} seeds would decide it" if e.seeds else
+        return f"{text} ({e.status.value}{holm}{lost})"
+    more = (f"≈{e.seeds} seeds would give 80% power" if e.seeds else
             "more than 10,000 seeds would be needed")
-    return f"{text} (undecided: the CI straddles zero and reaches past {e.margin}; {more})"
+    if e.raw_status is not None:
+        return (f"{text} (undecided: {e.raw_status.value} at p {_p(e.p)} alone, not significant "
+                f"after Holm over {e.family}'s {e.family_m} headline comparisons, adjusted p "
+                f"{_p(e.p_adj)}; {more}{lost})")
+    return (f"{text} (undecided: the CI straddles zero and reaches past {e.margin}; "
+            f"{more}{lost})")
 
 
 def cell(e: Effect) -> str:
-    """The summary-table cell of an effect: its word, value ± half and, if undecided, n≈."""
+    """The summary-table cell of an effect: its (corrected) word, value ± half, n≈ if
+    undecided, the seeds lost, and for a family member the raw p (and the raw verdict, where
+    the correction undid it)."""
     if e.value is None:
         return WORDS[e.status]
     unit = e.unit.strip()
     val = f" {e.value:+.1f}" + ("" if e.half is None else f" ± {e.half:.1f}") + \
         (unit if unit == "%" else f" {unit}")
-    return WORDS[e.status] + val + (f" · n≈{e.seeds}" if e.seeds else "")
+    out = WORDS[e.status] + val + (f" · n≈{e.seeds}" if e.seeds else "")
+    out += f" · {_lost(e)}" if _lost(e) else ""
+    if e.raw_status is not None:
+        return out + f" ({e.raw_status.value} at p {_p(e.p)}, not after Holm)"
+    return out + (f" (p {_p(e.p)})" if e.family else "")
 
 
 def num(x, digits: int = 3) -> str:

@@ -1,0 +1,86 @@
+"""The families of headline comparisons, one per question, and how each is corrected for
+multiplicity: written down before the runs, like the margins (``vocab.METRICS``).
+
+A family is every comparison its question's headline sentence and the summary table may call
+decided: design vs ``standard`` on a task's own metric (``vocab.TASK_METRIC``) in one arm.
+Its verdicts are corrected together (``compute.multiplicity``): Holm's step-down at ``ALPHA``
+over the p of the test that decided each raw verdict. Each comparison enters once: its two
+nulls (no difference; a difference of at least the margin) cannot both be true. A member the
+profile does not run is not in its family at that profile; one that reads "not learned" still
+counts (choosing members after seeing the runs would not be planned; it only makes the
+correction stricter). What lies outside the families (the
+evidence tables' other metrics, the scaling widths, the detail sentences) is tested at 5% each
+and the legend says so.
+
+Why Holm and not Benjamini–Hochberg: each headline verdict is quoted on its own as a claim
+("tied Q=K costs X on relation"), so the error to bound is that of any one claim being false,
+the family-wise rate, not the share of false ones among many; Holm bounds it whatever the
+dependence between the tests (they share the standard runs) and rejects everything
+Bonferroni rejects, and more.
+
+Rule for a lost run (a diverged or failed one), also fixed before the runs: it enters its
+comparison as the worst outcome, at the task's chance level (guessing accuracy, or a
+context-free guess's val loss) or at the worst value any finished run of its comparison
+reached, whichever is worse (``stats.compare``); it is never dropped, and its cell says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qkvlab.studies.qkv.plan.vocab import TASK_METRIC, TIED_QK
+
+ALPHA = 0.05  # the family-wise error rate each question's headline verdicts keep
+
+
+REASON = ("each headline verdict is quoted as a claim on its own, so the family-wise error "
+          "rate is bounded (Holm: valid under any dependence, never weaker than Bonferroni)")
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One headline comparison: ``design`` vs standard in ``experiment`` on ``task``'s own
+    metric, in ``arm``. ``widest_m``: bind_codes at its largest m and d_head = m, where standard
+    has just the width the task needs (the summary table's point)."""
+
+    experiment: str
+    design: str
+    task: str
+    arm: str = "equal"
+    widest_m: bool = False
+
+    @property
+    def metric(self) -> str:
+        return TASK_METRIC[self.task]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A question's headline comparisons and how their verdicts are corrected together."""
+
+    question: str
+    method: str
+    members: tuple[Headline, ...]
+    reason: str = REASON
+
+
+BOTH = ("equal", "matched")
+
+FAMILIES: dict[str, Family] = {f.question: f for f in (
+    Family("Q1", "holm", (
+        *(Headline("alt_vs_standard", "alt", t, a) for t in ("lm", "translate") for a in BOTH),
+        Headline("alt_init", "alt_identity", "translate"),
+    )),
+    Family("Q2", "holm", (
+        *(Headline("tied_qk_qkv", d, t, a) for d in TIED_QK
+          for t in ("lm", "mlm", "mqar", "relation") for a in BOTH),
+        *(Headline("directed_relation", d, t) for d in TIED_QK[:2]
+          for t in ("successor", "successor_causal")),
+    )),
+    Family("Q3", "holm", (
+        *(Headline("lm_tied_kv", "tied_kv", "lm", a) for a in BOTH),
+        Headline("lm_gqa", "gqa_half", "lm"),
+        *(Headline("kv_translate", "tied_kv_cross", "translate", a) for a in BOTH),
+        *(Headline("bind_vs_dhead", "tied_kv", "bind_codes", a, widest_m=True) for a in BOTH),
+    )),
+)}
