@@ -274,14 +274,15 @@ def compare(rows: Iterable[dict[str, Any]], metric: str, *, baseline: str = "sta
                    "failed": sum(r["status"] == "failed" for r in runs.values()),
                    "lost_value": lost_value if n_lost else None,
                    "n_params": _median([r["n_params"] for r in runs.values() if r["n_params"]])}
-            if design != baseline and base:
-                bvals = {s: r["final"].get(metric) for s, r in base.items()
-                         if r["status"] == "done" and r["final"].get(metric) is not None}
-                seeds = sorted(set(vals) & set(bvals), key=str)
-                row["baseline_mean"] = mean_ci(list(bvals.values()), level)["mean"]
-                row["baseline_params"] = _median([r["n_params"] for r in base.values()
+            if design != baseline and baseline in designs:
+                b = designs[baseline]
+                seeds = sorted(set(vals) & set(base), key=str)
+                row["baseline_mean"] = mean_ci(list(base.values()), level)["mean"]
+                row["baseline_params"] = _median([r["n_params"] for r in b.values()
                                                   if r["n_params"]])
-                row.update(paired([vals[s] for s in seeds], [bvals[s] for s in seeds], level))
+                row["baseline_lost"] = sum(b[s]["status"] in LOST for s in seeds)
+                row["lost"] = sum(runs[s]["status"] in LOST for s in seeds)
+                row.update(paired([vals[s] for s in seeds], [base[s] for s in seeds], level))
             out.append(row)
     return out
 
