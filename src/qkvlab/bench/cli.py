@@ -56,7 +56,7 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.only == "kv":
-        res = {"cpu": {"cpu_model": cpu_model()}, "device": device,
+        res = {"cpu_model": cpu_model(), "device": device,
                "kv_decode": bench_kv("full", device=device, log=log)}
     else:
         res = run_bench(sizes, peers=not args.no_peers, quick=args.quick, nanogpt=args.nanogpt,
@@ -64,11 +64,11 @@ def run(args) -> int:
     res["torch"] = torch.__version__
     res["threads"] = torch.get_num_threads()
     res["load_average"] = list(os.getloadavg())
+    _write_json(Path(args.out), res)  # first: a table that fails to print loses nothing
     print(bench_tables(res))
     if "kv_decode" in res:
         fig = kv_figure(res["kv_decode"]["rows"], Path(args.out).with_name("bench_kv.png"))
         print(f"\nfigure: {fig}")
-    _write_json(Path(args.out), res)
     print(f"\nsaved {args.out}", file=sys.stderr)
     return 0
 

@@ -153,7 +153,9 @@ def bench_tables(res: dict) -> str:
         out.append("KV-cache bytes per token, all layers, fp32\n\n"
                    + markdown_table(["design", "bytes/token"], rows))
     if "kv_decode" in res:
-        out.append(_kv_tables(res["kv_decode"]))
+        cpu = res.get("cpu_model") or res.get("cpu", {}).get("cpu_model") or "?"
+        out.append(f"CPU: {cpu}, {res.get('threads', '?')} thread(s)\n\n"
+                   + _kv_tables(res["kv_decode"]))
     if "fold_alt" in res:
         r = res["fold_alt"]
         out.append("fold_alt on a trained alt model\n\n" + markdown_table(
