@@ -11,7 +11,8 @@ A kernel module offers the op, the probe that measures it against PyTorch's, and
 that applies the choice (for few-row linear products, ``gemv``: ``linear``/``Linear``, which
 every model's projections, MLP and unembedding use; ``decode_kernel``; ``use``;
 ``set_gemv_kernel`` to pin one; for one-query decode attention, ``attend``:
-``decode_attention``, ``decode_attention_kernel``, ``use``, ``set_attention_kernel``). Below ``attention`` and ``models``, which import it; it imports
+``decode_attention``, ``decode_attention_kernel``, ``use``, ``set_attention_kernel``).
+Below ``attention`` and ``models``, which import it; it imports
 only the leaf ``qkvlab.timing``.
 """
 
