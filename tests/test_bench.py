@@ -250,3 +250,43 @@ def test_gpu_table_holds_the_gpu_and_the_cpu_table_only_the_cpu():
     assert "| cuda | NVIDIA H100 | 9.0 | yes | 12.8 | 0.50 |" in text
     assert text.index("CPU and bf16") < text.index("GPU:") < text.index("Training tokens/s")
     assert measure_bf16("large", cpu, "cuda") and not measure_bf16("large", cpu, "cpu")
+
+
+def test_kv_decode_rows_hold_every_layout_with_consistent_bytes_and_bounds(tmp_path):
+    from qkvlab.bench import kv
+    from qkvlab.models.speed import kv_decode_speed
+
+    rows = kv_decode_speed((8, 16), (1, 2), d_model=32, n_heads=4, rounds=1)
+    assert len(rows) == 6 * 4
+    for (T, B) in [(8, 1), (8, 2), (16, 1), (16, 2)]:
+        at = {r["design"]: r for r in rows if (r["context"], r["batch"]) == (T, B)}
+        std = at["standard"]
+        assert std["ratio"] == 1.0 and std["cache_bytes"] == 2 * B * T * 4 * 8 * 4
+        assert at["tied_kv"]["cache_bytes"] == at["gqa_2"]["cache_bytes"] == std["cache_bytes"] // 2
+        assert at["mqa"]["cache_bytes"] == std["cache_bytes"] // 4
+        for r in at.values():
+            assert r["kernel"] in ("sdpa", "blocked") and r["tokens_per_s"] > 0
+            assert r["bound_tokens_per_s"] == pytest.approx(
+                B * r["copy_gb_s"] * 1e9 / (r["cache_bytes"] + r["weight_bytes"]))
+    text = bench_tables({"kv_decode": {"rows": rows, "targets": kv.targets(rows)}})
+    assert "When does K = V pay?" in text
+    assert kv.kv_figure(rows, tmp_path / "kv.png").stat().st_size > 0
+
+
+def test_kv_targets_are_read_where_the_cache_dominates():
+    from qkvlab.bench import kv
+
+    def row(T, design, ratio, share):
+        return {"context": T, "batch": 4, "design": design, "ratio": ratio, "cache_share": share,
+                "bound_tokens_per_s": 10.0 * ratio, "attention_cache_gb_s": 8.0,
+                "copy_gb_s": 10.0}
+
+    rows = [row(T, d, r, s) for T, s in [(512, 0.5), (4096, 0.9), (8192, 0.95)]
+            for d, r in [("standard", 1.0), ("tied_kv", 1.9), ("gqa_4", 1.5), ("gqa_2", 3.2),
+                         ("mqa", 4.0)]]
+    rows = [r for r in rows if not (r["context"] == 8192 and r["design"] == "standard")] + [
+        row(8192, "standard", 1.0, 0.7)]  # 8192's standard cache share is below 80%
+    got = {t["what"].split(" ")[0]: t for t in kv.targets(rows)}
+    assert {t["context"] for t in got.values()} == {4096}
+    assert got["tied_kv"]["met"] and not got["gqa_4"]["met"] and got["gqa_2"]["met"]
+    assert not got["mqa"]["met"] and got["standard"]["measured"] == pytest.approx(0.8)

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from qkvlab.kernels import attend as decode_kernels
+
 
 def repeat_kv(t: Tensor, n_heads: int, dim: int) -> Tensor:
     """Expand G key/value heads to ``n_heads`` query heads along ``dim`` (GQA, MQA at G = 1).
@@ -142,9 +144,14 @@ def attend(
     """softmax(scale * q kᵀ + mask) v with fused SDPA; GQA when k, v have fewer heads.
 
     With ``need_weights`` the same result is computed explicitly so the attention weights
-    (B, H, Tq, Tk) can be returned; the default path never materializes them.
+    (B, H, Tq, Tk) can be returned; the default path never materializes them. Inside
+    ``kernels.attend.use("blocked")`` (generate's token loop, where measured faster) a step of
+    one query with no mask runs ``kernels.attend.decode_attention`` instead of SDPA.
     """
     H, G = q.shape[1], k.shape[1]
+    if (decode_kernels.is_active() and q.shape[2] == 1 and mask is None and not is_causal
+            and not need_weights and not dropout_p):
+        return decode_kernels.decode_attention(q, k, v, scale), None
     if not need_weights:
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,

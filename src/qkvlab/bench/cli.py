@@ -11,9 +11,11 @@ from pathlib import Path
 
 import torch
 
+from qkvlab.bench.kv import bench_kv, kv_figure
 from qkvlab.bench.peers import load_nanogpt
 from qkvlab.bench.run import check_device, default_device, run_bench
 from qkvlab.bench.tables import bench_tables
+from qkvlab.env import cpu_model
 from qkvlab.fileio import atomic_open
 
 
@@ -31,6 +33,12 @@ def configure(parser) -> None:
     parser.add_argument("--device", default=None,
                         help="cpu or cuda[:N] (default: cuda where PyTorch sees a GPU, else cpu); "
                              "fold_alt runs on the CPU")
+    parser.add_argument("--only", choices=["kv"], default=None,
+                        help="kv: only the KV-cache decode sweep, at its full size (contexts to "
+                             "32k, batch to 16); the default bench runs a small one")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: PyTorch's; on a loaded 2-core machine 1 "
+                             "gives steadier ratios)")
     parser.add_argument("--out", default="results/bench.json")
 
 
@@ -45,13 +53,22 @@ def run(args) -> int:
     except ValueError as e:
         print(f"qkvlab bench: {e}", file=sys.stderr)
         return 2
-    res = run_bench(sizes, peers=not args.no_peers, quick=args.quick, nanogpt=args.nanogpt,
-                    compile=args.compile, device=device, log=log)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.only == "kv":
+        res = {"cpu_model": cpu_model(), "device": device,
+               "kv_decode": bench_kv("full", device=device, log=log)}
+    else:
+        res = run_bench(sizes, peers=not args.no_peers, quick=args.quick, nanogpt=args.nanogpt,
+                        compile=args.compile, device=device, log=log)
     res["torch"] = torch.__version__
     res["threads"] = torch.get_num_threads()
     res["load_average"] = list(os.getloadavg())
+    _write_json(Path(args.out), res)  # first: a table that fails to print loses nothing
     print(bench_tables(res))
-    _write_json(Path(args.out), res)
+    if "kv_decode" in res:
+        fig = kv_figure(res["kv_decode"]["rows"], Path(args.out).with_name("bench_kv.png"))
+        print(f"\nfigure: {fig}")
     print(f"\nsaved {args.out}", file=sys.stderr)
     return 0
 

@@ -14,27 +14,8 @@ from qkvlab.bench.peers import hf_gpt2
 from qkvlab.bench.workload import SIZES, VOCAB
 from qkvlab.kernels import gemv, linear
 from qkvlab.models import DecoderLM, from_hf_gpt2
+from qkvlab.models.speed import copy_bandwidth, weight_bytes_per_token
 from qkvlab.timing import interleaved_rounds, rate, ratio_stats, seconds
-
-
-def copy_bandwidth(mbytes: int = 256, reps: int = 5, device: str = "cpu") -> float:
-    """Memory bandwidth of ``device`` in bytes/s from the best of ``reps`` copies of a
-    ``mbytes`` MB fp32 tensor (bytes read + written / time)."""
-    a = torch.empty(mbytes * 2**20 // 4, device=device)
-    b = torch.empty_like(a)
-    b.copy_(a)  # touch the pages
-    best = min(seconds(lambda: b.copy_(a), device=device) for _ in range(reps))
-    return 2 * a.nbytes / best
-
-
-def weight_bytes_per_token(model: DecoderLM) -> int:
-    """Bytes of weights one decoding step reads: every parameter once (a tied embedding once,
-    as the unembedding), the position table one row."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    wpe = model.embed.wpe
-    if wpe is not None:
-        total -= wpe.weight.nbytes - wpe.weight[0].nbytes
-    return total
 
 
 @torch.no_grad()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from qkvlab.bench.decode import bench_decode
+from qkvlab.bench.kv import bench_kv
 from qkvlab.bench.designs import bench_attention, bench_fold_alt, cache_bytes_table
 from qkvlab.bench.training import bench_training
 from qkvlab.env import cpu_model
@@ -79,5 +80,6 @@ def run_bench(sizes=("small", "large"), peers=True, quick=False, nanogpt=None, c
                                             rounds=3 if quick else 5, device=device, log=log)
                          for size in sizes}
     res["cache_bytes"] = cache_bytes_table("large")
+    res["kv_decode"] = bench_kv("small", device=device, log=log)
     res["fold_alt"] = bench_fold_alt("small", train_steps=100 if quick else 200, log=log)
     return res

@@ -155,6 +155,10 @@ def bench_tables(res: dict) -> str:
         rows = [[k, v] for k, v in res["cache_bytes"].items()]
         out.append("KV-cache bytes per token, all layers, fp32\n\n"
                    + markdown_table(["design", "bytes/token"], rows))
+    if "kv_decode" in res:
+        cpu = res.get("cpu_model") or res.get("cpu", {}).get("cpu_model") or "?"
+        out.append(f"CPU: {cpu}, {res.get('threads', '?')} thread(s)\n\n"
+                   + _kv_tables(res["kv_decode"]))
     if "fold_alt" in res:
         r = res["fold_alt"]
         out.append("fold_alt on a trained alt model\n\n" + markdown_table(
@@ -164,3 +168,27 @@ def bench_tables(res: dict) -> str:
               r["max_abs_diff_fp64"], r["params_alt"], r["params_folded"],
               r["speed_folded_vs_alt"]]]))
     return "\n\n".join(out)
+
+
+def _kv_tables(kv: dict) -> str:
+    """The KV-decode sweep: per (context, batch) and layout, tokens/s with the chosen decode
+    attention and with SDPA, the ratio to standard, cache and bound; then the targets."""
+    rows = [[r["context"], r["batch"], r["design"], int(r["tokens_per_s"]),
+             int(r["tokens_per_s_sdpa"]), r["ratio"], f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}",
+             r["cache_bytes"] / 1e6, f"{r['cache_share']:.0%}", int(r["bound_tokens_per_s"]),
+             r["attention_cache_gb_s"], r["kernel"]] for r in kv["rows"]]
+    copy = kv["rows"][0]["copy_gb_s"] if kv["rows"] else 0.0
+    text = ("When does K = V pay? One batch decoding step, cache of `context` tokens (random), "
+            "one layer d_model 512, 8 heads of 64; ratio = tokens/s / standard's (median of "
+            f"interleaved rounds, min-max); bound = batch x copy bandwidth ({copy:.1f} GB/s) / "
+            "(cache + weight bytes); attention GB/s = cache bytes / the attention alone\n\n"
+            + markdown_table(["context", "batch", "design", "tokens/s", "tokens/s, SDPA",
+                              "ratio", "spread", "cache MB", "cache share", "bound tokens/s",
+                              "attention GB/s", "decode attention"], rows))
+    if kv.get("targets"):
+        t = [[x["what"], x["context"], x["batch"], x["target"], x["measured"],
+              "met" if x["met"] else "not met", x["bound"]] for x in kv["targets"]]
+        text += ("\n\nTargets at the longest context where the cache is >= 80% of a step's bytes "
+                 "(bound: the same ratio of the memory bounds)\n\n" + markdown_table(
+                     ["target", "context", "batch", "want", "measured", "", "bound"], t))
+    return text

@@ -10,13 +10,17 @@ bit for bit.
 A kernel module offers the op, the probe that measures it against PyTorch's, and the switch
 that applies the choice (for few-row linear products, ``gemv``: ``linear``/``Linear``, which
 every model's projections, MLP and unembedding use; ``decode_kernel``; ``use``;
-``set_gemv_kernel`` to pin one). Below ``attention`` and ``models``, which import it; it imports
+``set_gemv_kernel`` to pin one; for one-query decode attention, ``attend``:
+``decode_attention``, ``decode_attention_kernel``, ``use``, ``set_attention_kernel``).
+Below ``attention`` and ``models``, which import it; it imports
 only the leaf ``qkvlab.timing``.
 """
 
-from qkvlab.kernels import gemv
+from qkvlab.kernels import attend, gemv
+from qkvlab.kernels.attend import decode_attention, set_attention_kernel
 from qkvlab.kernels.gemv import (FEW_ROWS, GEMV_KERNELS, Linear, decode_kernel, gemv_probe,
                                  linear, matrices, set_gemv_kernel, use)
 
-__all__ = ["FEW_ROWS", "GEMV_KERNELS", "Linear", "decode_kernel", "gemv", "gemv_probe", "linear",
-           "matrices", "set_gemv_kernel", "use"]
+__all__ = ["FEW_ROWS", "GEMV_KERNELS", "Linear", "attend", "decode_attention", "decode_kernel",
+           "gemv", "gemv_probe", "linear", "matrices", "set_attention_kernel", "set_gemv_kernel",
+           "use"]

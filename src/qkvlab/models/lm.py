@@ -5,11 +5,13 @@ Shapes: idx (B, T) token ids; logits (B, T, V).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor, nn
 
 from qkvlab.attention import KVCache
-from qkvlab.kernels import Linear, gemv
+from qkvlab.kernels import Linear, attend, gemv
 from qkvlab.models.blocks import Block, Embedding, attention_modules, init_and_tie, rotary_for
 from qkvlab.models.config import ModelConfig
 
@@ -70,15 +72,24 @@ class DecoderLM(nn.Module):
         caches = self.new_caches(idx.shape[0], idx.shape[1] + max_new_tokens,
                                  dtype=self.embed.wte.weight.dtype)
         out, step = idx, idx
-        # inference mode: no view or version tracking, ~5% faster decoding; few-row products on
-        # the kernel measured faster for this model (kernels.gemv)
-        with torch.inference_mode(), gemv.use(gemv.decode_kernel(self)):
+        # inference mode: no view or version tracking, ~5% faster decoding
+        with torch.inference_mode(), self.decoding(idx.shape[0], idx.shape[1] + max_new_tokens):
             for _ in range(max_new_tokens):
                 logits = self(step, caches=caches)[:, -1]
                 step = pick_next(logits, greedy=greedy, temperature=temperature, top_k=top_k,
                                  generator=generator)
                 out = torch.cat([out, step], dim=1)
         return out.clone()  # a normal tensor again: inference tensors cannot enter autograd
+
+    @contextlib.contextmanager
+    def decoding(self, batch: int, context: int):
+        """The kernels a decode step of ``batch`` sequences of up to ``context`` tokens runs on,
+        each measured faster for this model (once, then kept): few-row products
+        (``kernels.gemv``) and one-query attention (``kernels.attend``). Only ``generate`` and
+        speed measurements of its steps enter it; every other forward stays on PyTorch's ops."""
+        kind = attend.decode_attention_kernel(self.blocks[0].attn, batch, context)
+        with gemv.use(gemv.decode_kernel(self)), attend.use(kind):
+            yield
 
     def attention_layers(self):
         """Yield (name, role, Attention) for analysis."""

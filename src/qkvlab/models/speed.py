@@ -9,13 +9,18 @@ little. Shapes: B batch, T tokens.
 from __future__ import annotations
 
 import copy
+import statistics
 
 import torch
 
 from qkvlab.attention import DESIGNS, AttentionConfig, build_attention
+from qkvlab.attention.core import attend
+from qkvlab.kernels import attend as kattend
+from qkvlab.models.config import ModelConfig
 from qkvlab.models.fold import fold_alt
+from qkvlab.models.lm import DecoderLM
 from qkvlab.models.params import count_params
-from qkvlab.timing import interleaved, rate
+from qkvlab.timing import interleaved, interleaved_rounds, rate, seconds
 
 
 def projection_flops(cfg: AttentionConfig, B: int, T: int) -> int:
@@ -76,3 +81,118 @@ def fold_compare(alt, idx: torch.Tensor, rounds: int = 5) -> dict[str, float]:
             "params_folded": count_params(folded)["total"],
             "tokens_per_s_alt": speed["alt"], "tokens_per_s_folded": speed["folded"],
             "speed_folded_vs_alt": speed["folded"] / speed["alt"]}
+
+
+def copy_bandwidth(mbytes: int = 256, reps: int = 5, device: str = "cpu") -> float:
+    """Memory bandwidth of ``device`` in bytes/s from the best of ``reps`` copies of a
+    ``mbytes`` MB fp32 tensor (bytes read + written / time)."""
+    a = torch.empty(mbytes * 2**20 // 4, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)  # touch the pages
+    best = min(seconds(lambda: b.copy_(a), device=device) for _ in range(reps))
+    return 2 * a.nbytes / best
+
+
+def weight_bytes_per_token(model: DecoderLM) -> int:
+    """Bytes of weights one decoding step reads: every parameter once (a tied embedding once,
+    as the unembedding), the position table one row."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    wpe = model.embed.wpe
+    if wpe is not None:
+        total -= wpe.weight.nbytes - wpe.weight[0].nbytes
+    return total
+
+
+def kv_variants(n_heads: int) -> dict[str, dict]:
+    """The cache layouts the KV-decode measure compares: label -> ModelConfig options."""
+    return {"standard": {}, "tied_kv": {"design": "tied_kv"}, "tied_qkv": {"design": "tied_qkv"},
+            f"gqa_{n_heads // 2}": {"n_kv_heads": n_heads // 2},
+            f"gqa_{n_heads // 4}": {"n_kv_heads": n_heads // 4}, "mqa": {"n_kv_heads": 1}}
+
+
+@torch.inference_mode()
+def kv_decode_speed(contexts, batches, *, d_model: int = 512, n_heads: int = 8,
+                    n_layers: int = 1, d_vocab: int = 65, rounds: int = 3, device: str = "cpu",
+                    log=None) -> list[dict]:
+    """Tokens/s of one batch decoding step of a decoder whose KV cache holds ``T`` tokens, per
+    cache layout (:func:`kv_variants`: standard, tied K=V, Q=K=V, GQA at H/2 and H/4, MQA; same
+    d_model, heads, MLP and layers), for every ``T`` in ``contexts`` and B in ``batches``.
+
+    The caches are filled with random values (a prompt of T tokens would take longer than every
+    step timed); each timed call is one step as ``generate`` runs it (``DecoderLM.decoding``:
+    the kernels measured faster), the cache reset to T tokens each time. Per (T, B) all
+    layouts run interleaved, each also pinned to SDPA (``tokens_per_s_sdpa``) and its attention
+    alone (``attention_cache_gb_s``: its cache bytes / that time). One row per layout and
+    (T, B): ``ratio`` (median per-round ratio to standard), ``cache_bytes``, ``weight_bytes``,
+    ``cache_share`` (cache / both), ``bound_tokens_per_s`` (B · copy bandwidth / bytes a step
+    reads), ``copy_gb_s``, ``kernel`` (the decode attention chosen).
+    """
+    bw = copy_bandwidth(device=device)
+    n_ctx = max(contexts) + 1
+    models = {}
+    for label, opts in kv_variants(n_heads).items():
+        torch.manual_seed(0)
+        cfg = ModelConfig(d_vocab=d_vocab, n_ctx=n_ctx, d_model=d_model, n_layers=n_layers,
+                          n_heads=n_heads, **opts)
+        models[label] = DecoderLM(cfg).eval().to(device)
+    rows = []
+    for T in contexts:
+        for B in batches:
+            if log:
+                log(f"kv decode: context {T}, batch {B}")
+            rows += _kv_point(models, T, B, rounds, bw, device)
+    return rows
+
+
+def _kv_point(models: dict, T: int, B: int, rounds: int, bw: float, device) -> list[dict]:
+    """One (context, batch) point of :func:`kv_decode_speed`, every layout interleaved."""
+    step = torch.zeros(B, 1, dtype=torch.long, device=device)
+    fns, caches, kinds = {}, {}, {}
+    for label, model in models.items():
+        cs = model.new_caches(B, T + 1)
+        for c in cs:
+            c.k.uniform_(-1, 1)
+            if not c.shared:
+                c.v.uniform_(-1, 1)
+        caches[label] = cs
+        kinds[label] = kattend.decode_attention_kernel(model.blocks[0].attn, B, T + 1)
+
+        def run(model=model, cs=cs, kind=None):
+            for c in cs:
+                c.length = T
+            if kind is None:
+                with model.decoding(B, T + 1):
+                    model(step, caches=cs)
+            else:
+                with model.decoding(B, T + 1), kattend.use(kind):
+                    model(step, caches=cs)
+
+        att = model.blocks[0].attn
+        q = torch.randn(B, att.cfg.n_heads, 1, att.cfg.d_head, device=device)
+        k, v = cs[0].k.narrow(2, 0, T), cs[0].v.narrow(2, 0, T)
+
+        def alone(q=q, k=k, v=v, kind=kinds[label], scale=att.cfg.inner_scale):
+            with kattend.use(kind):
+                attend(q, k, v, mask=None, is_causal=False, scale=scale, dropout_p=0.0,
+                       need_weights=False)
+
+        fns[label] = rate(run, work=B, device=device)
+        fns[label + ":sdpa"] = rate(lambda run=run: run(kind="sdpa"), work=B, device=device)
+        fns[label + ":attn"] = rate(alone, device=device)
+    raw = interleaved_rounds(fns, rounds)
+    rows = []
+    for label, model in models.items():
+        cache = sum(c.k.nbytes // (T + 1) * T * (1 if c.shared else 2) for c in caches[label])
+        w = weight_bytes_per_token(model)
+        ratios = [a / b for a, b in zip(raw[label], raw["standard"])]
+        layer_cache = cache / len(caches[label])
+        rows.append({
+            "context": T, "batch": B, "design": label, "n_kv_heads": model.cfg.n_kv_heads,
+            "kernel": kinds[label], "tokens_per_s": statistics.median(raw[label]),
+            "tokens_per_s_sdpa": statistics.median(raw[label + ":sdpa"]),
+            "ratio": statistics.median(ratios), "ratio_min": min(ratios),
+            "ratio_max": max(ratios), "cache_bytes": cache, "weight_bytes": w,
+            "cache_share": cache / (cache + w), "bound_tokens_per_s": B * bw / (cache + w),
+            "attention_cache_gb_s": layer_cache * statistics.median(raw[label + ":attn"]) / 1e9,
+            "copy_gb_s": bw / 1e9})
+    return rows

@@ -232,6 +232,10 @@ def run_measures(rec: Recorder, cfg: StudyConfig) -> None:
                          "variants": dec, "rounds": p.rounds},
         lambda: M.decode_speed(M.variant_configs(p.d_model, p.n_layers, p.n_heads, n_ctx, dec),
                                p.decode_tokens, p.rounds))
+    if p.kv_contexts:
+        rec("kv_decode", {"contexts": list(p.kv_contexts), "batches": list(p.kv_batches),
+                          "rounds": p.rounds, "d_model": 512, "n_heads": 8, "n_layers": 1},
+            lambda: M.kv_decode(p.kv_contexts, p.kv_batches, p.rounds))
 
 
 def run_pretrained(rec: Recorder, cfg: StudyConfig) -> None:

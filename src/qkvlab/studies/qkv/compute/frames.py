@@ -218,6 +218,27 @@ def decode_ratios(data: StudyData) -> pd.DataFrame:
                          for d in KV_DESIGNS if d in dec.index])
 
 
+def kv_payoff(data: StudyData) -> pd.DataFrame:
+    """Q3's payoff curve: the kv_decode records of one measurement (the first at this profile),
+    one row per context, batch and cache layout."""
+    kv = data.measure("kv_decode")
+    if kv.empty or "context" not in kv:
+        return pd.DataFrame()
+    kv = kv[kv.measure_id == kv.measure_id.iloc[0]]
+    return kv[["context", "batch", "design", "kernel", "tokens_per_s", "tokens_per_s_sdpa",
+               "ratio", "cache_bytes", "cache_share", "bound_tokens_per_s"]].reset_index(drop=True)
+
+
+def kv_pays(data: StudyData) -> pd.DataFrame:
+    """Per cache layout, its ratio to standard at the longest context and largest batch of
+    :func:`kv_payoff` (where the cache is the largest share of a step's bytes)."""
+    kv = kv_payoff(data)
+    if kv.empty:
+        return kv
+    top = kv[(kv.context == kv.context.max())]
+    return top[top.batch == top.batch.max()].set_index("design")
+
+
 FOREST = {
     "q1": [*(("alt_vs_standard", "alt", t) for t in ("lm", "translate")),
            ("alt_init", "alt_identity", "translate")],

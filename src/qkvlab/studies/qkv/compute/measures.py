@@ -10,6 +10,10 @@ as a DataFrame. Columns per measure (besides the tags of the run a measure reads
     symmetry_steps    role, step, symmetry
     attention_speed   design, time_vs_standard, flops_vs_standard, params_vs_standard, ...
     decode_speed      design, cache_bytes_per_token, decode_tokens_per_s
+    kv_decode         context, batch, design (a cache layout: standard, tied_kv, tied_qkv,
+                      gqa_G with G kv heads, mqa), kernel, tokens_per_s, tokens_per_s_sdpa,
+                      ratio (to standard), ratio_min, ratio_max, cache_bytes, weight_bytes,
+                      cache_share, bound_tokens_per_s, attention_cache_gb_s, copy_gb_s
     pretrained        level (summary | layer), role, measure, and mean, std, null_mean,
                       null_std, null_lo, null_hi, share_above_null, n_heads (summary) or
                       layer, value (layer)
@@ -28,7 +32,7 @@ from qkvlab.analysis import analyze, measures
 from qkvlab.analysis.load_qkvlab import load_qkvlab
 from qkvlab.attention import repeat_kv
 from qkvlab.models import DecoderLM, ModelConfig
-from qkvlab.models.speed import attention_layer_speed, fold_compare
+from qkvlab.models.speed import attention_layer_speed, fold_compare, kv_decode_speed
 from qkvlab.timing import interleaved, rate
 
 
@@ -160,6 +164,13 @@ def decode_speed(configs: dict[str, ModelConfig], new_tokens: int, rounds: int =
     speed = interleaved(fns, rounds)
     return [{"design": k, "cache_bytes_per_token": cache[k], "decode_tokens_per_s": speed[k]}
             for k in configs]
+
+
+def kv_decode(contexts: tuple[int, ...], batches: tuple[int, ...], rounds: int) -> list[dict]:
+    """Q3's payoff curve: one decode step's tokens/s per cache layout against context and batch,
+    where the cache, not the weights, becomes the cost (``models.speed.kv_decode_speed``, the
+    same function as ``qkvlab bench --only kv``)."""
+    return kv_decode_speed(contexts, batches, rounds=rounds)
 
 
 def symmetry_steps(files: dict[int, Path]) -> list[dict]:

@@ -50,6 +50,10 @@ class QKVProfile(Profile):
     decode_tokens: int = 16
     n_null: int = 32
     cka: bool = False
+    # Q3's payoff curve (measure kv_decode): decode step tokens/s per cache layout at these
+    # contexts and batches (empty: not measured); quick stays within ~30 s on 2 cores
+    kv_contexts: tuple[int, ...] = ()
+    kv_batches: tuple[int, ...] = (1,)
     lr_grid: tuple[float, ...] = ()
     lr_seeds: tuple[int, ...] = ()
     scale_widths: tuple[int, ...] = ()
@@ -177,13 +181,15 @@ PROFILES = {p.name: register_profile(p) for p in (
                lr=3e-3, eval_batches=1, task_options=TASK_OPTIONS["smoke"],
                task_train=TASK_TRAIN["smoke"], probe_d_heads=(16, 64), probe_steps=4,
                probe_seeds=(0,), bind_bits=(1,), measure_batch=8, rounds=3,
-               decode_tokens=16, n_null=32, cka=False, scale_widths=(16, 32)),
+               decode_tokens=16, n_null=32, cka=False, scale_widths=(16, 32),
+               kv_contexts=(64, 256), kv_batches=(1, 2)),
     QKVProfile("quick", seeds=(0, 1, 2), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=200, lr=3e-3, eval_batches=8, task_options=TASK_OPTIONS["quick"],
                task_train=TASK_TRAIN["quick"], probe_d_heads=(16, 32, 64, 128, 256),
                probe_steps=60, probe_seeds=(0,), bind_bits=(3,),
                bind_seeds=(0, 1), measure_batch=16, rounds=5, decode_tokens=48,
                n_null=128, cka=True, task_seeds={"mqar": ()},
+               kv_contexts=(512, 2048, 8192), kv_batches=(1, 8),
                task_arms={"relation": ("equal",), "mlm": ("equal",),
                           "bind_codes": ("equal",)},
                tie_cost=CostConfig(), tie_cost_models=("smollm2",)),
@@ -193,6 +199,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                probe_d_heads=(16, 32, 64, 128, 256), probe_steps=60, probe_seeds=(0, 1, 2),
                bind_bits=(2, 3, 4), bind_seeds=(0, 1, 2, 3), measure_batch=16,
                rounds=5, decode_tokens=48, n_null=128, cka=True,
+               kv_contexts=(512, 2048, 8192, 32768), kv_batches=(1, 4, 16),
                lr_grid=(1 / 3, 1.0, 3.0, 9.0), lr_seeds=(100,), scale_widths=(32, 64, 96),
                scale_seeds=(0, 1, 2),
                task_seeds={"mqar": (), "relation": (0, 1, 2),
@@ -205,6 +212,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                task_train=TASK_TRAIN["full"], probe_d_heads=(16, 32, 64, 128, 256),
                probe_steps=1000, probe_seeds=(0, 1, 2), bind_bits=(2, 4, 8, 16),
                measure_batch=32, rounds=7, decode_tokens=128, n_null=256, cka=True,
+               kv_contexts=(512, 2048, 8192, 32768), kv_batches=(1, 4, 16),
                tie_cost=CostConfig(eval_tokens=8192, calib_tokens=8192, heal_steps=64),
                tie_cost_per_layer=("kv", "qk"),
                tie_cost_models=("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b",

@@ -30,6 +30,7 @@ from qkvlab.studies.qkv.render.figures_q import (
     fig_q1_convex,
     fig_q1_loss,
     fig_q1_scale,
+    fig_q3_kv_payoff,
     fig_q2_emergence,
     fig_q2_own,
     fig_q2_pretrained,
@@ -185,7 +186,7 @@ def fig_lr(data: StudyData, out: Path) -> Figure | None:
 
 FIGURES = {"q1": [fig_forest_q1, fig_q1_loss, fig_q1_scale, fig_q1_convex],
            "q2": [fig_forest_q2, fig_q2_own, fig_q2_pretrained, fig_q2_zoo, fig_q2_emergence],
-           "q3": [fig_forest_q3, fig_q3_bind, fig_q3_kv, fig_q3_tie_layers]}
+           "q3": [fig_forest_q3, fig_q3_bind, fig_q3_kv, fig_q3_kv_payoff, fig_q3_tie_layers]}
 
 
 def all_figures(data: StudyData, out: Path) -> dict[str, list[Figure]]:

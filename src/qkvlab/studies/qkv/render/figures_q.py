@@ -21,7 +21,8 @@ import numpy as np
 import pandas as pd
 
 from qkvlab.report.blocks import Figure
-from qkvlab.studies.qkv.compute.frames import ci_rows, concat, decode_ratios, diffs, q3_lm
+from qkvlab.studies.qkv.compute.frames import (ci_rows, concat, decode_ratios, diffs, kv_payoff,
+                                                q3_lm)
 from qkvlab.studies.qkv.compute.results import StudyData, select
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
 from qkvlab.studies.qkv.plan.references import REF_KV_CITE, REF_KV_PPL_PCT
@@ -311,3 +312,26 @@ def fig_q3_kv(data: StudyData, out: Path) -> Figure | None:
                  f"Left: exp(Δ val loss) − 1, ± 95% CI over seeds (filled: equal width, open: "
                  f"parameter-matched); dash-dot: published reference ({REF_KV_CITE}). Right: one "
                  f"interleaved measurement, batch-1 greedy decoding.")
+
+
+def fig_q3_kv_payoff(data: StudyData, out: Path) -> Figure | None:
+    """Where K=V pays: decode tokens/s against context per cache layout, with the memory bound."""
+    kv = kv_payoff(data)
+    if kv.empty:
+        return None
+    batches = sorted(kv.batch.unique())
+    fig, axes = plt.subplots(1, len(batches), figsize=(4.2 * len(batches), 3.6), squeeze=False)
+    for ax, B in zip(axes[0], batches):
+        for i, d in enumerate(dict.fromkeys(kv.design)):
+            r = kv[(kv.design == d) & (kv.batch == B)].sort_values("context")
+            ax.plot(r.context, r.tokens_per_s, "o-", color=f"C{i}", label=d)
+            ax.plot(r.context, r.bound_tokens_per_s, "--", color=f"C{i}", alpha=0.5)
+        ax.set(xscale="log", yscale="log", title=f"batch {B}", xlabel="context (tokens)")
+    axes[0][0].set_ylabel("decode tokens/s")
+    axes[0][-1].legend(fontsize=7)
+    return save(fig, kv, out, "q3_kv_payoff", "Where K = V pays, and by how much",
+                "One decode step of a one-layer decoder (d_model 512, 8 heads of 64) whose cache "
+                "holds `context` tokens, per cache layout (gqa_G: G kv heads); dashed: the "
+                "memory bound, batch × copy bandwidth / (cache + weight bytes). One interleaved "
+                "measurement; the decode attention is SDPA or qkvlab's blocked kernel, "
+                "whichever its probe measured faster.")

@@ -15,6 +15,7 @@ from qkvlab.report.blocks import Verdict
 from qkvlab.stats import mean_ci
 from qkvlab.studies.qkv.compute.effects import Status, effect
 from qkvlab.studies.qkv.compute.frames import (
+    kv_pays,
     pick,
     records,
     rows_of,
@@ -207,6 +208,17 @@ def verdict_q3(data: StudyData) -> Verdict:
             f"n_heads/2) {cache['gqa_half']:.2f}×; batch-1 decode speed {speed['tied_kv']:.2f}× "
             f"and {speed['gqa_half']:.2f}× standard's. At that equal cache size GQA costs "
             f"{said(effect(g))} on lm, tied K=V {said(eq)}.")
+    pays = kv_pays(data)
+    if not pays.empty and {"standard", "tied_kv", "mqa"} <= set(pays.index):
+        r = pays.loc["standard"]
+        gqa = ", ".join(f"GQA with {d[4:]} kv heads {pays.loc[d, 'ratio']:.2f}×"
+                        for d in pays.index if d.startswith("gqa_"))
+        details.append(
+            f"Where K=V pays: decoding {int(r.batch)} sequences at {int(r.context):,} tokens of "
+            f"context, where the cache is {r.cache_share:.0%} of the bytes a step reads, tied "
+            f"K=V decodes {pays.loc['tied_kv', 'ratio']:.2f}× standard's tokens/s ({gqa}, MQA "
+            f"{pays.loc['mqa', 'ratio']:.2f}×); at short context and batch 1 the weights are the "
+            f"cost and the layouts are level (figure: where K = V pays).")
     details.append(tie_cost_sentence(data, ("kv", "gqa")))
     return Verdict(headline, tuple(d for d in details if d))
 

@@ -1,0 +1,77 @@
+"""When does K = V pay? Batch decoding of a decoder whose KV cache is the cost: tokens/s per
+cache layout (standard, tied K=V, Q=K=V, GQA at H/2 and H/4, MQA) against context and batch,
+beside the memory bound (bytes a step reads / copy bandwidth), and the figure of it.
+
+The measurement is ``models.speed.kv_decode_speed`` (the study's Q3 measure runs it too); here
+are the bench's grids, the targets of the issue it answers, and the figure.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from qkvlab.models.speed import kv_decode_speed
+
+GRIDS = {  # (contexts, batches, rounds): the default bench's part stays near a minute
+    "small": ((512, 4096), (1, 8), 5),
+    "full": ((512, 2048, 8192, 32768), (1, 4, 16), 5),
+}
+TARGETS = {"tied_kv": 1.8, "gqa_4": 1.8, "gqa_2": 3.0, "mqa": 5.0}  # ratio to standard
+CACHE_SHARE = 0.8  # targets apply where the cache is >= 80% of the bytes a step reads
+BANDWIDTH_TARGET = 0.7  # standard's attention reads its cache at >= 70% of copy bandwidth
+
+
+def bench_kv(grid: str = "small", device: str = "cpu", log=print) -> dict:
+    """The kv-decode rows at ``grid`` (``GRIDS``) and the targets read off them."""
+    contexts, batches, rounds = GRIDS[grid]
+    log(f"kv decode ({grid}): contexts {contexts}, batches {batches}, {device}")
+    rows = kv_decode_speed(contexts, batches, rounds=rounds, device=device, log=log)
+    return {"grid": grid, "rows": rows, "targets": targets(rows)}
+
+
+def targets(rows: list[dict]) -> list[dict]:
+    """Each target at the longest context (largest batch there) whose standard cache is >= 80%
+    of what a step reads: measured ratio against the target, met or not."""
+    std = [r for r in rows if r["design"] == "standard" and r["cache_share"] >= CACHE_SHARE]
+    if not std:
+        return []
+    at = max(std, key=lambda r: (r["context"], r["batch"]))
+    point = {r["design"]: r for r in rows
+             if (r["context"], r["batch"]) == (at["context"], at["batch"])}
+    out = [{"what": f"{d} / standard tokens/s", "context": at["context"], "batch": at["batch"],
+            "target": t, "measured": point[d]["ratio"], "met": point[d]["ratio"] >= t,
+            "bound": point[d]["bound_tokens_per_s"] / at["bound_tokens_per_s"]}
+           for d, t in TARGETS.items() if d in point]
+    read = at["attention_cache_gb_s"] / at["copy_gb_s"]
+    out.append({"what": "standard attention cache read / copy bandwidth", "context": at["context"],
+                "batch": at["batch"], "target": BANDWIDTH_TARGET, "measured": read,
+                "met": read >= BANDWIDTH_TARGET, "bound": 1.0})
+    return out
+
+
+def kv_figure(rows: list[dict], path: Path) -> Path:
+    """Tokens/s against context per layout, one panel per batch, with each layout's memory bound
+    (dashed): saved as a PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = sorted({r["batch"] for r in rows})
+    fig, axes = plt.subplots(1, len(batches), figsize=(4.2 * len(batches), 3.6), squeeze=False)
+    for ax, B in zip(axes[0], batches):
+        for i, d in enumerate(dict.fromkeys(r["design"] for r in rows)):
+            rs = sorted((r for r in rows if r["design"] == d and r["batch"] == B),
+                        key=lambda r: r["context"])
+            x = [r["context"] for r in rs]
+            line, = ax.plot(x, [r["tokens_per_s"] for r in rs], "o-", label=d, color=f"C{i}")
+            ax.plot(x, [r["bound_tokens_per_s"] for r in rs], "--", color=line.get_color(),
+                    alpha=0.5)
+        ax.set(xscale="log", yscale="log", title=f"batch {B}", xlabel="context (tokens)")
+    axes[0][0].set_ylabel("tokens/s (dashed: memory bound)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,193 @@
+"""Decode attention that reads each cached byte once per step: one query per sequence.
+
+A decoding step attends one new query per sequence to the whole KV cache, so at long context
+the step is a read of the cache. PyTorch's CPU SDPA wastes part of what a smaller cache saves
+(measured on a 2-core AMD EPYC, DEVELOPERS.md "Decode attention"): its flash kernel runs each
+query head on its own, so the H/G query heads of a GQA group each read their kv head again
+(at sizes past the caches, from memory: GQA and MQA decode barely faster than standard), and it
+reads a K=V buffer once as keys and again as values. This kernel:
+
+* stacks the query heads of a group against their one kv head: (B·G, H/G, d) queries against
+  (B·G, T, d) keys, so every cached key and value is read once per step whatever the group
+  size (MQA reads its one head once, not H times);
+* computes the scores as K·qᵀ, (T, d) by (d, H/G), the layout MKL's batched GEMM reads
+  fastest here (q·Kᵀ reads slower: the same finding as ``kernels.gemv``);
+* where K is V (one buffer, ``tied_kv``/``tied_qkv``), walks the cache in blocks of about
+  ``BLOCK_BYTES`` so that the block it has just read as keys is still in the CPU's cache when
+  it is read as values; a block shorter than the context combines with an online softmax
+  (Milakov & Gimelshein 2018, as flash attention).
+
+Choose and apply it as ``kernels.gemv`` does, around generate's token loop only:
+
+    with use(decode_attention_kernel(layer, batch, context)):   # "blocked" or "sdpa"
+        ...  # core.attend sends one-query, unmasked steps to decode_attention
+    set_attention_kernel("sdpa")   # pin one for every model ("blocked", or "auto")
+
+Training, evaluation and every forward outside a ``use("blocked")`` block run SDPA unchanged,
+so stored runs stay bit-identical. Shapes: q (B, H, 1, dk), k (B, G, T, dk), v (B, G, T, dv).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from qkvlab.timing import interleaved, seconds
+
+__all__ = ["ATTENTION_KERNELS", "BLOCK_BYTES", "attention_probe", "decode_attention",
+           "decode_attention_kernel", "is_active", "set_attention_kernel", "use"]
+
+ATTENTION_KERNELS = ("auto", "sdpa", "blocked")
+# A block of a shared K=V buffer is read twice: 8 MB stays in this EPYC's 32 MB L3 between the
+# reads beside the other core's block; much smaller blocks pay per-op Python overhead instead.
+BLOCK_BYTES = 8 << 20
+FASTER_RATIO = 1.1  # "auto" takes the blocked kernel only where it measured this much faster
+
+_pinned: str | None = None
+_active = "sdpa"
+
+
+def shares_storage(k: Tensor, v: Tensor) -> bool:
+    """Whether ``k`` and ``v`` are the same memory (a K=V cache read as keys and as values)."""
+    return (k.data_ptr() == v.data_ptr() and k.shape == v.shape and k.stride() == v.stride())
+
+
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
+                     block_bytes: int = BLOCK_BYTES) -> Tensor:
+    """softmax(scale · q kᵀ) v for one query per sequence, GQA/MQA when k has fewer heads.
+
+    q (B, H, 1, dk), k (B, G, T, dk), v (B, G, T, dv) with G dividing H (query head h reads kv
+    head h // (H/G), as SDPA's ``enable_gqa``); returns (B, H, 1, dv). ``k`` and ``v`` may be
+    views of the cache (``KVCache.keys()``); when they are the same memory the cache is read in
+    blocks of ``block_bytes`` so each block is fetched from memory once.
+
+    Raises:
+        ValueError: more than one query, or G not dividing H.
+    """
+    B, H, Tq, dk = q.shape
+    G, T, dv = k.shape[1], k.shape[2], v.shape[-1]
+    if Tq != 1 or H % G:
+        raise ValueError(f"decode_attention: q {tuple(q.shape)} must hold one query and G={G} "
+                         f"must divide H={H}")
+    r, N = H // G, B * G
+    qs = (q.reshape(N, r, dk) * scale).mT  # (N, dk, r): heads of a group stacked, scaled
+    kf, vf = k.flatten(0, 1), v.flatten(0, 1)  # (N, T, dk|dv), views of the cache
+    if not shares_storage(k, v):  # keys and values are separate reads anyway: one pass
+        p = torch.bmm(kf, qs).mT.softmax(dim=-1)  # (N, r, T)
+        return torch.bmm(p, vf).view(B, H, 1, dv)
+    per_seq = T * dk * k.element_size()
+    n = max(1, block_bytes // per_seq)  # sequences (b, g) per block
+    tb = T if n > 1 or per_seq <= block_bytes else max(1, block_bytes // (dk * k.element_size()))
+    out = q.new_empty(N, r, dv)
+    for i in range(0, N, n):
+        j = min(N, i + n)
+        if tb == T:  # the block holds whole sequences: plain softmax
+            p = torch.bmm(kf[i:j], qs[i:j]).mT.softmax(dim=-1)  # (n, r, T)
+            torch.bmm(p, vf[i:j], out=out[i:j])
+        else:
+            out[i:j] = _online(qs[i:j], kf[i:j], tb)
+    return out.view(B, H, 1, dv)
+
+
+def _online(qs: Tensor, kv: Tensor, tb: int) -> Tensor:
+    """One K=V sequence block (n, T, d) in token blocks of ``tb`` with an online softmax:
+    running max m, normalizer norm and unnormalized output acc, rescaled as the max grows."""
+    n, T, d = kv.shape
+    m = norm = acc = None
+    for t in range(0, T, tb):
+        blk = kv[:, t:t + tb]  # (n, tb, d): read as keys, then (in cache) as values
+        s = torch.bmm(blk, qs).mT  # (n, r, tb)
+        m_blk = s.amax(dim=-1, keepdim=True)
+        if m is None:
+            m = m_blk
+            p = (s - m).exp_()
+            norm, acc = p.sum(dim=-1, keepdim=True), torch.bmm(p, blk)
+            continue
+        m_new = torch.maximum(m, m_blk)
+        c = (m - m_new).exp_()
+        p = (s - m_new).exp_()
+        norm = norm * c + p.sum(dim=-1, keepdim=True)
+        acc = acc * c + torch.bmm(p, blk)
+        m = m_new
+    return acc / norm
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def attention_probe(batch: int, n_heads: int, n_kv_heads: int, context: int, d_head: int,
+                    shared: bool, reps: int = 3, device="cpu") -> float:
+    """Measured time(SDPA) / time(:func:`decode_attention`) of one decode step's attention at
+    these sizes (fp32, random cache, a shared K=V buffer where ``shared``); > 1: the blocked
+    kernel is faster. Alternating after a warm-up, median of ``reps``."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(batch, n_heads, 1, d_head, generator=g).to(device)
+    k = torch.empty(batch, n_kv_heads, context, d_head, device=device).uniform_(-1, 1)
+    v = k if shared else torch.empty_like(k).uniform_(-1, 1)
+    s = d_head ** -0.5
+
+    def timer(fn):
+        return lambda: seconds(lambda: fn(q, k, v, s), device=device)
+
+    with torch.no_grad():
+        t = interleaved({"sdpa": timer(_sdpa), "blocked": timer(decode_attention)}, reps)
+    return t["sdpa"] / max(t["blocked"], 1e-9)
+
+
+def decode_attention_kernel(layer, batch: int, context: int) -> str:
+    """The kernel the decode steps of attention ``layer`` should run at ``batch`` sequences of
+    up to ``context`` tokens: ``"blocked"`` or ``"sdpa"``.
+
+    The pinned one (:func:`set_attention_kernel`), else measured by :func:`attention_probe` at
+    the layer's sizes and the context rounded up to a power of two, kept on the layer per
+    (thread count, batch, rounded context). Not fp32 on the CPU: ``"sdpa"`` (not measured).
+    """
+    if _pinned is not None:
+        return _pinned
+    cfg, w = layer.cfg, layer.W_in
+    if w.dtype != torch.float32 or w.device.type != "cpu":
+        return "sdpa"
+    ctx = 1 << max(0, context - 1).bit_length()
+    key = (torch.get_num_threads(), batch, ctx)
+    chosen = layer.__dict__.setdefault("_attention_kernel", {})
+    if key not in chosen:
+        ratio = attention_probe(batch, cfg.n_heads, cfg.n_kv_heads, ctx, cfg.d_head,
+                                layer.kv_shared)
+        chosen[key] = "blocked" if ratio >= FASTER_RATIO else "sdpa"
+    return chosen[key]
+
+
+def set_attention_kernel(kind: str) -> None:
+    """Pin the decode attention of every model: ``"sdpa"``, ``"blocked"``, or ``"auto"`` (the
+    default: measured per layer, batch and context by :func:`decode_attention_kernel`).
+
+    Raises:
+        ValueError: ``kind`` is not one of ``ATTENTION_KERNELS``.
+    """
+    global _pinned
+    if kind not in ATTENTION_KERNELS:
+        raise ValueError(f"attention kernel: {kind!r} is not one of {list(ATTENTION_KERNELS)}")
+    _pinned = None if kind == "auto" else kind
+
+
+@contextlib.contextmanager
+def use(kind: str) -> Iterator[None]:
+    """One-query, unmasked attention steps inside the block run on ``kind``."""
+    global _active
+    if kind not in ATTENTION_KERNELS[1:]:
+        raise ValueError(f"attention kernel: {kind!r} is not one of {list(ATTENTION_KERNELS[1:])}")
+    before, _active = _active, kind
+    try:
+        yield
+    finally:
+        _active = before
+
+
+def is_active() -> bool:
+    """Whether the current ``use`` block runs the blocked kernel."""
+    return _active == "blocked"
