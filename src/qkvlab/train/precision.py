@@ -3,8 +3,9 @@
 On a CPU without bf16 instructions (AVX2-only x86 such as many AMD EPYC, or AVX-512 without
 ``avx512_bf16``), PyTorch's bf16 autocast runs its matrix multiplies in slow fallback kernels,
 an order of magnitude slower than fp32 with nothing said (measurements: DEVELOPERS.md). So
-``precision="bf16"`` falls back to fp32 there with one warning per process; ``"bf16_force"`` insists on bf16 (warned once too). On CUDA, bf16
-is used where ``torch.cuda.is_bf16_supported()``.
+``precision="bf16"`` falls back to fp32 there with one warning per process; ``"bf16_force"``
+insists on bf16 (warned once too). On CUDA, bf16 is used where
+``torch.cuda.is_bf16_supported()``.
 
 Whether a CPU has native bf16 is read from its flags (``/proc/cpuinfo``: ``avx512_bf16``,
 ``amx_bf16`` on x86, ``bf16`` on Arm): deterministic, so the same machine always trains the same
