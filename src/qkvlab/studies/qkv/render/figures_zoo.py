@@ -23,8 +23,8 @@ from qkvlab.studies.qkv.plan.vocab import color
 from qkvlab.studies.qkv.render.figures_q import save
 from qkvlab.studies.qkv.render.ties import TIE_LABELS
 
-MEASURE_LABELS = {"symmetry_layer_median": "symmetry s of W_QK, whole layer, median over layers",
-                  "symmetry_layer": "symmetry s of W_QK, whole layer, mean over layers",
+MEASURE_LABELS = {"symmetry_layer_median": "s of W_QK, whole layer, median over layers",
+                  "symmetry_layer": "s of W_QK, whole layer, mean over layers",
                   "symmetry": "symmetry s of W_QK, per head",
                   "overlap_qk": "Q–K subspace overlap", "overlap_kv": "K–V subspace overlap",
                   "overlap_qv": "Q–V subspace overlap"}
@@ -39,7 +39,9 @@ def fig_q2_zoo(data: StudyData, out: Path) -> Figure | None:
         return None
     families = sorted(df.family.unique())
     marker = {f: MARKERS[i % len(MARKERS)] for i, f in enumerate(families)}
-    fig, axes = plt.subplots(2, 4, figsize=(14.5, 6.2), sharex=True)
+    # two rows of three measures, the legend under them (four columns were too wide to read)
+    fig, axes = plt.subplots(3, 3, figsize=(11, 8.4), sharex=True,
+                             gridspec_kw={"height_ratios": [1, 1, 0.55]})
     flat = axes.ravel()
     for ax, m in zip(flat, MEASURES):
         g = df[df.measure == m]
@@ -59,11 +61,13 @@ def fig_q2_zoo(data: StudyData, out: Path) -> Figure | None:
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(MEASURE_LABELS[m], fontsize=9)
         ax.set_ylim(min(-0.05, ax.get_ylim()[0]), max(0.6, ax.get_ylim()[1]))
-    for ax in axes[-1]:
+    for ax in axes[1]:
         ax.set_xlabel("parameters (log)")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("mean over heads (median panel: over layers)")
-    flat[-1].axis("off")
+        ax.xaxis.set_tick_params(labelbottom=True)
+    axes[0, 0].set_ylabel("median over layers")
+    axes[1, 0].set_ylabel("mean over heads")
+    for ax in axes[2]:
+        ax.axis("off")
     roles = [r for r in ("encoder", "decoder", "cross") if r in set(df.role)]
     handles = ([Line2D([], [], ls="", marker="o", color=color(r), label=f"{r} attention")
                 for r in roles]
@@ -75,7 +79,7 @@ def fig_q2_zoo(data: StudyData, out: Path) -> Figure | None:
                          label="published median, same checkpoint"),
                   Line2D([], [], ls="", marker="*", mfc="none", mec="#444444", ms=11,
                          label="published median, same family")])
-    flat[-1].legend(handles=handles, loc="center", frameon=False, fontsize=8, ncol=2)
+    axes[2, 1].legend(handles=handles, loc="center", frameon=False, fontsize=8, ncol=3)
     models = ", ".join(dict.fromkeys(df.title))
     pub = df[df.published_model.map(lambda p: isinstance(p, str))]
     matched = "; ".join(f"{r.title} {r.role}: {r.published_model} ({r.published_checkpoint}) "
