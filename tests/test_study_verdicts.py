@@ -104,8 +104,9 @@ def test_q3_verdict_and_summary_from_store(tmp_path):
     assert v.headline == (
         f"tied K=V: {mean:+.1f}% ± {half:.1f}% perplexity (worse; p {adj[0]:.2g} after Holm over "
         f"Q3's 2) on lm at equal width "
-        f"(published reference ≈ +3.1% perplexity at 300M–1.2B parameters, Kayyam et al. 2026, "
-        f"arXiv 2606.04032); {mmean:+.1f}% ± {mhalf:.1f}% perplexity (undecided: the CI "
+        f"(published reference: +3.1% per-token perplexity at 300M parameters, +2.48% at 1.2B, "
+        f"EOS padding counted, Kayyam et al. 2026, arXiv 2606.04032); {mmean:+.1f}% ± "
+        f"{mhalf:.1f}% perplexity (undecided: the CI "
         f"straddles zero and reaches past ±2%; ≈{seeds} seeds would give 80% power) "
         f"parameter-matched.")
     table = tables.summary_table(data)

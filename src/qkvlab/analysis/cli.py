@@ -11,8 +11,8 @@ from qkvlab.analysis.measures import PUBLISHED_SOURCE, PUBLISHED_SYMMETRY
 from qkvlab.analysis.run import analyze
 
 # Rows of the printed summary: symmetry and the three subspace overlaps answer the question.
-PRINTED = ("symmetry", "symmetry_layer", "positive_share", "overlap_qk", "overlap_kv", "overlap_qv", "copying",
-           "cka_qk", "cka_kv", "cka_qv")
+PRINTED = ("symmetry", "symmetry_layer", "symmetry_layer_median", "positive_share", "overlap_qk",
+           "overlap_kv", "overlap_qv", "copying", "cka_qk", "cka_kv", "cka_qv")
 
 
 def configure_analyze(parser: argparse.ArgumentParser) -> None:
@@ -57,8 +57,9 @@ def run_analyze(args) -> int:
             print(f"| {s['role']} | {s['measure']} | {s['mean']:.3f} ± {s['std']:.3f} | "
                   f"{s['null_mean']:.3f} [{s['null_lo']:.3f}, {s['null_hi']:.3f}] | "
                   f"{s['share_above_null']:.0%} |")
-    print("published symmetry s (" + PUBLISHED_SOURCE + "; not measured here): " +
-          ", ".join(f"{k} {v:.2f}" for k, v in PUBLISHED_SYMMETRY.items()))
+    print("published symmetry s, median over layers as symmetry_layer_median (" +
+          PUBLISHED_SOURCE + "; not measured here): " +
+          ", ".join(f"{k} {v:g}" for k, v in PUBLISHED_SYMMETRY.items()))
     print(f"wrote {out}/measures.csv, summary.csv, measures.json"
           + ("" if args.no_figures else ", heatmaps.png/.svg, null.png/.svg")
           + f" in {res['timings']['total_s']:.1f} s")

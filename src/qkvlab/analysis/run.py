@@ -2,7 +2,8 @@
 
 Writes to ``out_dir``:
     measures.csv / measures.json   one row per layer × head × measure, with the null beside it
-    summary.csv                    per role × measure: mean over heads vs the null, share outside
+    summary.csv                    per role × measure: mean over heads vs the null, share outside;
+                                   symmetry_layer_median: the median over layers instead
     heatmaps.png/.svg, null.png/.svg   (see :mod:`qkvlab.analysis.figures`)
 """
 
@@ -27,6 +28,9 @@ from qkvlab.progress import bar as progress_bar
 
 ROW_FIELDS = ("model", "name", "role", "layer", "head", "measure", "value", "null_mean",
               "null_std", "null_lo", "null_hi", "z")
+# Bump when the summary records gain a measure or change one's meaning, so that stores keyed
+# on it recompute them (2: symmetry_layer_median added; the other records are unchanged).
+SUMMARY_VERSION = 2
 SUMMARY_FIELDS = ("model", "role", "measure", "n_heads", "mean", "std", "null_mean", "null_std",
                   "null_lo", "null_hi", "share_above_null", "share_below_null")
 
@@ -38,7 +42,8 @@ def analyze(source: str | ModelView, out_dir: str | os.PathLike | None = None, *
 
     Args:
         n_null: random heads per layer shape for the weight nulls (at most 32 random
-            projection pairs per layer for the CKA null, 16 random layers for symmetry_layer).
+            projection pairs per layer for the CKA null, 16 random layers for symmetry_layer,
+            ``n_null`` medians resampled from those for symmetry_layer_median).
         cka: also run the model on ``n_verses`` KJV verses for the activation CKA.
 
     Returns:
@@ -85,6 +90,11 @@ def analyze(source: str | ModelView, out_dir: str | os.PathLike | None = None, *
     bar.update()
     bar.close()
     summary, pooled = _summarize(view.name, rows, null_samples)
+    # its own generator: the draws above, hence every other null, stay as they were
+    median_gen = torch.Generator().manual_seed(seed + 1)
+    for rec, null in _layer_medians(view.name, rows, pooled, n_null, median_gen):
+        summary.append(rec)
+        pooled[(rec["role"], rec["measure"])] = null
     result = {
         "model": view.name,
         "meta": _meta(view, n_null, seed, n_verses if inputs else 0, notes),
@@ -93,6 +103,7 @@ def analyze(source: str | ModelView, out_dir: str | os.PathLike | None = None, *
         "nulls": {f"{r}/{m}": v.tolist() for (r, m), v in pooled.items()},
         "spectra": spectra,
         "published": {"symmetry": M.PUBLISHED_SYMMETRY, "source": M.PUBLISHED_SOURCE,
+                      "statistic": M.PUBLISHED_STATISTIC,
                       "note": "published values, not measured by qkvlab"},
         "timings": timings,
     }
@@ -170,6 +181,28 @@ def _summarize(model: str, rows: list[dict], null_samples: dict) -> tuple[list[d
                     "share_above_null": sum(r["value"] > r["null_hi"] for r in rs) / len(rs),
                     "share_below_null": sum(r["value"] < r["null_lo"] for r in rs) / len(rs)})
     return out, pooled
+
+
+def _layer_medians(model: str, rows: list[dict], pooled: dict, n_null: int,
+                   gen: torch.Generator) -> list[tuple[dict, torch.Tensor]]:
+    """symmetry_layer_median per role: the median over the role's layers of symmetry_layer
+    (Saponati et al.'s published statistic) as a summary record whose ``mean`` is that median,
+    beside the null of a median over as many random layers (``measures.median_null``)."""
+    out = []
+    for (role, measure), null_layer in pooled.items():
+        if measure != "symmetry_layer":
+            continue
+        v = torch.tensor([r["value"] for r in rows
+                          if r["role"] == role and r["measure"] == measure], dtype=torch.float64)
+        value = M.median(v).item()
+        null = M.median_null(null_layer, len(v), n_null, gen)
+        ns = M.summarize(null)
+        out.append(({"model": model, "role": role, "measure": "symmetry_layer_median",
+                     "n_heads": len(v), "mean": value, "std": 0.0,
+                     **{k: ns[k] for k in ("null_mean", "null_std", "null_lo", "null_hi")},
+                     "share_above_null": float(value > ns["null_hi"]),
+                     "share_below_null": float(value < ns["null_lo"])}, null))
+    return out
 
 
 def _meta(view: ModelView, n_null: int, seed: int, n_verses: int, notes: list[str]) -> dict:

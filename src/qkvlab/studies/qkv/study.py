@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from qkvlab.analysis.run import SUMMARY_VERSION
 from qkvlab.analysis.zoo import load_manifest
 from qkvlab.env import environment
 from qkvlab.experiments.frames import runs_frame
@@ -242,7 +243,10 @@ def run_pretrained(rec: Recorder, cfg: StudyConfig) -> None:
     """Symmetry and subspace overlaps of the profile's pretrained models, against the null."""
     p = get_profile(cfg.profile)
     for source in cfg.pretrained:
-        rec("pretrained", {"source": source, "n_null": p.n_null, "cka": p.cka},
+        # SUMMARY_VERSION: records stored before symmetry_layer_median are recomputed, and
+        # only these (MEASURE_VERSION would re-time every speed measure too)
+        rec("pretrained", {"source": source, "n_null": p.n_null, "cka": p.cka,
+                           "summary_version": SUMMARY_VERSION},
             lambda source=source: M.pretrained(source, p.n_null, p.cka))
 
 

@@ -297,7 +297,7 @@ def fig_q3_kv(data: StudyData, out: Path) -> Figure | None:
                                           for r in rows.itertuples()], fontsize=7)
     axes[0].axhline(0, color=color("standard"), lw=1)
     axes[0].axhline(REF_KV_PPL_PCT, color="#555555", ls="-.", lw=0.8)
-    axes[0].text(0.99, REF_KV_PPL_PCT, f"+{REF_KV_PPL_PCT}% published (300M–1.2B)", fontsize=7,
+    axes[0].text(0.99, REF_KV_PPL_PCT, f"+{REF_KV_PPL_PCT}% published (300M)", fontsize=7,
                  ha="right", va="bottom", transform=axes[0].get_yaxis_transform())
     axes[0].set_ylabel("perplexity vs standard (%)")
     for j, r in perf.iterrows():

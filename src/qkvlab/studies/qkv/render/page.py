@@ -31,8 +31,11 @@ from qkvlab.report.blocks import (
 )
 from qkvlab.report.blocks import Heading as H
 from qkvlab.studies.qkv.compute.results import StudyData
+from qkvlab.studies.qkv.compute.zoo import zoo_table
 from qkvlab.studies.qkv.plan import claims as C
+from qkvlab.studies.qkv.plan.references import SAPONATI_CITE, SAPONATI_MEASURE
 from qkvlab.studies.qkv.render import figures as F
+from qkvlab.studies.qkv.render.pretrained import published_text
 from qkvlab.studies.qkv.render.tables import (
     budget_table,
     compare_table,
@@ -109,6 +112,10 @@ def q2_blocks(data: StudyData) -> list[Block]:
     if pt.empty:
         return out
     summ = pt[pt.level == "summary"]
+    zoo = zoo_table(data)
+    pub = {(r["model"], r["role"]): f"{published_text(r)} ({r['published_checkpoint']})"
+           for r in zoo[zoo.published_model.map(lambda p: isinstance(p, str))]
+           .to_dict("records")}
     rows = []
     for (source, role), g in summ.groupby(["spec.source", "role"], sort=False):
         by = g.set_index("measure")
@@ -117,14 +124,18 @@ def q2_blocks(data: StudyData) -> list[Block]:
         cells = [f"{num(by.loc[m, 'mean'])} "
                  f"(null {pm(by.loc[m, 'null_mean'], by.loc[m, 'null_std'])})"
                  if m in by.index else "—"
-                 for m in ("symmetry", "overlap_qk", "overlap_kv", "overlap_qv")]
-        rows.append((source, role, num(by.loc["symmetry", "n_heads"]), *cells))
-    pub = "; ".join(f"{k} {v:.2f}" for k, v in data.published.items())
+                 for m in (SAPONATI_MEASURE, "symmetry", "overlap_qk", "overlap_kv",
+                           "overlap_qv")]
+        rows.append((source, role, num(by.loc["symmetry", "n_heads"]), *cells,
+                     pub.get((source, role), "—")))
     out.append(Table(f"Pretrained models: mean over heads (null: random heads of the same shapes, "
-                     f"mean ± sd). Published symmetry, reference only: {pub} "
-                     f"({data.published_source}).",
-                     ("model", "role", "heads", "symmetry s", "overlap Q–K", "overlap K–V",
-                      "overlap Q–V"), tuple(rows)))
+                     f"mean ± sd); whole layer: s of Σ_h W_Q[h]·W_K[h]ᵀ, median over layers, "
+                     f"the statistic {SAPONATI_CITE} publish, set beside their value for the "
+                     f"same checkpoint or, so labelled, the same family (reference only, not "
+                     f"measured here).",
+                     ("model", "role", "heads", "symmetry s, whole layer (median)",
+                      "symmetry s per head", "overlap Q–K", "overlap K–V", "overlap Q–V",
+                      "published median"), tuple(rows)))
     return out
 
 
