@@ -22,8 +22,8 @@ LARGE_D_HEAD = 100  # "100×100 heads of a large model": d_head at least this
 CAUSAL_FAMILIES = ("llama", "qwen2", "gemma3")  # the zoo's causal LMs (gemma3 also has an encoder)
 # Why the ≈0 Saponati et al. list for Llama-3 and Mistral decoders is no reference (DEVELOPERS.md).
 ARTIFACT = ("the ≈0 they list for Llama-3-8B and Mistral-7B is not set beside it: their code "
-            "pairs GQA query head h with key head h mod n_kv instead of h // n_rep, and built Llama-3-8B "
-            "from its config without loading weights")
+            "pairs GQA query head h with key head h mod n_kv instead of h // n_rep, and built "
+            "Llama-3-8B from its config without loading weights")
 
 
 def published_text(r) -> str:
