@@ -137,6 +137,10 @@ def load_llama(folder: str | Path, *, name: str | None = None) -> ModelView:
     view = _view(t, files[0], L=L, H=H, G=G, model_type=mt, name=name or folder.name,
                  layers_key="num_hidden_layers in config.json",
                  source=folder, family="gemma3" if mt.startswith("gemma") else "llama", role=role)
+    D = config_int(cfg, "hidden_size", where, bound="width")
+    if view.layers[0].d_model != D:
+        raise CheckpointError(f"{where}: hidden_size {D}, but the attention weights are "
+                              f"{view.layers[0].d_model} wide")
     view.meta["init_std"] = cfg.get("initializer_range")
     stored = sum(x.numel() for x in t.values())
 

@@ -115,7 +115,9 @@ def load_onnx_vit(path: str | Path, *, name: str | None = None) -> ModelView:
                                            bound="heads")
         raise CheckpointError(f"{path}: cannot read the head count of {q_bias}")
 
-    found = sorted((int(m.group(2)), m.group(1)) for t in inits if (m := _BIAS.match(t)))
+    # a damaged protobuf may hand back a name that is not UTF-8 as bytes: never a bias name
+    found = sorted((int(m.group(2)), m.group(1)) for t in inits
+                   if isinstance(t, str) and (m := _BIAS.match(t)))
     if not found:
         raise CheckpointError(f"{path}: no '…encoder.layer.N.attention.attention.query.bias' "
                               "initializer; not a ViT/DINOv2 ONNX export")

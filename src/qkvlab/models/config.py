@@ -72,6 +72,9 @@ class ModelConfig:
         if not isinstance(self.d_mlp, int) or isinstance(self.d_mlp, bool) or self.d_mlp < 1:
             raise ValueError(f"d_mlp: {self.d_mlp!r} must be a positive integer")
         _bounded("d_mlp", self.d_mlp, 4)
+        for name in ("bias", "self_mask", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: {getattr(self, name)!r} must be true or false")
         for name in ("rope_base", "init_std", "dropout"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
