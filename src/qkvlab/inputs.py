@@ -158,16 +158,18 @@ def _save_traceback(exc: BaseException) -> str:
 
 
 def _close_bars() -> None:
-    """Close every tqdm bar still open, so the next line starts at column 0."""
+    """Close every tqdm bar still open, so the next line starts at column 0 (a closed bar
+    clears its line on a terminal; in a log file it leaves its text, so end that line)."""
     tqdm = sys.modules.get("tqdm")
-    if tqdm is None:
-        return
-    for bar in list(getattr(tqdm.tqdm, "_instances", ())):
+    bars = list(getattr(tqdm.tqdm, "_instances", ())) if tqdm is not None else []
+    for bar in bars:
         try:
             bar.close()
         except Exception:  # noqa: BLE001 (a bar half torn down must not hide the error)
             pass
     try:
+        if bars and not sys.stderr.isatty():
+            sys.stderr.write("\n")
         sys.stderr.flush()
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         pass
