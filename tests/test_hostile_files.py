@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import fuzz_fields
+import fuzz_formats
 from qkvlab.analysis import resolve
 from qkvlab.analysis.sources import SUPPORTED
 from qkvlab.inputs import InputFileError
@@ -81,10 +81,10 @@ def test_an_honest_model_above_the_memory_limit_is_refused_with_the_way_to_raise
 # ---- 2: tracebacks from header values --------------------------------------------------------------
 def gguf(tmp_path: Path, name: str, **fields) -> Path:
     """The fuzz seed's tiny llama GGUF with metadata fields replaced (``head_count=0``)."""
-    meta, tensors = fuzz_fields.gguf_seed()
+    meta, tensors = fuzz_formats.gguf_seed()
     meta = [(k, kind, fields.get(k.split(".")[-1], v)) for k, kind, v in meta]
     path = tmp_path / f"{name}.gguf"
-    path.write_bytes(fuzz_fields.gguf_bytes(meta, tensors))
+    path.write_bytes(fuzz_formats.gguf_bytes(meta, tensors))
     return path
 
 
@@ -104,7 +104,7 @@ def test_gguf_header_values_are_one_clear_error(tmp_path, field, value, words):
 
 
 def test_damaged_gguf_files_say_what_is_wrong_in_words(tmp_path):
-    raw = fuzz_fields.gguf_bytes(*fuzz_fields.gguf_seed())
+    raw = fuzz_formats.gguf_bytes(*fuzz_formats.gguf_seed())
     said = []
     for cut in (6, 20, 30, 200, 900, 1500, 1800, len(raw) - 8):
         path = tmp_path / f"cut{cut}.gguf"
@@ -211,9 +211,9 @@ def test_analyze_error_starts_its_own_line_after_the_progress_bar(tmp_path, caps
 
 
 # ---- 6: the formats the README lists, from a path -----------------------------------------------------
-@pytest.mark.parametrize("name, data", [("vit.onnx", fuzz_fields.onnx_bytes),
-                                        ("model.bin", lambda: fuzz_fields.marian_bytes(
-                                            fuzz_fields.marian_items()))])
+@pytest.mark.parametrize("name, data", [("vit.onnx", fuzz_formats.onnx_bytes),
+                                        ("model.bin", lambda: fuzz_formats.marian_bytes(
+                                            fuzz_formats.marian_items()))])
 def test_analyze_reads_onnx_and_marian_files_by_path(tmp_path, name, data):
     path = tmp_path / "any-name"  # by content, not by name
     path.write_bytes(data())
