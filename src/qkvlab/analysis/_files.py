@@ -5,7 +5,7 @@ Every failure is a :class:`CheckpointError`, which is :class:`qkvlab.inputs.Inpu
 executed: pickles are read only through PyTorch's ``weights_only`` unpickler, which refuses any
 global that is not a tensor or plain container. Numbers in a header or config are checked
 against :data:`qkvlab.inputs.BOUNDS` and against the tensors in the file before anything is
-allocated from them (:func:`config_int`, :func:`check_tensor`).
+allocated from them (:func:`config_int`, :func:`check_layers`, :func:`take`).
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def take(tensors: dict[str, Tensor], name: str, where: Path | str, ndim: int | N
         near = [k for k in tensors if k.split(".")[-1] == name.split(".")[-1]][:3]
         raise CheckpointError(f"{where}: tensor {name!r} not found (similar: {near})")
     t = tensors[name]
-    if not (t.is_floating_point()):
+    if not t.is_floating_point():
         raise CheckpointError(f"{where}: tensor {name!r} holds {t.dtype}, not floating point")
     if ndim is not None and t.dim() != ndim:
         raise CheckpointError(f"{where}: tensor {name!r} has shape {tuple(t.shape)}; "
