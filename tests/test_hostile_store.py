@@ -128,16 +128,24 @@ def run_train(tmp_path, spec_path, *extra, torchrun=False):
     ({"task": "lm", "model": {"n_layers": 100_000}}, "n_layers: 100,000 is above the limit"),
     ({"task": "lm", "task_options": {"seq_lne": 8}}, "lm.seq_lne: unknown key"),
     ("not json {", "not a JSON run spec"), (None, "no such file")])
-def test_train_entry_prints_one_line_and_exits_2(tmp_path, content, words):
+def test_train_entry_prints_one_line_and_exits_2(tmp_path, capsys, content, words):
+    from qkvlab.train.__main__ import main
+
     spec = tmp_path / "spec.json"
     if content is not None:
         spec.write_text(content if isinstance(content, str) else json.dumps(content))
+    assert main([str(spec), "--out", str(tmp_path / "out.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"qkvlab.train: error: {spec}: ") and words in err
+
+
+def test_train_entry_as_a_command_one_line_or_the_traceback_with_debug(tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"task": "lm", "train": {"stpes": 3}}))
     p = run_train(tmp_path, spec)
-    assert p.returncode == 2
-    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and words in p.stderr
-    assert p.stderr.startswith(f"qkvlab.train: error: {spec}: ")
-    if content is not None and not isinstance(content, str):
-        assert "Traceback" in run_train(tmp_path, spec, "--debug").stderr
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "train.stpes" in p.stderr
+    p = run_train(tmp_path, spec, "--debug")
+    assert p.returncode == 2 and "Traceback (most recent call last)" in p.stderr
 
 
 @pytest.mark.slow
