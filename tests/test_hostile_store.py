@@ -28,11 +28,14 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def stranger(path: Path) -> Path:
+def stranger(path: Path, journal: str = "delete") -> Path:
     """Another program's SQLite database, with a ``runs`` table of its own."""
-    with sqlite3.connect(path) as c:
-        c.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, name TEXT, status TEXT)")
-        c.execute("INSERT INTO runs (name, status) VALUES ('mine', 'ok')")
+    c = sqlite3.connect(path)
+    c.execute(f"PRAGMA journal_mode={journal}")
+    c.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, name TEXT, status TEXT)")
+    c.execute("INSERT INTO runs (name, status) VALUES ('mine', 'ok')")
+    c.commit()
+    c.close()
     return path
 
 
@@ -51,8 +54,9 @@ def toy():
 
 
 # ---- 3: a read command wrote into a stranger's database --------------------------------------------
-def test_results_on_a_strangers_database_changes_nothing(tmp_path, capsys):
-    db = stranger(tmp_path / "other.db")
+@pytest.mark.parametrize("journal", ["delete", "wal"])
+def test_results_on_a_strangers_database_changes_nothing(tmp_path, capsys, journal):
+    db = stranger(tmp_path / "other.db", journal)
     before = digest(db)
     assert cli.run_results(parser(cli.configure_results).parse_args(["all", "--db", str(db)])) == 2
     err = capsys.readouterr().err

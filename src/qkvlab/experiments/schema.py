@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from urllib.parse import quote
 
 APPLICATION_ID = 0x716B766C  # "qkvl": the SQLite header field that marks a qkvlab store
 SCHEMA_VERSION = 2  # user_version: 2 = marker, store_meta, runs.threads and runs.trained_by
@@ -66,6 +67,32 @@ def kind(conn: sqlite3.Connection) -> str:
         return "new"
     columns = {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
     return "legacy" if app == 0 and LEGACY_RUNS <= columns else "foreign"
+
+
+def classify(path: Path) -> str:
+    """:func:`kind` of the file at ``path``, or ``not sqlite``, leaving nothing beside it.
+
+    A SQLite connection, even read-only, creates ``-wal`` and ``-shm`` files beside a database
+    in WAL mode; another program's database must not get them. So the header is read as bytes
+    (the marker is at offset 68), and only a file without it is opened ``immutable`` to look at
+    its tables. Call it only where no ``-wal`` file exists: then the file holds every change.
+    """
+    with open(path, "rb") as f:
+        head = f.read(100)
+    if not head:
+        return "new"
+    if not head.startswith(b"SQLite format 3\0"):
+        return "not sqlite"
+    if int.from_bytes(head[68:72], "big") == APPLICATION_ID:
+        return "ours"
+    conn = sqlite3.connect(f"file:{quote(str(Path(path).resolve()))}?mode=ro&immutable=1",
+                           uri=True)
+    try:
+        return kind(conn)
+    except sqlite3.DatabaseError:
+        return "not sqlite"
+    finally:
+        conn.close()
 
 
 def foreign_message(conn: sqlite3.Connection, path: Path) -> str:

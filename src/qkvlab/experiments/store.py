@@ -108,6 +108,19 @@ class Store:
         if readonly and not self.path.is_file():
             raise InputFileError(f"db: no results database at {self.path}", path=path)
         fresh = not self.path.exists() or self.path.stat().st_size == 0
+        known = None  # without a -wal file the file holds everything: judge it before connecting
+        if not fresh and not Path(f"{self.path}-wal").exists():
+            known = schema.classify(self.path)
+            if known == "foreign":
+                c = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro&immutable=1",
+                                    uri=True)
+                try:
+                    raise InputFileError(schema.foreign_message(c, self.path), path=path)
+                finally:
+                    c.close()
+            if known == "not sqlite":
+                raise InputFileError(f"db: {self.path} is not a qkvlab results database (file is "
+                                     "not a SQLite database)", path=path)
         if not readonly:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -120,7 +133,7 @@ class Store:
                                  path=path) from None
         self.conn.row_factory = sqlite3.Row
         try:
-            kind = "new" if fresh else schema.kind(self.conn)
+            kind = "new" if fresh else known or schema.kind(self.conn)
             if kind == "new" and readonly:
                 raise InputFileError(f"db: {self.path} is empty, not a results database",
                                      path=path)
