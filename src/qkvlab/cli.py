@@ -14,6 +14,7 @@ import sys
 from qkvlab.attention import DESIGNS, AttentionConfig, build_attention
 from qkvlab.bench.tables import markdown_table
 from qkvlab.experiments.registry import load_studies
+from qkvlab.inputs import print_error
 
 # command -> (module, configure function, run function, one-line help)
 DELEGATED = {
@@ -105,16 +106,27 @@ def _missing(name: str, err: Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
+    """Run one command; its exit status. A bad input (any ``ValueError``, every bad file's
+    ``InputFileError`` among them) is one line and status 2; any other exception one line
+    naming it and the file with its traceback, status 1. ``--debug`` (anywhere on the line, or
+    ``QKVLAB_DEBUG=1``) prints the traceback instead."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv or os.environ.get("QKVLAB_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, print its full traceback (also QKVLAB_DEBUG=1)")
+    args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ValueError as e:
-        print(f"qkvlab {args.command}: error: {e}", file=sys.stderr)
-        return 2
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:
+        print_error(f"qkvlab {args.command}", ValueError("interrupted"))
+        return 130
+    except Exception as e:  # noqa: BLE001 (the one place that turns any failure into a line)
+        return print_error(f"qkvlab {args.command}", e, debug)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from qkvlab.data.corpus import read_bible
+from qkvlab.inputs import InputFileError, check_memory
 
 DEFAULT_VERSES = 24  # ~700 tokens of KJV: enough samples for CKA of 64-wide heads, fast on CPU
 
@@ -20,6 +21,35 @@ def real_text(n_verses: int = DEFAULT_VERSES) -> list[str]:
     verses = read_bible("k")
     step = max(1, len(verses) // n_verses)
     return [v.text for v in verses[::step][:n_verses]]
+
+
+def hf_model(folder, stored: int):
+    """transformers' ``AutoModel`` of an HF folder, once its config is known to fit its files.
+
+    ``stored``: the number of values the folder's weight files hold. transformers builds the
+    model its ``config.json`` describes and fills it from the files; a config that asks for
+    more (a vocabulary of 10⁹, say) would be allocated before anything checks it, so the model
+    is first built on the meta device (no memory) and refused if it needs more values than
+    the files hold, or more memory than the limit.
+
+    Raises:
+        InputFileError: the config implies more parameters than the files hold.
+    """
+    from transformers import AutoConfig, AutoModel  # lazy: optional extra [analysis]
+
+    kw = {"local_files_only": True, "trust_remote_code": False}
+    try:
+        config = AutoConfig.from_pretrained(folder, **kw)
+        with torch.device("meta"):
+            need = sum(p.numel() for p in AutoModel.from_config(config).parameters())
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
+        raise InputFileError(f"{folder}/config.json: transformers cannot build a model from it "
+                             f"({type(e).__name__}: {str(e)[:200]})", path=folder) from None
+    if need > stored * 1.01 + 4096:
+        raise InputFileError(f"{folder}/config.json describes a model of {need:,} parameters; "
+                             f"its weight files hold {stored:,} values", path=folder)
+    check_memory(folder, 4 * need, "running the model on text (float32)")
+    return AutoModel.from_pretrained(folder, **kw)
 
 
 @torch.inference_mode()

@@ -1,8 +1,11 @@
 """Safe reading of weight files: safetensors, GGUF, ``torch.load(weights_only=True)``; no pickle.
 
-Every failure is a :class:`CheckpointError` (a ``ValueError``) naming the file and what is wrong.
-Nothing in a checkpoint is ever executed: pickles are read only through PyTorch's
-``weights_only`` unpickler, which refuses any global that is not a tensor or plain container.
+Every failure is a :class:`CheckpointError`, which is :class:`qkvlab.inputs.InputFileError`
+(a ``ValueError``), naming the file and what is wrong. Nothing in a checkpoint is ever
+executed: pickles are read only through PyTorch's ``weights_only`` unpickler, which refuses any
+global that is not a tensor or plain container. Numbers in a header or config are checked
+against :data:`qkvlab.inputs.BOUNDS` and against the tensors in the file before anything is
+allocated from them (:func:`config_int`, :func:`check_layers`, :func:`take`).
 """
 
 from __future__ import annotations
@@ -17,14 +20,24 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, unreadable, corrupt, unsafe or of an unsupported kind."""
+from qkvlab.inputs import InputFileError, bounded_int, check_memory
 
 
-# File magic -> kind. CTranslate2 starts with a small uint32 version, then a "...Spec" name.
+# A checkpoint is missing, unreadable, corrupt, unsafe or of an unsupported kind: the one error
+# type of every input file (the name predates it and stays for callers that catch it).
+CheckpointError = InputFileError
+
+
+# File magic -> kind. CTranslate2 starts with a small uint32 version, then a "...Spec" name;
+# Marian with the uint64 version 1, a uint64 item count and the first item's name length and
+# type; ONNX (a protobuf ModelProto) with field 1, ir_version, then another ModelProto field.
+MARIAN_TYPES = (0x0101, 0x0404, 0x4101)  # special (model.yml), float32, intgemm8
+ONNX_FIELDS = (0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72)  # tags of ModelProto fields 2-8, 14
+
+
 def sniff(path: Path) -> str:
-    """``safetensors`` | ``gguf`` | ``torch-zip`` | ``pickle`` | ``ctranslate2`` | ``unknown``."""
+    """``safetensors`` | ``gguf`` | ``torch-zip`` | ``pickle`` | ``ctranslate2`` | ``marian``
+    | ``onnx`` | ``unknown``, from the first bytes."""
     path = require_file(path)
     with open(path, "rb") as f:
         head = f.read(64)
@@ -36,11 +49,18 @@ def sniff(path: Path) -> str:
         return "pickle"
     if len(head) >= 8:
         n = int.from_bytes(head[:8], "little")
-        if 0 < n < 100_000_000 and head[8:9] == b"{":
+        if 2 <= n < 100_000_000 and head[8:9] == b"{":  # at least "{}"
             return "safetensors"
         version, name_len = int.from_bytes(head[:4], "little"), int.from_bytes(head[4:6], "little")
         if 1 <= version <= 10 and 0 < name_len < 60 and head[6:6 + name_len - 1].endswith(b"Spec"):
             return "ctranslate2"
+    if len(head) >= 32 and n == 1:
+        items, name_len = (int.from_bytes(head[i:i + 8], "little") for i in (8, 16))
+        if 0 < items < 100_000 and 0 < name_len < 4096 and \
+                int.from_bytes(head[24:32], "little") in MARIAN_TYPES:
+            return "marian"
+    if len(head) >= 3 and head[0] == 0x08 and 1 <= head[1] <= 64 and head[2] in ONNX_FIELDS:
+        return "onnx"
     return "unknown"
 
 
@@ -56,18 +76,49 @@ def require_file(path: str | os.PathLike) -> Path:
 
 
 def read_json(path: Path) -> dict:
+    """A JSON object (a config) from ``path``; anything else is a CheckpointError."""
     path = require_file(path)
+    if path.stat().st_size > 64 << 20:  # configs and indexes are kilobytes
+        raise CheckpointError(f"{path}: {path.stat().st_size:,} bytes is too large for a JSON "
+                              "config (at most 64 MiB)")
     try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: a JSON {type(data).__name__}, where a JSON object "
+                              "(a config of named fields) is expected")
+    return data
+
+
+def config_int(cfg: dict, key: str, where, *, bound: str | None = None, lo: int = 1,
+               default=None) -> int:
+    """``cfg[key]`` as a bounded int (:func:`qkvlab.inputs.bounded_int`); ``default`` when
+    absent (or null) if given, else a CheckpointError naming the missing field."""
+    value = cfg.get(key)
+    if value is None:
+        if default is None:
+            raise CheckpointError(f"{where}: field {key!r} missing")
+        return default
+    return bounded_int(value, key, str(where), lo=lo, bound=bound)
 
 
 def safetensors_files(folder: Path) -> list[Path]:
-    """The weight files of an HF folder: one file, or the shards its index names."""
+    """The weight files of an HF folder: one file, or the shards its index names (plain file
+    names inside the folder: an index never sends the reader elsewhere)."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(read_json(index).get("weight_map", {}).values()))
+        weight_map = read_json(index).get("weight_map", {})
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(s, str) for s in weight_map.values()):
+            raise CheckpointError(f"{index}: weight_map must map tensor names to file names")
+        shards = sorted(set(weight_map.values()))
+        bad = [s for s in shards if Path(s).name != s or s in ("", ".", "..")]
+        if bad:
+            raise CheckpointError(f"{index}: shard {bad[0]!r} is not a file name inside "
+                                  f"{folder}; refused")
+        if not shards:
+            raise CheckpointError(f"{index}: weight_map names no weight file")
         return [require_file(folder / s) for s in shards]
     files = sorted(folder.glob("*.safetensors"))
     if files:
@@ -78,7 +129,12 @@ def safetensors_files(folder: Path) -> list[Path]:
 
 
 def read_tensors(files: list[Path]) -> dict[str, Tensor]:
-    """Every tensor of the given weight files (safetensors or weights-only torch), as stored."""
+    """Every tensor of the given weight files (safetensors or weights-only torch), as stored.
+
+    Raises:
+        CheckpointError: a file is unreadable, or reading them all would pass the memory limit.
+    """
+    check_memory(files[0].parent, sum(f.stat().st_size for f in files), "reading its weight files")
     out: dict[str, Tensor] = {}
     for f in files:
         out.update(read_safetensors(f) if f.suffix == ".safetensors" else torch_load_safe(f))
@@ -132,9 +188,39 @@ def _pickled_objects(path: Path, torch_message: str) -> str:
             "with safetensors.torch.save_file), then give qkvlab the .safetensors file")
 
 
-def take(tensors: dict[str, Tensor], name: str, where: Path | str) -> Tensor:
-    """``tensors[name]`` as float64, or a CheckpointError naming the missing tensor."""
+def take(tensors: dict[str, Tensor], name: str, where: Path | str, ndim: int | None = None
+         ) -> Tensor:
+    """``tensors[name]`` as float64, or a CheckpointError naming the missing tensor (or one
+    that is not ``ndim``-dimensional, or not floating point)."""
     if name not in tensors:
         near = [k for k in tensors if k.split(".")[-1] == name.split(".")[-1]][:3]
         raise CheckpointError(f"{where}: tensor {name!r} not found (similar: {near})")
-    return tensors[name].to(torch.float64)
+    t = tensors[name]
+    if not t.is_floating_point():
+        raise CheckpointError(f"{where}: tensor {name!r} holds {t.dtype}, not floating point")
+    if ndim is not None and t.dim() != ndim:
+        raise CheckpointError(f"{where}: tensor {name!r} has shape {tuple(t.shape)}; "
+                              f"{ndim} dimensions expected")
+    return t.to(torch.float64)
+
+
+def count_layers(tensors, name) -> int:
+    """How many consecutive layers 0, 1, ... have a tensor named ``name(i)``."""
+    n = 0
+    while name(n) in tensors:
+        n += 1
+    return n
+
+
+def check_layers(where, stated: int, found: int, key: str) -> None:
+    """A config's layer count must be the number of layers its weight files hold."""
+    if stated != found:
+        raise CheckpointError(f"{where}: {key} = {stated}, but the weight files hold "
+                              f"{found} layer{'s' if found != 1 else ''}")
+
+
+def as_input_error(where, what: str, e: Exception) -> CheckpointError:
+    """A CheckpointError for a shape or value problem ``e`` found while building ``what``."""
+    if isinstance(e, InputFileError):
+        return e
+    return CheckpointError(f"{where}: {what}: {e}")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from qkvlab.analysis._files import CheckpointError
 from qkvlab.analysis.measures import PUBLISHED_SOURCE, PUBLISHED_SYMMETRY
 from qkvlab.analysis.run import analyze
+from qkvlab.inputs import MEMORY_ENV, InputFileError, parse_bytes, print_error
 
 # Rows of the printed summary: symmetry and the three subspace overlaps answer the question.
 PRINTED = ("symmetry", "symmetry_layer", "symmetry_layer_median", "positive_share", "overlap_qk",
@@ -17,9 +18,9 @@ PRINTED = ("symmetry", "symmetry_layer", "symmetry_layer_median", "positive_shar
 
 def configure_analyze(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", metavar="SOURCE",
-                        help="built-in name (minilm, whisper-tiny, smollm2), a local HF folder, "
-                             "GGUF file, CTranslate2 model.bin, qkvlab checkpoint or run folder, "
-                             "or a hub id owner/name when a network is available")
+                        help="zoo name (qkvlab zoo), a local HF folder, GGUF file, CTranslate2 "
+                             "model.bin, ONNX ViT (.onnx), Marian .bin, qkvlab checkpoint or run "
+                             "folder, or a hub id owner/name when a network is available")
     parser.add_argument("--out", default=None,
                         help="output folder (default: analysis/<model name>)")
     parser.add_argument("--null", type=int, default=128, dest="n_null",
@@ -30,6 +31,9 @@ def configure_analyze(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-figures", action="store_true", help="tables only")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random nulls")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--max-memory", default=None, metavar="SIZE",
+                        help="refuse inputs whose loading needs more memory than SIZE "
+                             f"(e.g. 64G; default ${MEMORY_ENV}, else 16G)")
 
 
 def run_analyze(args) -> int:
@@ -39,12 +43,13 @@ def run_analyze(args) -> int:
             return 2
     out = Path(args.out) if args.out else Path("analysis") / Path(args.source).name
     try:
+        if args.max_memory is not None:  # for this process and what it starts
+            os.environ[MEMORY_ENV] = str(parse_bytes(args.max_memory))
         res = analyze(args.source, out, n_null=args.n_null, cka=not args.no_cka,
                       n_verses=args.verses, seed=args.seed, figures=not args.no_figures,
                       progress=not args.quiet)
-    except (CheckpointError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (InputFileError, FileNotFoundError, ValueError) as e:  # on its own line, after the bar
+        return print_error("qkvlab analyze", e if isinstance(e, ValueError) else ValueError(e))
     meta = res["meta"]
     print(f"{res['model']} ({meta['family']}, {meta['n_heads']} heads, d_model {meta['d_model']},"
           f" d_head {meta['d_head']}); null = {meta['n_null']} random heads of the same shapes")

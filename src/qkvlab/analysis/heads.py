@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from qkvlab.attention import repeat_kv
+from qkvlab.inputs import InputFileError
 
 ROLES = ("encoder", "decoder", "cross")
 
@@ -112,7 +113,7 @@ class ModelView:
 
     def __post_init__(self) -> None:
         if not self.layers:
-            raise ValueError(f"{self.source}: no attention layers found")
+            raise InputFileError(f"{self.source}: no attention layers found", path=self.source)
 
 
 # ---- layout helpers shared by the loaders ---------------------------------------------------
@@ -140,10 +141,44 @@ def expand_kv(t: Tensor | None, n_heads: int) -> Tensor | None:
     return None if t is None else repeat_kv(t, n_heads, dim=0)
 
 
+def check_linear(q: tuple, k: tuple, v: tuple, o: tuple, n_heads: int, n_kv_heads: int) -> None:
+    """(weight, bias) pairs in nn.Linear layout that fit one attention layer of ``n_heads``
+    query and ``n_kv_heads`` key/value heads, checked before any reshape.
+
+    Raises:
+        ValueError: which projection does not fit, in words.
+    """
+    H, G = n_heads, n_kv_heads
+    if H < 1 or G < 1 or H % G:
+        raise ValueError(f"{H} query heads and {G} key/value heads: each must be at least 1 "
+                         "and the key/value heads must divide the query heads")
+    for role, (w, b) in zip("qkvo", (q, k, v, o)):
+        if w.dim() != 2:
+            raise ValueError(f"W_{role.upper()} has shape {tuple(w.shape)}, not a matrix")
+        if b is not None and b.numel() != w.shape[0]:
+            raise ValueError(f"b_{role.upper()} has {b.numel()} values for {w.shape[0]} outputs")
+    D = q[0].shape[1]
+    for role, (w, _), n in (("Q", q, H), ("K", k, G), ("V", v, G)):
+        if w.shape[1] != D or w.shape[0] % n or w.shape[0] == 0:
+            raise ValueError(f"W_{role} has shape {tuple(w.shape)}: expected (heads·d, {D}) "
+                             f"with {n} heads")
+    if k[0].shape[0] // G != q[0].shape[0] // H:
+        raise ValueError(f"W_Q {tuple(q[0].shape)} and W_K {tuple(k[0].shape)} give heads of "
+                         "different widths")
+    if o[0].shape[0] != D or o[0].shape[1] != H * (v[0].shape[0] // G):
+        raise ValueError(f"W_O has shape {tuple(o[0].shape)}, expected "
+                         f"({D}, {H * (v[0].shape[0] // G)})")
+
+
 def from_linear(layer: int, role: str, q: tuple, k: tuple, v: tuple, o: tuple, *, n_heads: int,
                 n_kv_heads: int | None = None, name: str = "") -> LayerView:
-    """A LayerView from (weight, bias) pairs in nn.Linear layout (out, in); GQA expanded."""
+    """A LayerView from (weight, bias) pairs in nn.Linear layout (out, in); GQA expanded.
+
+    Raises:
+        ValueError: shapes that do not fit ``n_heads``/``n_kv_heads`` (see :func:`check_linear`).
+    """
     G = n_kv_heads or n_heads
+    check_linear(q, k, v, o, n_heads, G)
     return LayerView(
         layer=layer, role=role, name=name,
         W_Q=heads_in(q[0], n_heads), b_Q=heads_bias(q[1], n_heads),

@@ -14,8 +14,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qkvlab.analysis._capture import capture_inputs
-from qkvlab.analysis._files import CheckpointError, read_json, read_tensors, safetensors_files, take
+from qkvlab.analysis._capture import capture_inputs, hf_model
+from qkvlab.analysis._files import (
+    CheckpointError,
+    as_input_error,
+    check_layers,
+    config_int,
+    count_layers,
+    read_json,
+    read_tensors,
+    safetensors_files,
+    take,
+)
 from qkvlab.analysis.heads import ModelView, from_linear
 
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "mpnet")
@@ -33,14 +43,17 @@ def load_bert(folder: str | Path, *, name: str | None = None) -> ModelView:
         CheckpointError: missing/corrupt files, a config that is not BERT-like, missing tensors.
     """
     folder = Path(folder)
-    cfg = read_json(folder / "config.json")
+    where = folder / "config.json"
+    cfg = read_json(where)
     if cfg.get("model_type") not in MODEL_TYPES:
         raise CheckpointError(f"{folder}: model_type {cfg.get('model_type')!r} is not one of "
                               f"{list(MODEL_TYPES)}")
-    try:
-        H, L = int(cfg["num_attention_heads"]), int(cfg["num_hidden_layers"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{folder}/config.json: missing or bad field {e}") from None
+    H = config_int(cfg, "num_attention_heads", where, bound="heads")
+    L = config_int(cfg, "num_hidden_layers", where, bound="layers")
+    D = config_int(cfg, "hidden_size", where, bound="width")
+    if D % H:
+        raise CheckpointError(f"{where}: hidden_size {D} is not divisible by "
+                              f"num_attention_heads {H}")
     files = safetensors_files(folder)
     t = read_tensors(files)
     names = NAMES.get(cfg["model_type"], BERT_NAMES)
@@ -50,28 +63,37 @@ def load_bert(folder: str | Path, *, name: str | None = None) -> ModelView:
     if anchor is None:
         raise CheckpointError(f"{files[0]}: no {probe}; not a {cfg['model_type']} checkpoint")
     pre = anchor[: -len(probe)]
+    found = count_layers(t, lambda i: f"{pre}encoder.layer.{i}.attention.{names[0]}.weight")
+    check_layers(where, L, found, "num_hidden_layers")
 
     def wb(p):
-        return take(t, f"{p}.weight", files[0]), t.get(f"{p}.bias")
+        return take(t, f"{p}.weight", files[0], ndim=2), t.get(f"{p}.bias")
 
     layers = []
     for i in range(L):
         a = f"{pre}encoder.layer.{i}.attention"
-        layers.append(from_linear(i, "encoder", *(wb(f"{a}.{n}") for n in names), n_heads=H,
-                                  name=f"encoder.{i}"))
+        try:
+            layers.append(from_linear(i, "encoder", *(wb(f"{a}.{n}") for n in names), n_heads=H,
+                                      name=f"encoder.{i}"))
+        except ValueError as e:
+            raise as_input_error(files[0], f"layer {i}", e) from None
+    if layers[0].d_model != D:
+        raise CheckpointError(f"{where}: hidden_size {D}, but the attention weights are "
+                              f"{layers[0].d_model} wide")
     mpnet = cfg["model_type"] == "mpnet"
     view = ModelView(name=name or folder.name, family="mpnet" if mpnet else "bert",
                      source=str(folder), layers=layers, notes=[MPNET_NOTE] if mpnet else [],
                      meta={"model_type": cfg["model_type"], "init_std": cfg.get("initializer_range")})
-    view.capture = lambda texts: _capture(folder, texts)
+    stored = sum(x.numel() for x in t.values())
+    view.capture = lambda texts: _capture(folder, texts, stored)
     return view
 
 
-def _capture(folder: Path, texts: list[str]):
+def _capture(folder: Path, texts: list[str], stored: int):
     """Attention inputs on ``texts`` from transformers' own BertModel (no remote code)."""
-    from transformers import AutoModel, AutoTokenizer  # lazy: optional extra [analysis]
+    from transformers import AutoTokenizer  # lazy: optional extra [analysis]
 
-    model = AutoModel.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    model = hf_model(folder, stored)
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     mods = {f"encoder.{i}": getattr(lay.attention, "attn", None) or lay.attention.self
             for i, lay in enumerate(model.encoder.layer)}

@@ -28,6 +28,7 @@ cross-attention ``decoder_l{i}_context_W{q,k,v,o}``. Head count and sizes come f
 
 from __future__ import annotations
 
+import math
 import mmap
 import re
 import struct
@@ -36,11 +37,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qkvlab.analysis._files import CheckpointError, require_file
+from qkvlab.analysis._files import CheckpointError, as_input_error, require_file
 from qkvlab.analysis.heads import ModelView, from_linear
+from qkvlab.inputs import bounded_int, check_memory
 
 FLOAT32, INTGEMM8 = 0x0404, 0x4101
 SPECIAL_YML = "special:model.yml"
+MAX_RANK = 8  # Marian stores matrices and vectors as shapes of rank 1-2
 
 
 def read_marian(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], str]:
@@ -70,7 +73,13 @@ def read_marian(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, np.n
     version, n = struct.unpack("<QQ", take(16))
     if version != 1 or not 0 < n < 100_000:
         raise CheckpointError(f"{path}: not a Marian binary model (version {version}, {n} items)")
+    # a float32 copy of every tensor: at most 4 bytes per stored byte, on top of the file
+    check_memory(path, 5 * len(buf), "reading its tensors")
     headers = [struct.unpack("<QQQQ", take(32)) for _ in range(n)]
+    for name_len, _, rank, _ in headers:
+        if rank > MAX_RANK:
+            raise CheckpointError(f"{path}: an item has a shape of rank {rank:,} (at most "
+                                  f"{MAX_RANK}); not a Marian model, or a corrupt header")
     names = [bytes(take(h[0])).rstrip(b"\0").decode("utf-8", "replace") for h in headers]
     shapes = [struct.unpack(f"<{h[2]}i", take(4 * h[2])) for h in headers]
     (pad,) = struct.unpack("<Q", take(8))
@@ -78,7 +87,10 @@ def read_marian(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, np.n
     tensors, int8, yml = {}, {}, ""
     for name, (_, typ, _, size), shape in zip(names, headers, shapes):
         raw = take(size)
-        count = int(np.prod(shape))
+        if any(d < 1 for d in shape):
+            raise CheckpointError(f"{path}: {name} has shape {shape}; every dimension must "
+                                  "be at least 1")
+        count = math.prod(shape)
         if name == SPECIAL_YML:
             yml = bytes(raw).rstrip(b"\0").decode("utf-8", "replace")
         elif typ == FLOAT32:
@@ -93,6 +105,8 @@ def read_marian(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, np.n
             (m,) = struct.unpack("<f", raw[count:count + 4])
             if not m > 0:
                 raise CheckpointError(f"{path}: {name} has quantization multiplier {m}")
+            if len(shape) > 2:
+                raise CheckpointError(f"{path}: {name} is an int8 weight of rank {len(shape)}")
             q = q.reshape(shape) if name == "Wemb" else q.reshape(shape[::-1])
             int8[name], int8[f"{name}/quant_mult"] = q.copy(), np.float32(m)
             tensors[name] = q.astype(np.float32) / np.float32(m)
@@ -102,7 +116,7 @@ def read_marian(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, np.n
 
 
 def _yml_int(yml: str, key: str, path) -> int:
-    found = re.search(rf"^{re.escape(key)}:\s*(\d+)\s*$", yml, re.MULTILINE)
+    found = re.search(rf"^{re.escape(key)}:\s*(\d{{1,18}})\s*$", yml, re.MULTILINE)
     if not found:
         raise CheckpointError(f"{path}: {SPECIAL_YML} has no integer {key!r}")
     return int(found.group(1))
@@ -116,7 +130,8 @@ def load_marian(path: str | Path, *, name: str | None = None) -> ModelView:
     """
     path = Path(path)
     t, _, yml = read_marian(path)
-    H = _yml_int(yml, "transformer-heads", path)
+    H = bounded_int(_yml_int(yml, "transformer-heads", path), "transformer-heads",
+                    f"{path}: {SPECIAL_YML}", bound="heads")
 
     def lin(prefix: str, w: str, b: str):
         if f"{prefix}_{w}" not in t:
@@ -133,7 +148,10 @@ def load_marian(path: str | Path, *, name: str | None = None) -> ModelView:
     for stack, kind, role in (("encoder", "self", "encoder"), ("decoder", "context", "cross")):
         i = 1
         while f"{stack}_l{i}_{kind}_Wq" in t:
-            layers.append(block(f"{stack}_l{i}_{kind}", i - 1, role))
+            try:
+                layers.append(block(f"{stack}_l{i}_{kind}", i - 1, role))
+            except ValueError as e:
+                raise as_input_error(path, f"{stack} layer {i}", e) from None
             i += 1
     if not layers:
         raise CheckpointError(f"{path}: no encoder_l1_self_Wq; not a Marian transformer")

@@ -15,16 +15,18 @@ No activation CKA: the graph takes images and none ship offline.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from qkvlab.analysis._files import CheckpointError, require_file
+from qkvlab.analysis._files import CheckpointError, as_input_error, require_file
 from qkvlab.analysis.heads import ModelView, from_linear
+from qkvlab.inputs import bounded_int, check_memory
 
-_BIAS = re.compile(r"^(.*encoder\.layer\.(\d+)\.)attention\.attention\.query\.bias$")
+_BIAS = re.compile(r"^(.*encoder\.layer\.([0-9]{1,9})\.)attention\.attention\.query\.bias$")
 
 
 def _graph(path: Path):
@@ -50,6 +52,7 @@ def load_onnx_vit(path: str | Path, *, name: str | None = None) -> ModelView:
             not reached through MatMul -> Add, or an unreadable head count.
     """
     path = require_file(path)
+    check_memory(path, 3 * path.stat().st_size, "parsing its graph")  # protobuf + float64 copies
     graph, numpy_helper = _graph(path)
     inits = {t.name: t for t in graph.initializer}
     producer = {out: node for node in graph.node for out in node.output}
@@ -58,8 +61,24 @@ def load_onnx_vit(path: str | Path, *, name: str | None = None) -> ModelView:
         for i in node.input:
             consumers.setdefault(i, []).append(node)
 
+    size = path.stat().st_size
+
     def arr(name: str) -> torch.Tensor:
-        return torch.from_numpy(numpy_helper.to_array(inits[name]).astype(np.float64))
+        t = inits[name]
+        if t.data_location == 1 or t.external_data:  # EXTERNAL: data in another file
+            raise CheckpointError(f"{path}: initializer {name!r} keeps its data in another file "
+                                  "(ONNX external data); qkvlab reads only the graph's own file")
+        if any(d < 0 for d in t.dims) or math.prod(t.dims) > size:
+            raise CheckpointError(f"{path}: initializer {name!r} has dimensions {list(t.dims)}, "
+                                  f"more values than the {size:,}-byte file can hold")
+        try:
+            a = numpy_helper.to_array(t)
+        except Exception as e:  # noqa: BLE001 (data that does not fill its dims, bad dtypes)
+            raise CheckpointError(f"{path}: initializer {name!r} (dimensions {list(t.dims)}) is "
+                                  f"unreadable ({type(e).__name__}: {str(e)[:200]})") from None
+        if not np.issubdtype(a.dtype, np.number):
+            raise CheckpointError(f"{path}: initializer {name!r} holds {a.dtype}, not numbers")
+        return torch.from_numpy(a.astype(np.float64))
 
     def linear(bias: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(weight (out, in), bias) of the nn.Linear whose bias is the initializer ``bias``."""
@@ -68,25 +87,37 @@ def load_onnx_vit(path: str | Path, *, name: str | None = None) -> ModelView:
         for add in consumers.get(bias, []):
             if add.op_type != "Add":
                 continue
-            other = next(i for i in add.input if i != bias)
+            other = next((i for i in add.input if i != bias), None)
             mm = producer.get(other)
-            if mm is not None and mm.op_type == "MatMul" and mm.input[1] in inits:
-                return arr(mm.input[1]).T.contiguous(), arr(bias)
+            if mm is not None and mm.op_type == "MatMul" and len(mm.input) == 2 \
+                    and mm.input[1] in inits:
+                w = arr(mm.input[1])
+                if w.dim() != 2:
+                    raise CheckpointError(f"{path}: the weight of {bias} has shape "
+                                          f"{tuple(w.shape)}, not a matrix")
+                return w.T.contiguous(), arr(bias)
         raise CheckpointError(f"{path}: no MatMul -> Add({bias}) with a stored weight")
 
     def n_heads(q_bias: str) -> int:
         """The head count in the Reshape (B, T, H, d) applied to q = MatMul + bias."""
-        add = next(n for n in consumers[q_bias] if n.op_type == "Add")
-        for node in consumers.get(add.output[0], []):
-            if node.op_type == "Reshape" and node.input[1] in producer:
+        adds = [n for n in consumers.get(q_bias, []) if n.op_type == "Add" and n.output]
+        for node in consumers.get(adds[0].output[0], []) if adds else []:
+            if node.op_type == "Reshape" and len(node.input) > 1 and node.input[1] in producer:
                 concat = producer[node.input[1]]
                 if concat.op_type == "Concat" and len(concat.input) == 4:
                     const = producer.get(concat.input[2])
-                    if const is not None and const.op_type == "Constant":
-                        return int(numpy_helper.to_array(const.attribute[0].t).reshape(-1)[0])
+                    if const is not None and const.op_type == "Constant" and const.attribute:
+                        try:
+                            value = numpy_helper.to_array(const.attribute[0].t).reshape(-1)[:1]
+                        except Exception:  # noqa: BLE001 (a damaged constant: said below)
+                            break
+                        return bounded_int(value, f"the head count of {q_bias}", str(path),
+                                           bound="heads")
         raise CheckpointError(f"{path}: cannot read the head count of {q_bias}")
 
-    found = sorted((int(m.group(2)), m.group(1)) for t in inits if (m := _BIAS.match(t)))
+    # a damaged protobuf may hand back a name that is not UTF-8 as bytes: never a bias name
+    found = sorted((int(m.group(2)), m.group(1)) for t in inits
+                   if isinstance(t, str) and (m := _BIAS.match(t)))
     if not found:
         raise CheckpointError(f"{path}: no '…encoder.layer.N.attention.attention.query.bias' "
                               "initializer; not a ViT/DINOv2 ONNX export")
@@ -98,11 +129,17 @@ def load_onnx_vit(path: str | Path, *, name: str | None = None) -> ModelView:
         scale = f"{pre}layer_scale1.lambda1"
         if scale in inits:  # out = lambda1 * (z W_O + b_O): fold into the output map
             lam = arr(scale)
+            if lam.shape != (W_o.shape[0],) or b_o.shape != lam.shape:
+                raise CheckpointError(f"{path}: {scale} has shape {tuple(lam.shape)}, the "
+                                      f"output map of layer {i} {tuple(W_o.shape)}")
             W_o, b_o = W_o * lam[:, None], b_o * lam
-        layers.append(from_linear(i, "encoder", linear(f"{a}attention.query.bias"),
-                                  linear(f"{a}attention.key.bias"),
-                                  linear(f"{a}attention.value.bias"), (W_o, b_o), n_heads=H,
-                                  name=f"encoder.{i}"))
+        try:
+            layers.append(from_linear(i, "encoder", linear(f"{a}attention.query.bias"),
+                                      linear(f"{a}attention.key.bias"),
+                                      linear(f"{a}attention.value.bias"), (W_o, b_o), n_heads=H,
+                                      name=f"encoder.{i}"))
+        except ValueError as e:
+            raise as_input_error(path, f"layer {i}", e) from None
     notes = ["ONNX graph read without a runtime; layer_scale1 folded into W_O, b_O",
              "a vision encoder: inputs are 14x14 image patches, not tokens"]
     return ModelView(name=name or path.stem, family="vit", source=str(path), layers=layers,

@@ -39,7 +39,7 @@ def load_qkvlab(path: str | Path, *, name: str | None = None) -> ModelView:
         model = load_model(ckpt)
     except ValueError as e:  # load_model reports corrupt files and config mismatches this way
         hint = ("; for a Hugging Face checkpoint pass its folder (with config.json)"
-                if "qkvlab_config" in str(e) else "")
+                if "no qkvlab_config" in str(e) else "")
         raise CheckpointError(f"{e}{hint}") from None
     layers = []
     for lname, role, att in model.attention_layers():

@@ -18,6 +18,7 @@ File format (CTranslate2 ``ModelSpec.save``, binary version 5/6, little-endian):
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from pathlib import Path
@@ -27,6 +28,10 @@ import torch
 
 from qkvlab.analysis._files import (
     CheckpointError,
+    as_input_error,
+    check_layers,
+    config_int,
+    count_layers,
     read_json,
     read_tensors,
     require_file,
@@ -34,10 +39,12 @@ from qkvlab.analysis._files import (
     take,
 )
 from qkvlab.analysis.heads import LayerView, ModelView, from_linear
+from qkvlab.inputs import bounded_int, check_memory
 
 # CTranslate2 DataType ids (include/ctranslate2/types.h)
 CT2_DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, 5: "bfloat16"}
 CT2_VERSIONS = (5, 6)
+MAX_RANK = 8  # CTranslate2 variables are scalars, vectors and matrices (conv weights: rank 3)
 
 
 class _Cursor:
@@ -80,29 +87,50 @@ def read_ct2(path: str | Path) -> tuple[str, dict[str, np.ndarray]]:
                               f"(supported: {list(CT2_VERSIONS)})")
     spec = c.string()
     c.u("I")  # spec revision
+    n_vars = c.u("I")
+    if n_vars > (len(buf) - c.pos) // 9:  # a variable takes at least 9 bytes
+        raise CheckpointError(f"{path}: {n_vars:,} variables cannot fit in the "
+                              f"{len(buf) - c.pos:,} bytes left at byte {c.pos}")
+    # int8 weights come back as float32: at most 4 bytes per stored byte, on top of the copy
+    check_memory(path, 5 * len(buf), "reading its variables")
     out: dict[str, np.ndarray] = {}
-    for _ in range(c.u("I")):
+    for _ in range(n_vars):
         name = c.string()
-        shape = tuple(c.u("I") for _ in range(c.u("B")))
+        rank = c.u("B")
+        if rank > MAX_RANK:
+            raise CheckpointError(f"{path}: variable {name!r} has rank {rank} (at most {MAX_RANK})")
+        shape = tuple(c.u("I") for _ in range(rank))
         code, n = c.u("B"), c.u("I")
         if code not in CT2_DTYPES:
             raise CheckpointError(f"{path}: variable {name!r} has unknown dtype id {code}")
         raw = c.take(n)
         dt = CT2_DTYPES[code]
+        size = 2 if dt == "bfloat16" else np.dtype(dt).itemsize
+        if n != size * math.prod(shape):
+            raise CheckpointError(f"{path}: variable {name!r} holds {n:,} bytes for shape "
+                                  f"{shape} of {np.dtype(np.uint16 if dt == 'bfloat16' else dt)}"
+                                  f" ({size * math.prod(shape):,} bytes)")
         if dt == "bfloat16":
             arr = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
         else:
             arr = np.frombuffer(raw, dt)
-        if arr.size != int(np.prod(shape)):
-            raise CheckpointError(f"{path}: variable {name!r} holds {arr.size} values for "
-                                  f"shape {shape}")
         out[name] = arr.reshape(shape).copy()
-    for _ in range(c.u("I")):
+    n_aliases = c.u("I")
+    if n_aliases > (len(buf) - c.pos) // 6:  # two strings of at least 3 bytes
+        raise CheckpointError(f"{path}: {n_aliases:,} aliases cannot fit in the "
+                              f"{len(buf) - c.pos:,} bytes left at byte {c.pos}")
+    for _ in range(n_aliases):
         alias, target = c.string(), c.string()
-        out[alias] = out.get(target)
+        if target not in out:
+            raise CheckpointError(f"{path}: alias {alias!r} names variable {target!r}, which "
+                                  "the file does not hold")
+        out[alias] = out[target]
     for name in [k for k in out if k.endswith("/weight_scale")]:  # int8 weights: w = q / scale
         w = name[: -len("_scale")]
         scale = out.pop(name).astype(np.float32)
+        if w not in out or out[w].ndim < 1 or scale.size not in (1, out[w].shape[0]):
+            raise CheckpointError(f"{path}: {name!r} ({scale.size} values) does not scale a "
+                                  f"weight {w!r} with as many rows")
         out[w] = out[w].astype(np.float32) / scale.reshape(-1, *([1] * (out[w].ndim - 1)))
     return spec, out
 
@@ -117,6 +145,10 @@ def _ct2_linear(t: dict, name: str, path) -> tuple[torch.Tensor, torch.Tensor | 
 
 def _split(wb: tuple, n: int) -> list[tuple]:
     w, b = wb
+    if w.dim() != 2 or w.shape[0] % n or (b is not None and b.shape != (w.shape[0],)):
+        raise ValueError(f"a fused weight of shape {tuple(w.shape)} (bias "
+                         f"{None if b is None else tuple(b.shape)}) does not split into {n} "
+                         "equal projections")
     rows = w.shape[0] // n
     return [(w[j * rows:(j + 1) * rows], None if b is None else b[j * rows:(j + 1) * rows])
             for j in range(n)]
@@ -133,23 +165,18 @@ def load_ct2_whisper(path: str | Path, *, name: str | None = None) -> ModelView:
     if spec != "WhisperSpec":
         raise CheckpointError(f"{path}: CTranslate2 spec {spec!r} is not supported; "
                               "supported: ['WhisperSpec']")
-    heads = {s: int(t[f"{s}/num_heads"]) for s in ("encoder", "decoder") if f"{s}/num_heads" in t}
+    heads = {s: bounded_int(t[f"{s}/num_heads"], f"{s}/num_heads", str(path), bound="heads")
+             for s in ("encoder", "decoder") if f"{s}/num_heads" in t}
     if len(heads) < 2:
         raise CheckpointError(f"{path}: encoder/num_heads or decoder/num_heads missing")
     layers: list[LayerView] = []
     for stack in ("encoder", "decoder"):
         i = 0
         while f"{stack}/layer_{i}/self_attention/linear_0/weight" in t:
-            a = f"{stack}/layer_{i}/self_attention"
-            q, k, v = _split(_ct2_linear(t, f"{a}/linear_0", path), 3)
-            layers.append(from_linear(i, stack, q, k, v, _ct2_linear(t, f"{a}/linear_1", path),
-                                      n_heads=heads[stack], name=f"{stack}.{i}"))
-            if stack == "decoder":
-                a = f"decoder/layer_{i}/attention"
-                k, v = _split(_ct2_linear(t, f"{a}/linear_1", path), 2)
-                layers.append(from_linear(i, "cross", _ct2_linear(t, f"{a}/linear_0", path), k, v,
-                                          _ct2_linear(t, f"{a}/linear_2", path),
-                                          n_heads=heads[stack], name=f"cross.{i}"))
+            try:
+                layers += _ct2_layer(t, stack, i, heads[stack], path)
+            except ValueError as e:
+                raise as_input_error(path, f"{stack} layer {i}", e) from None
             i += 1
     if not layers:
         raise CheckpointError(f"{path}: no attention layers (encoder/layer_0/... missing)")
@@ -157,6 +184,21 @@ def load_ct2_whisper(path: str | Path, *, name: str | None = None) -> ModelView:
         a.dtype == np.float16 for a in t.values() if a is not None) else []
     return ModelView(name=name or path.parent.name, family="whisper-ct2", source=str(path),
                      layers=layers, notes=notes, meta={"spec": spec, "heads_per_stack": heads})
+
+
+def _ct2_layer(t: dict, stack: str, i: int, H: int, path) -> list[LayerView]:
+    """Layer ``i`` of ``stack``: its self-attention, and for the decoder its cross-attention."""
+    a = f"{stack}/layer_{i}/self_attention"
+    q, k, v = _split(_ct2_linear(t, f"{a}/linear_0", path), 3)
+    out = [from_linear(i, stack, q, k, v, _ct2_linear(t, f"{a}/linear_1", path), n_heads=H,
+                       name=f"{stack}.{i}")]
+    if stack == "decoder":
+        a = f"decoder/layer_{i}/attention"
+        k, v = _split(_ct2_linear(t, f"{a}/linear_1", path), 2)
+        out.append(from_linear(i, "cross", _ct2_linear(t, f"{a}/linear_0", path), k, v,
+                               _ct2_linear(t, f"{a}/linear_2", path), n_heads=H,
+                               name=f"cross.{i}"))
+    return out
 
 
 def ct2_to_hf_encoder(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -214,15 +256,23 @@ def load_hf_whisper(folder: str | Path, *, name: str | None = None) -> ModelView
     spec = [("encoder", "encoder", "self_attn", "encoder_layers", "encoder_attention_heads"),
             ("decoder", "decoder", "self_attn", "decoder_layers", "decoder_attention_heads"),
             ("decoder", "cross", "encoder_attn", "decoder_layers", "decoder_attention_heads")]
+    where = folder / "config.json"
     for stack, role, mod, n_key, h_key in spec:
-        for i in range(int(cfg[n_key])):
+        L = config_int(cfg, n_key, where, bound="layers")
+        H = config_int(cfg, h_key, where, bound="heads")
+        check_layers(where, L, count_layers(t, lambda i: f"{pre}{stack}.layers.{i}.{mod}"
+                                            ".q_proj.weight"), n_key)
+        for i in range(L):
             a = f"{pre}{stack}.layers.{i}.{mod}"
 
             def wb(p, a=a):  # bind this layer's prefix
-                return take(t, f"{a}.{p}.weight", files[0]), t.get(f"{a}.{p}.bias")
+                return take(t, f"{a}.{p}.weight", files[0], ndim=2), t.get(f"{a}.{p}.bias")
 
-            layers.append(from_linear(i, role, wb("q_proj"), wb("k_proj"), wb("v_proj"),
-                                      wb("out_proj"), n_heads=int(cfg[h_key]), name=f"{role}.{i}"))
+            try:
+                layers.append(from_linear(i, role, wb("q_proj"), wb("k_proj"), wb("v_proj"),
+                                          wb("out_proj"), n_heads=H, name=f"{role}.{i}"))
+            except ValueError as e:
+                raise as_input_error(files[0], f"{role} layer {i}", e) from None
     return ModelView(name=name or folder.name, family="whisper", source=str(folder),
                      layers=layers, meta={"model_type": "whisper",
                                           "init_std": cfg.get("init_std")})

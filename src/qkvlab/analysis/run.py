@@ -55,6 +55,21 @@ def analyze(source: str | ModelView, out_dir: str | os.PathLike | None = None, *
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     bar = progress_bar(total=3, desc="analyze", disable=not progress, unit="step", leave=False)
+    try:
+        return _analyze(source, out_dir, bar, t0, timings, n_null=n_null, cka=cka,
+                        n_verses=n_verses, seed=seed, figures=figures, progress=progress)
+    except BaseException:  # an error then prints on a line of its own, not glued onto the bar
+        drawn = not bar.disable and not getattr(bar.fp, "isatty", lambda: False)()
+        bar.close()  # clears the bar's line on a terminal; in a log file its text stays: end it
+        if drawn:
+            bar.fp.write("\n")
+        raise
+    finally:
+        bar.close()
+
+
+def _analyze(source, out_dir, bar, t0: float, timings: dict, *, n_null: int, cka: bool,
+             n_verses: int, seed: int, figures: bool, progress: bool) -> dict:
     bar.set_postfix_str("loading")
     view = source if isinstance(source, ModelView) else resolve(source)
     timings["load_s"] = time.perf_counter() - t0

@@ -39,8 +39,9 @@ ZOO_LOADERS = {"bert": load_bert, "mpnet": load_bert, "gemma": load_llama, "gguf
 BUILTINS = load_manifest()  # every zoo model by name
 HF_LOADERS = {**{t: load_bert for t in BERT_TYPES}, "gpt2": load_gpt2,
               **{t: load_llama for t in LLAMA_TYPES}, "whisper": load_hf_whisper}
-SUPPORTED = (f"HF folders with model_type in {sorted(HF_LOADERS)}; GGUF files (llama, qwen2); "
-             "CTranslate2 Whisper model.bin; qkvlab checkpoints (.safetensors) or run folders; "
+SUPPORTED = (f"HF folders with model_type in {sorted(HF_LOADERS)}; GGUF files (llama, qwen2, "
+             "gemma3); CTranslate2 Whisper model.bin; ONNX ViT/DINOv2 exports (.onnx); Marian "
+             "int8 .bin models; qkvlab checkpoints (.safetensors) or run folders; "
              f"built-in names {sorted(BUILTINS)}")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(/[\w.-]+\.gguf)?$")
 
@@ -83,6 +84,8 @@ def load_path(path: Path, hub_id: str | None = None) -> ModelView:
             view = load_gguf(path)
         elif kind == "ctranslate2":
             view = load_ct2_whisper(path)
+        elif kind in ("onnx", "marian"):
+            view = ZOO_LOADERS["onnx-vit" if kind == "onnx" else "marian"](path, name=None)
         elif kind == "safetensors":
             view = load_qkvlab(path)
         elif kind in ("pickle", "torch-zip"):
@@ -101,6 +104,8 @@ def _load_folder(folder: Path) -> ModelView:
     if (folder / "config.json").is_file():
         cfg = read_json(folder / "config.json")
         mt = cfg.get("model_type")
+        if not isinstance(mt, (str, type(None))):
+            raise CheckpointError(f"{folder / 'config.json'}: model_type {mt!r} is not a name")
         if mt in HF_LOADERS:
             return HF_LOADERS[mt](folder)
         if mt is not None or not (folder / "model.bin").is_file():

@@ -17,6 +17,8 @@ from typing import Protocol
 
 import numpy as np
 
+from qkvlab.inputs import InputFileError
+
 SPECIALS = ("<pad>", "<unk>", "<bos>", "<eos>", "<mask>")
 PAD, UNK, BOS, EOS, MASK = range(len(SPECIALS))
 KINDS = ("char", "bpe")
@@ -135,7 +137,8 @@ def train_tokenizer(kind: str, texts: list[str], vocab_size: int = 4096) -> Toke
 
 
 def tokenizer_from_json(text: str, source: str = "tokenizer JSON") -> Tokenizer:
-    """Rebuild a tokenizer from ``to_json()`` output; ``ValueError`` naming ``source`` if malformed."""
+    """Rebuild a tokenizer from ``to_json()`` output; ``InputFileError`` (a ``ValueError``)
+    naming ``source`` if malformed."""
     try:
         d = json.loads(text)
         if d.get("kind") == "char":
@@ -149,14 +152,21 @@ def tokenizer_from_json(text: str, source: str = "tokenizer JSON") -> Tokenizer:
             raise ValueError("special tokens are not ids 0..4")
         return tok
     except Exception as e:  # noqa: BLE001 (json, KeyError, and the Rust-side errors of tokenizers)
-        raise ValueError(f"{source}: not a qkvlab char or BPE tokenizer ({e})") from None
+        raise InputFileError(f"{source}: not a qkvlab char or BPE tokenizer ({e})",
+                             path=source) from None
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
+    """The tokenizer saved at ``path``; ``InputFileError`` naming it if missing or malformed."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"tokenizer: {path} does not exist")
-    return tokenizer_from_json(path.read_text(encoding="utf-8"), str(path))
+        raise InputFileError(f"tokenizer: {path} does not exist", path=path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise InputFileError(f"{path}: not a qkvlab char or BPE tokenizer (not UTF-8: {e})",
+                             path=path) from None
+    return tokenizer_from_json(text, str(path))
 
 
 def encode_to_array(tok: Tokenizer, texts: list[str], sep: str = "\n") -> np.ndarray:

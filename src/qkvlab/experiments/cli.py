@@ -21,6 +21,7 @@ from qkvlab.experiments.frames import EXPORT_FORMATS, export, runs_frame
 from qkvlab.experiments.registry import describe, experiment_names, profile_names
 from qkvlab.experiments.runner import BACKENDS, DEFAULT_WORKERS, failure_report, sweep
 from qkvlab.experiments.store import DEFAULT_DB, Store
+from qkvlab.inputs import print_error
 
 
 def _common(parser: argparse.ArgumentParser, profile_default: str | None = "quick") -> None:
@@ -59,14 +60,13 @@ def run_sweep(args: argparse.Namespace) -> int:
                        tensorboard=args.tensorboard,
                        log=lambda m: print(m, file=sys.stderr))  # the time breakdown, always
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return print_error("qkvlab sweep", e)  # on its own line, after any progress bar
     took = time.perf_counter() - t0
     print(f"sweep {' '.join(args.name)} [{args.profile}]: " +
           ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + f" in {took:.1f} s -> {args.db}")
     if not counts.get("failed"):
         return 0
-    with Store(args.db) as store:
+    with Store(args.db, readonly=True) as store:
         print(failure_report(store, name, args.profile), file=sys.stderr)
     return 1
 
@@ -118,7 +118,7 @@ def run_results(args: argparse.Namespace) -> int:
         print(f"error: no results database at {args.db}{hint}", file=sys.stderr)
         return 1
     try:
-        with Store(args.db) as store:
+        with Store(args.db, readonly=True) as store:  # a read command: never writes
             name = None if args.name == "all" else args.name
             rows = store.runs(name, args.profile)
             df = runs_frame(store, name, args.profile)

@@ -3,7 +3,7 @@
 ``runs_frame``: one row per (run, experiment membership); columns are the membership
 (``experiment``, ``profile``), the run's tags (``design``, ``arm``, ``task``, ``seed``, ...),
 its bookkeeping (``run_id``, ``status``, ``step``, ``wall_s``, ``tokens_per_s``, ``n_params``,
-``params.<kind>``), its final metrics (``val_loss``, ``accuracy``, ...) and its whole spec
+``threads``: the torch threads it trained with, ``params.<kind>``), its final metrics (``val_loss``, ``accuracy``, ...) and its whole spec
 flattened to dotted columns (``spec.model.d_head``, ``spec.task_options.seq_len``,
 ``spec.train.lr``). ``measures_frame``: one row per stored record of a measure, with
 ``measure_id``, ``run_id`` and the measure's spec as ``spec.*`` columns. Code that reads
@@ -20,7 +20,7 @@ import pandas as pd
 from qkvlab.experiments.store import Store
 
 RUN_COLUMNS = ("status", "step", "wall_s", "train_s", "tokens", "tokens_per_s", "n_params",
-               "git_rev")
+               "threads", "git_rev")
 EXPORT_FORMATS = ("csv", "parquet", "json", "table")
 
 
@@ -31,7 +31,7 @@ def runs_frame(store: Store, experiment: str | None = None,
     for r in store.runs(experiment, profile):
         d = {"experiment": r["experiment"], "profile": r["profile"], "run_id": r["id"],
              **(r["tags"] or {})}
-        d.update({k: r[k] for k in RUN_COLUMNS})
+        d.update({k: r.get(k) for k in RUN_COLUMNS})  # a store older than a column: None
         d.update(params=r["params"] or {}, **r["final"], spec=r["spec"] or {})
         rows.append(d)
     return pd.json_normalize(rows, sep=".")  # nested params/spec -> "params.x", "spec.a.b"

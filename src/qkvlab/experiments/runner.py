@@ -19,6 +19,7 @@ import multiprocessing as mp
 import os
 import shlex
 import signal
+import socket
 import tempfile
 import time
 import traceback
@@ -57,7 +58,9 @@ def execute(spec: RunSpec | Mapping[str, Any], run_dir: Path, *, on_log=None,
         tokens/s, versions, hardware and git revision, and ``precision_used`` (the precision
         the run trained in: bf16 may fall back to fp32 on a CPU). The store keeps
         ``precision_used`` inside the ``hardware`` JSON (``info["hardware"]["precision_used"]``),
-        since it is the hardware's answer to the requested precision.
+        since it is the hardware's answer to the requested precision, and ``threads`` (the
+        torch threads it trained with, which change its last bits but not its id) in the
+        run's own column.
     """
     spec = RunSpec.from_dict(spec)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -80,7 +83,7 @@ def execute(spec: RunSpec | Mapping[str, Any], run_dir: Path, *, on_log=None,
     info = {"wall_s": time.perf_counter() - t0, "train_s": res.train_s, "tokens": res.tokens,
             "tokens_per_s": res.tokens_per_s, "params": holder.get("params"),
             "n_params": (holder.get("params") or {}).get("total"), "timings": res.timings,
-            "precision_used": res.precision_used, **env}
+            "precision_used": res.precision_used, "threads": torch.get_num_threads(), **env}
     return {"status": res.status, "step": res.step, "final": res.final, "history": res.history,
             "info": info}
 
@@ -130,13 +133,19 @@ def work(db: str, ids: list[str], threads: int, parent: int | None = None,
     ran = 0
     t = time.perf_counter()
     with Store(db) as store:
+        by = f"{socket.gethostname()}:{parent}" if parent is not None else store.trainer
         for rid in ids:
-            if not store.claim(rid):
+            if not store.claim(rid, by=by):
                 continue
             spec = store.runs_spec(rid)
             # store time so far (opening it, claims lost to other workers) goes to this run
             spent = {"store": time.perf_counter() - t}
             close = None
+            if run_id(spec) != rid:  # the id is the spec's hash: never train another spec
+                store.fail(rid, f"run {rid}: the spec stored under this id hashes to "
+                                f"{run_id(spec)}; the store was changed by hand, not trained")
+                ran += 1
+                continue
             try:
                 on_log, close = _logger(store, rid, spec, tensorboard, spent)
                 out = execute(spec, store.runs_dir / rid, progress=progress, desc=rid[:8],
@@ -305,7 +314,7 @@ def sweep(name: str | Sequence[str], profile: str = "quick", *, workers: int = 1
     _check_pool(workers, backend)
     names = experiment_names(name)
     if Path(db).is_file():  # earlier results complete the plan of dependent experiments
-        with Store(db) as known:
+        with Store(db, readonly=True) as known:
             plan, later, why = _stage(names, profile, known)
     else:
         plan, later, why = _stage(names, profile, None)
@@ -319,9 +328,9 @@ def sweep(name: str | Sequence[str], profile: str = "quick", *, workers: int = 1
     pool = workers if backend == "local" else 1  # Ray runs overlap beyond the count
     write = log or (tqdm.write if progress else None)
     label = name if isinstance(name, str) else _label(names)
-    bar = progress_bar(total=0, desc=f"sweep {label} [{profile}]", disable=not progress,
-                       dynamic_ncols=True)
-    with Store(db) as store:
+    with Store(db) as store:  # a bad --db fails here, before the bar is drawn
+        bar = progress_bar(total=0, desc=f"sweep {label} [{profile}]", disable=not progress,
+                           dynamic_ncols=True)
         ids: list[str] = []
         n_stages = 0
         while plan:
@@ -367,8 +376,9 @@ def _label(names: Sequence[str]) -> str:
 
 def _breakdown(store: Store, title: str, ids: list[str], since: float, wall_s: float,
                workers: int) -> str:
-    """Where the wall time went for the runs of ``ids`` trained since ``since``."""
-    trained = store.timings(ids, since=since)
+    """Where the wall time went for the runs of ``ids`` this sweep trained since ``since``
+    (a concurrent sweep's runs into the same store are its own)."""
+    trained = store.timings(ids, since=since, by=store.trainer)
     parts = sum_parts(trained.values(), wall_s=wall_s, workers=workers)
     return format_breakdown(title, parts, runs=len(trained), wall_s=wall_s, workers=workers)
 

@@ -1,5 +1,18 @@
 """The results store: one SQLite file (WAL mode), safe for concurrent worker processes.
 
+A store is marked as qkvlab's in the SQLite header (``PRAGMA application_id`` =
+:data:`APPLICATION_ID`, ``user_version`` = :data:`SCHEMA_VERSION`). ``Store(path)`` opens it
+for writing: it creates a new store, or adds the marker and any missing columns to one that a
+qkvlab before the marker made (it has qkvlab's tables), and refuses any other SQLite file
+without touching it. ``Store(path, readonly=True)`` (what read commands use) opens the file
+read-only and changes nothing, not even to a store that still lacks the marker.
+
+Run folders (checkpoints, final weights) live in :attr:`Store.runs_dir`, which belongs to this
+store alone: ``<store path>-runs/`` (``results/qkvlab.db-runs/``), so two stores never resume
+each other's runs. Stores made before that rule keep the folder they used, ``runs/`` beside
+the file (recorded in ``store_meta`` when the marker is added), so their unfinished runs still
+resume and their finished runs' weights are still found.
+
 Tables:
     runs      one row per run; ``id`` = hash of its spec, so a re-run finds what is done.
               status: pending -> running -> done | diverged | failed. ``timings`` (JSON) says
@@ -14,6 +27,12 @@ Tables:
               statistics of a trained model): id = hash of (name, spec); ``run_id`` names the
               trained run it reads, if any; ``result`` is a JSON document ``{"records": [...]}``
               of flat records (one table row each), written in one transaction with ``done``.
+    store_meta  key -> value facts about the store itself (``runs_dir`` of an older store).
+
+Columns of ``runs`` that change nothing in a result but say how it was produced: ``threads``
+(torch threads the run trained with: two one-thread workers and one two-thread worker give
+results that differ in the last bits) and ``trained_by`` (``host:pid`` of the sweep process
+that trained it, so a sweep's time breakdown counts only its own runs).
 
 Every statement that changes more than one row runs in one transaction, so a SIGKILL at any
 moment leaves the file consistent (SQLite's WAL guarantees this for process crashes).
@@ -31,35 +50,16 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
+from urllib.parse import quote
+
+from qkvlab.experiments import schema
+from qkvlab.experiments.schema import APPLICATION_ID, SCHEMA  # noqa: F401  (re-exported)
+from qkvlab.inputs import InputFileError
 
 DEFAULT_DB = Path("results") / "qkvlab.db"
+RUNS_SUFFIX = "-runs"  # a store's run folders: <store path>-runs/
 FINISHED = ("done", "diverged")
 STATUSES = ("pending", "running", "done", "diverged", "failed")
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    id TEXT PRIMARY KEY, spec TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending',
-    step INTEGER, error TEXT, attempts INTEGER NOT NULL DEFAULT 0,
-    host TEXT, pid INTEGER, heartbeat REAL,
-    created REAL, started REAL, finished REAL, wall_s REAL, train_s REAL,
-    tokens INTEGER, tokens_per_s REAL, n_params INTEGER, params TEXT,
-    git_rev TEXT, versions TEXT, hardware TEXT, timings TEXT);
-CREATE TABLE IF NOT EXISTS members (
-    experiment TEXT NOT NULL, profile TEXT NOT NULL, run_id TEXT NOT NULL REFERENCES runs(id),
-    tags TEXT NOT NULL, PRIMARY KEY (experiment, profile, run_id, tags));
-CREATE TABLE IF NOT EXISTS metrics (
-    run_id TEXT NOT NULL REFERENCES runs(id), step INTEGER NOT NULL, name TEXT NOT NULL,
-    value REAL, PRIMARY KEY (run_id, step, name));
-CREATE TABLE IF NOT EXISTS final (
-    run_id TEXT NOT NULL REFERENCES runs(id), name TEXT NOT NULL, value REAL,
-    PRIMARY KEY (run_id, name));
-CREATE TABLE IF NOT EXISTS measures (
-    id TEXT PRIMARY KEY, name TEXT NOT NULL, run_id TEXT REFERENCES runs(id), spec TEXT NOT NULL,
-    status TEXT NOT NULL, result TEXT, error TEXT, host TEXT, pid INTEGER,
-    created REAL, finished REAL, env TEXT);
-"""
-# Columns of ``runs`` newer than the first schema: added by ALTER TABLE to older databases.
-ADDED_COLUMNS = {"timings": "TEXT"}
 
 
 def canonical(obj: Any) -> str:
@@ -91,39 +91,88 @@ def pid_alive(pid: int | None) -> bool:
 
 
 class Store:
-    """A connection to the results database at ``path`` (created on first use)."""
+    """A connection to the results store at ``path``: for writing (created on first use, an
+    older qkvlab store brought up to date), or ``readonly`` (nothing is ever written).
 
-    def __init__(self, path: str | os.PathLike = DEFAULT_DB):
+    Raises:
+        InputFileError: the path is a folder, or a file that is not a qkvlab store (a SQLite
+            database of another program is refused before anything is written to it), or, read
+            only, a store that does not exist.
+    """
+
+    def __init__(self, path: str | os.PathLike = DEFAULT_DB, readonly: bool = False):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE takes the
-        # write lock up front, so two workers never both read "pending" and both claim).
-        self.conn = sqlite3.connect(str(self.path), timeout=120, isolation_level=None)
+        self.readonly = readonly
+        if self.path.is_dir():
+            raise InputFileError(f"db: {self.path} is a folder, not a results database", path=path)
+        if readonly and not self.path.is_file():
+            raise InputFileError(f"db: no results database at {self.path}", path=path)
+        fresh = not self.path.exists() or self.path.stat().st_size == 0
+        known = None  # without a -wal file the file holds everything: judge it before connecting
+        if not fresh and not Path(f"{self.path}-wal").exists():
+            known = schema.classify(self.path)
+            if known == "foreign":
+                c = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro&immutable=1",
+                                    uri=True)
+                try:
+                    raise InputFileError(schema.foreign_message(c, self.path), path=path)
+                finally:
+                    c.close()
+            if known == "not sqlite":
+                raise InputFileError(f"db: {self.path} is not a qkvlab results database (file is "
+                                     "not a SQLite database)", path=path)
+        if not readonly:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE takes the
+            # write lock up front, so two workers never both read "pending" and both claim).
+            target = f"file:{quote(str(self.path.resolve()))}?mode=ro" if readonly else str(self.path)
+            self.conn = sqlite3.connect(target, timeout=120, isolation_level=None, uri=readonly)
+        except sqlite3.Error as e:
+            raise InputFileError(f"db: {self.path} cannot be opened as a results database ({e})",
+                                 path=path) from None
         self.conn.row_factory = sqlite3.Row
         try:
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes
-            self.conn.executescript(SCHEMA)  # idempotent; executescript commits by itself
-            self._add_columns()
+            kind = "new" if fresh else known or schema.kind(self.conn)
+            if kind == "new" and readonly:
+                raise InputFileError(f"db: {self.path} is empty, not a results database",
+                                     path=path)
+            if kind == "foreign":
+                raise InputFileError(schema.foreign_message(self.conn, self.path), path=path)
+            if not readonly:
+                self._migrate(legacy=kind == "legacy")
+            self._columns = {r["name"] for r in self.conn.execute("PRAGMA table_info(runs)")}
+            self._meta = ({r["key"]: r["value"] for r in self.conn.execute(
+                "SELECT key, value FROM store_meta")} if self._has_table("store_meta") else {})
+            self._legacy = kind == "legacy" or self._meta.get("runs_dir") is not None
         except sqlite3.DatabaseError as e:
-            raise ValueError(f"db: {self.path} is not a qkvlab results database ({e})") from None
+            self.conn.close()
+            raise InputFileError(f"db: {self.path} is not a qkvlab results database ({e})",
+                                 path=path) from None
+        except InputFileError:
+            self.conn.close()
+            raise
 
-    def _add_columns(self) -> None:
-        """Bring a database written by an older qkvlab up to the current ``runs`` columns.
-        ``CREATE TABLE IF NOT EXISTS`` leaves an existing table as it is; the check runs again
-        inside the write lock, so two processes opening one old file add a column once."""
-        def missing() -> list[str]:
-            have = {r["name"] for r in self.conn.execute("PRAGMA table_info(runs)")}
-            return [c for c in ADDED_COLUMNS if c not in have]
-        if missing():
-            with self.tx() as c:
-                for col in missing():
-                    c.execute(f"ALTER TABLE runs ADD COLUMN {col} {ADDED_COLUMNS[col]}")
+    def _has_table(self, name: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?",
+                                 (name,)).fetchone() is not None
+
+    def _migrate(self, legacy: bool) -> None:
+        """WAL, the tables, missing columns, and the marker: only ever on our own store."""
+        schema.migrate(self.conn, legacy, self.tx)
 
     @property
     def runs_dir(self) -> Path:
-        """Where run folders (checkpoints, final weights, config.json) live."""
-        return self.path.parent / "runs"
+        """Where this store's run folders (checkpoints, final weights, config.json) live:
+        ``<store path>-runs``, or ``runs/`` beside a store made before that rule."""
+        if self._legacy:
+            return self.path.parent / self._meta.get("runs_dir", "runs")
+        return self.path.with_name(self.path.name + RUNS_SUFFIX)
+
+    @property
+    def trainer(self) -> str:
+        """``host:pid`` of this process, as ``trained_by`` records the runs it trains."""
+        return f"{socket.gethostname()}:{os.getpid()}"
 
     def close(self) -> None:
         self.conn.close()
@@ -136,7 +185,13 @@ class Store:
 
     @contextlib.contextmanager
     def tx(self):
-        """One write transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error)."""
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error).
+
+        Raises:
+            ValueError: the store was opened read-only.
+        """
+        if self.readonly:
+            raise ValueError(f"db: {self.path} was opened read-only; nothing can be written")
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield self.conn
@@ -192,15 +247,16 @@ class Store:
                                    (rid,)).rowcount
         return n
 
-    def claim(self, rid: str) -> bool:
-        """Atomically take a pending/failed run for this process; False if someone else has it."""
+    def claim(self, rid: str, by: str | None = None) -> bool:
+        """Atomically take a pending/failed run for this process; False if someone else has it.
+        ``by``: the sweep it trains for (``host:pid`` of the sweep process; default this one)."""
         now = time.time()
         with self.tx() as c:
             cur = c.execute(
                 "UPDATE runs SET status='running', host=?, pid=?, heartbeat=?, error=NULL, "
-                "started=COALESCE(started, ?), attempts=attempts+1 "
+                "started=COALESCE(started, ?), attempts=attempts+1, trained_by=? "
                 "WHERE id=? AND status IN ('pending','failed')",
-                (socket.gethostname(), os.getpid(), now, now, rid))
+                (socket.gethostname(), os.getpid(), now, now, by or self.trainer, rid))
         return cur.rowcount == 1
 
     def log(self, rid: str, step: int, metrics: Mapping[str, float]) -> None:
@@ -212,10 +268,12 @@ class Store:
 
     def finish(self, rid: str, status: str, step: int, final: Mapping[str, float],
                info: Mapping[str, Any]) -> None:
-        """Record a finished run (``done`` or ``diverged``) and its final metrics at once."""
+        """Record a finished run (``done`` or ``diverged``) and its final metrics at once.
+        ``info``: what ``runner.execute`` returns as ``info`` (timings, parameter counts,
+        tokens/s, ``threads``, versions, hardware, git revision)."""
         if status not in FINISHED:
             raise ValueError(f"status: {status!r} is not one of {list(FINISHED)}")
-        cols = ("wall_s", "train_s", "tokens", "tokens_per_s", "n_params")
+        cols = ("wall_s", "train_s", "tokens", "tokens_per_s", "n_params", "threads")
         jcols = ("params", "versions", "hardware")
         with self.tx() as c:
             c.execute("DELETE FROM final WHERE run_id=?", (rid,))
@@ -255,6 +313,8 @@ class Store:
 
     def runs(self, experiment: str | None = None, profile: str | None = None) -> list[dict[str, Any]]:
         """One dict per (run, tags) membership: run columns, ``tags`` and ``final`` metrics."""
+        if not self._has_table("members"):  # a partial older store, opened read-only
+            return []
         q = ("SELECT m.experiment, m.profile, m.tags, r.* FROM members m JOIN runs r ON r.id=m.run_id"
              " WHERE (? IS NULL OR m.experiment=?) AND (? IS NULL OR m.profile=?)"
              " ORDER BY m.experiment, m.profile, m.tags")
@@ -268,14 +328,26 @@ class Store:
             r["final"] = finals.get(r["id"], {})
         return rows
 
-    def timings(self, ids: Iterable[str], since: float | None = None) -> dict[str, dict[str, float]]:
-        """``{run id: timings}`` of those of ``ids`` with recorded timings (finished at or after
-        ``since``, a ``time.time()``, if given), in the order of ``ids``."""
+    def timings(self, ids: Iterable[str], since: float | None = None,
+                by: str | None = None) -> dict[str, dict[str, float]]:
+        """``{run id: timings}`` of those of ``ids`` with recorded timings, in the order of
+        ``ids``. With ``since`` (a ``time.time()``): only runs finished at or after it and
+        trained by ``by`` (``host:pid`` of a sweep process; default this process), so a sweep's
+        time breakdown never counts the runs a concurrent sweep trained into the same store."""
+        if "timings" not in self._columns:  # a store older than timings, opened read-only
+            return {}
+        by = by or self.trainer
+        mine = "trained_by" in self._columns
         out: dict[str, dict[str, float]] = {}
         for rid in dict.fromkeys(ids):
-            row = self.conn.execute("SELECT timings, finished FROM runs WHERE id=?", (rid,)).fetchone()
-            if row is not None and row["timings"] and (since is None or (row["finished"] or 0) >= since):
-                out[rid] = json.loads(row["timings"])
+            row = self.conn.execute(f"SELECT timings, finished{', trained_by' if mine else ''} "
+                                    "FROM runs WHERE id=?", (rid,)).fetchone()
+            if row is None or not row["timings"]:
+                continue
+            if since is not None and ((row["finished"] or 0) < since
+                                      or not mine or row["trained_by"] != by):
+                continue
+            out[rid] = json.loads(row["timings"])
         return out
 
     def metrics(self, rid: str) -> list[dict[str, Any]]:
@@ -286,7 +358,7 @@ class Store:
     def counts(self) -> dict[str, int]:
         """Row counts per table (for integrity checks)."""
         return {t: self.conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
-                for t in ("runs", "members", "metrics", "final", "measures")}
+                for t in ("runs", "members", "metrics", "final", "measures") if self._has_table(t)}
 
     # ---- measures ------------------------------------------------------------------------
     def measure(self, name: str, spec: Mapping[str, Any], compute: Callable[[], Any], *,
@@ -331,11 +403,15 @@ class Store:
 
     def measure_names(self) -> list[str]:
         """Names of the measures with a finished result."""
+        if not self._has_table("measures"):  # a store older than measures, opened read-only
+            return []
         return [r[0] for r in self.conn.execute(
             "SELECT DISTINCT name FROM measures WHERE status='done' ORDER BY name")]
 
     def measure_rows(self, name: str | None = None) -> list[dict[str, Any]]:
         """Finished measures (all, or one ``name``): id, name, run_id, spec, records, env."""
+        if not self._has_table("measures"):
+            return []
         q = ("SELECT id, name, run_id, spec, result, env FROM measures WHERE status='done'"
              " AND (? IS NULL OR name=?) ORDER BY name, created, id")
         return [{"measure_id": r["id"], "name": r["name"], "run_id": r["run_id"],

@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from qkvlab import typed
 from qkvlab.attention import AttentionConfig
+from qkvlab.inputs import BOUNDS
 
 ROLES = ("encoder", "decoder", "cross")
 POSITIONS = ("learned", "rotary")
 ACTIVATIONS = ("gelu_tanh", "gelu")  # GPT-2's tanh approximation; exact GELU
 # Attention options a role may override (the rest of AttentionConfig follows the model).
 ROLE_OPTIONS = ("design", "scale", "self_mask", "n_kv_heads", "d_head", "d_v", "mix_init")
+# Upper bound of each size (the kind of bound in qkvlab.inputs.BOUNDS, with its reason there): a
+# config read from a file cannot ask for a model no machine holds before anything checks it.
+SIZE_BOUNDS = {"d_vocab": "vocab", "n_ctx": "context", "d_model": "width", "n_layers": "layers",
+               "n_heads": "heads", "d_head": "width", "d_v": "width"}
 
 
 @dataclass(frozen=True)
@@ -60,8 +66,20 @@ class ModelConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name}: {v!r} must be a positive integer")
+            _bounded(name, v)
         if self.d_mlp is None:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
+        if not isinstance(self.d_mlp, int) or isinstance(self.d_mlp, bool) or self.d_mlp < 1:
+            raise ValueError(f"d_mlp: {self.d_mlp!r} must be a positive integer")
+        _bounded("d_mlp", self.d_mlp, 4)
+        for name in ("bias", "self_mask", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: {getattr(self, name)!r} must be true or false")
+        for name in ("rope_base", "init_std", "dropout"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
+                    or v < 0:
+                raise ValueError(f"{name}: {v!r} must be a finite number >= 0")
         if self.positions not in POSITIONS:
             raise ValueError(f"positions: {self.positions!r} is not one of {list(POSITIONS)}")
         if self.activation not in ACTIVATIONS:
@@ -76,7 +94,10 @@ class ModelConfig:
             typed.check_keys(opts, ROLE_OPTIONS, f"roles.{role}")
         object.__setattr__(self, "roles", {r: dict(o) for r, o in self.roles.items()})
         for role in ROLES:  # validate every role's attention now, not at first forward
-            self.attention(role)
+            att = self.attention(role)
+            for name in ("d_head", "d_v"):
+                _bounded(f"{'roles.' + role + '.' if role in self.roles else ''}{name}",
+                         getattr(att, name))
         if self.positions == "rotary":
             for role in ROLES:
                 if self.attention(role).d_head % 2:
@@ -110,3 +131,11 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
         return typed.from_dict(cls, d)
+
+
+def _bounded(name: str, value: int, times: int = 1) -> None:
+    """``name`` (a size) at most ``times`` × its bound in ``qkvlab.inputs.BOUNDS``."""
+    bound, why = BOUNDS[SIZE_BOUNDS.get(name.rsplit(".", 1)[-1], "width")]
+    if value > times * bound:
+        raise ValueError(f"{name}: {value:,} is above the limit of {times * bound:,} "
+                         f"({why}{'; d_mlp: 4 times that' if times > 1 else ''})")

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from qkvlab.fileio import atomic_write
+from qkvlab.inputs import InputFileError
 
 FORMAT = 1
 
@@ -93,30 +94,56 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[st
     """Tensors and metadata of a checkpoint, verified against its digest.
 
     Raises:
-        ValueError: missing, truncated, corrupt, or not a qkvlab checkpoint, naming the file.
+        InputFileError: missing, truncated, corrupt, or not a qkvlab checkpoint, naming the
+            file (a ``ValueError``).
     """
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"checkpoint: {path} does not exist")
+        raise InputFileError(f"checkpoint: {path} does not exist", path=path)
     try:
         with safetensors.safe_open(str(path), framework="pt") as f:
             header = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # safetensors raises its own types for bad headers / short files
-        raise ValueError(f"checkpoint: {path} is truncated or not a safetensors file ({e})") from None
+        raise InputFileError(f"checkpoint: {path} is truncated or not a safetensors file ({e})",
+                             path=path) from None
     if "qkvlab_checkpoint" not in header or "qkvlab_digest" not in header:
-        raise ValueError(f"checkpoint: {path} is not a qkvlab training checkpoint "
-                         "(no qkvlab_checkpoint metadata)")
+        raise InputFileError(f"checkpoint: {path} is not a qkvlab training checkpoint "
+                             "(no qkvlab_checkpoint metadata)", path=path)
     if _digest(tensors) != header["qkvlab_digest"]:
-        raise ValueError(f"checkpoint: {path} is corrupt (tensor digest mismatch)")
+        raise InputFileError(f"checkpoint: {path} is corrupt (tensor digest mismatch)", path=path)
     try:
         meta = json.loads(header["qkvlab_checkpoint"])
-    except json.JSONDecodeError as e:
-        raise ValueError(f"checkpoint: {path} has malformed metadata ({e})") from None
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"checkpoint: {path} has format {meta.get('format')!r}; "
-                         f"this qkvlab reads format {FORMAT}")
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise InputFileError(f"checkpoint: {path} has malformed metadata ({e})", path=path) from None
+    if not isinstance(meta, dict):
+        raise InputFileError(f"checkpoint: {path} has malformed metadata (a JSON "
+                             f"{type(meta).__name__}, not an object)", path=path)
+    if type(meta.get("format")) is not int or meta["format"] != FORMAT:
+        raise InputFileError(f"checkpoint: {path} has format {meta.get('format')!r}; "
+                             f"this qkvlab reads format {FORMAT}", path=path)
+    step, groups, state = meta.get("step"), meta.get("param_groups"), meta.get("state", {})
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0 \
+            or not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups) \
+            or not isinstance(state, dict) or not _state_ok(state):
+        raise InputFileError(f"checkpoint: {path} has malformed metadata (step {step!r}, "
+                             f"param_groups of type {type(groups).__name__}, state "
+                             f"{str(state)[:80]})", path=path)
+    bad = [k for k, t in tensors.items() if k.startswith("rng.") and (t.dtype != torch.uint8
+                                                                      or t.dim() != 1)]
+    if bad:
+        raise InputFileError(f"checkpoint: {path}: RNG state {bad[0]} is not a uint8 vector",
+                             path=path)
     return tensors, meta
+
+
+def _state_ok(state: dict) -> bool:
+    """The trainer's state, where present: a history of metric records and two counters."""
+    num = (int, float)
+    return (all(isinstance(r, dict) for r in state.get("history", [])) if isinstance(
+        state.get("history", []), list) else False) and all(
+        isinstance(state.get(k, 0), num) and not isinstance(state.get(k, 0), bool)
+        for k in ("tokens", "train_s"))
 
 
 def load_checkpoint(path: str | os.PathLike, model: nn.Module,
@@ -124,7 +151,8 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module,
     """Restore ``model`` (and ``optimizer``) in place; returns ``{step, rng, state}``.
 
     Raises:
-        ValueError: unreadable file, or parameters/optimizer groups that do not match.
+        InputFileError: unreadable file, or parameters/optimizer groups that do not match
+            (a ``ValueError``).
     """
     tensors, meta = read_checkpoint(path)
     own = {f"model.{n}": t for n, t in model.named_parameters()}
@@ -132,12 +160,15 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module,
     stored = {k for k in tensors if k.startswith("model.")}
     if stored != set(own):
         missing, extra = sorted(set(own) - stored), sorted(stored - set(own))
-        raise ValueError(f"checkpoint: {path} does not match the model "
-                         f"(missing {missing[:5]}, unexpected {extra[:5]})")
+        raise InputFileError(f"checkpoint: {path} does not match the model "
+                             f"(missing {missing[:5]}, unexpected {extra[:5]})", path=path)
     for k, t in own.items():  # check everything before changing anything
         if tensors[k].shape != t.shape:
-            raise ValueError(f"checkpoint: {path} does not match the model: {k} has shape "
-                             f"{tuple(tensors[k].shape)}, the model wants {tuple(t.shape)}")
+            raise InputFileError(f"checkpoint: {path} does not match the model: {k} has shape "
+                                 f"{tuple(tensors[k].shape)}, the model wants {tuple(t.shape)}",
+                                 path=path)
+    if optimizer is not None:
+        _check_optimizer(path, optimizer, model, tensors, meta["param_groups"])
     with torch.no_grad():
         for k, t in own.items():
             t.copy_(tensors[k])
@@ -147,14 +178,41 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module,
     return {"step": meta["step"], "rng": rng, "state": meta.get("state", {})}
 
 
-def _load_optimizer(path, optimizer, model, tensors, groups) -> None:
+def _check_optimizer(path, optimizer, model, tensors, groups) -> None:
+    """The saved groups, hyper-parameters and state tensors fit ``optimizer`` (checked before
+    anything is changed: a bad value would otherwise surface steps later, inside AdamW)."""
     names = _param_names(model)
     if len(groups) != len(optimizer.param_groups):
-        raise ValueError(f"checkpoint: {path} has {len(groups)} optimizer groups, "
-                         f"the optimizer has {len(optimizer.param_groups)}")
+        raise InputFileError(f"checkpoint: {path} has {len(groups)} optimizer groups, "
+                             f"the optimizer has {len(optimizer.param_groups)}", path=path)
     for g, saved in zip(optimizer.param_groups, groups):
-        if [names[id(p)] for p in g["params"]] != saved["params"]:
-            raise ValueError(f"checkpoint: {path}: optimizer parameter groups do not match the model")
+        if [names[id(p)] for p in g["params"]] != saved.get("params"):
+            raise InputFileError(f"checkpoint: {path}: optimizer parameter groups do not match "
+                                 "the model", path=path)
+        for k, v in saved.items():
+            have = g.get(k)
+            if k == "params" or have is None:
+                continue
+            num = (int, float)
+            ok = (isinstance(v, list) and isinstance(have, tuple) and len(v) == len(have)
+                  and all(isinstance(x, num) and not isinstance(x, bool) for x in v)) \
+                if isinstance(have, tuple) else isinstance(v, type(have)) or (
+                    isinstance(have, num) and isinstance(v, num) and not isinstance(v, bool))
+            if not ok:
+                raise InputFileError(f"checkpoint: {path}: optimizer setting {k} = {v!r} does "
+                                     f"not fit the optimizer's {have!r}", path=path)
+        for p in g["params"]:
+            prefix = f"optim.{names[id(p)]}."
+            for k, t in tensors.items():
+                if k.startswith(prefix) and t.dim() and t.shape != p.shape:
+                    raise InputFileError(f"checkpoint: {path}: optimizer state {k} has shape "
+                                         f"{tuple(t.shape)}, its parameter {tuple(p.shape)}",
+                                         path=path)
+
+
+def _load_optimizer(path, optimizer, model, tensors, groups) -> None:
+    names = _param_names(model)
+    for g, saved in zip(optimizer.param_groups, groups):
         for k, v in saved.items():
             if k != "params":
                 g[k] = tuple(v) if isinstance(g.get(k), tuple) else v

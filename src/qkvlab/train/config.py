@@ -12,13 +12,17 @@ Round trip through plain dicts (JSON in the store, spec files for ``torchrun``):
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from qkvlab import typed
 from qkvlab.data.base import MODEL_KINDS
+from qkvlab.inputs import InputFileError
 from qkvlab.models import ModelConfig
 
 # "bf16" falls back to fp32 (with a warning) where bf16 is slow, "bf16_force" does not:
@@ -158,3 +162,39 @@ class RunSpec:
 
     def replace(self, **changes) -> RunSpec:
         return typed.replace(self, **changes)
+
+
+MAX_SPEC_BYTES = 16 << 20  # a spec is a few hundred bytes; a larger file is not one
+
+
+def load_spec(path: str | os.PathLike) -> RunSpec:
+    """The ``RunSpec`` in a JSON file (what ``python -m qkvlab.train`` and torchrun read),
+    checked whole before anything runs: its keys and values, a registered task's options (the
+    task is built, not prepared) and the model options (with the task's vocabulary and context
+    still unknown, a stand-in of 2 for each).
+
+    Raises:
+        InputFileError: no such file, not JSON, or a spec that does not validate; the message
+            names the file and the field.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputFileError(f"{path}: {'not a file' if path.exists() else 'no such file'}",
+                             path=path)
+    if path.stat().st_size > MAX_SPEC_BYTES:
+        raise InputFileError(f"{path}: {path.stat().st_size:,} bytes is too large for a run "
+                             "spec", path=path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise InputFileError(f"{path}: not a JSON run spec ({e})", path=path) from None
+    from qkvlab.data import get_task  # registers the tasks; data imports nothing from train
+
+    try:
+        spec = RunSpec.from_dict(data)
+        if ":" not in spec.task:  # a module:Class task is the user's own code, built when run
+            get_task(spec.task, **spec.task_options)
+        ModelConfig.from_dict({"d_vocab": 2, "n_ctx": 2, **spec.model})
+    except (ValueError, TypeError, RecursionError) as e:
+        raise InputFileError(f"{path}: {e}", path=path) from None
+    return spec
