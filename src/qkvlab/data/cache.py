@@ -35,7 +35,6 @@ from qkvlab.data.tokenizers import (
 from qkvlab.fileio import atomic_open, atomic_write_text
 
 FORMAT = 2  # bump when the layout or the text cleaning changes: old directories are then ignored
-SPLITS = corpus.SPLITS
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
@@ -162,7 +161,7 @@ def prepare_text(source: dict[str, str], tokenizer: str = "char", vocab_size: in
 
     The tokenizer is trained on the train split alone. Each split is its lines joined by ``\\n``.
     """
-    files = ["tokenizer.json"] + [f"{s}.npy" for s in SPLITS]
+    files = ["tokenizer.json"] + [f"{s}.npy" for s in corpus.SPLITS]
     d, spec = _directory("text", source, tokenizer, vocab_size, cache_dir)
     meta = _ready(d, files)
     if meta is None:
@@ -173,7 +172,7 @@ def prepare_text(source: dict[str, str], tokenizer: str = "char", vocab_size: in
                 splits = _text_splits(source)
                 tok = _tokenizer(tokenizer, splits["train"], vocab_size)
                 meta = {**spec, "tokens": {}, "chars": {}, "lines": {}}
-                for s in SPLITS:
+                for s in corpus.SPLITS:
                     arr = encode_to_array(tok, splits[s])
                     save_array(d / f"{s}.npy", arr)
                     meta["tokens"][s] = int(arr.size)
@@ -184,7 +183,7 @@ def prepare_text(source: dict[str, str], tokenizer: str = "char", vocab_size: in
                             prepare_seconds=round(time.perf_counter() - t0, 2))
                 write_text(d / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False))
     return TextData(d, load_tokenizer(d / "tokenizer.json"),
-                    {s: load_array(d / f"{s}.npy") for s in SPLITS}, meta)
+                    {s: load_array(d / f"{s}.npy") for s in corpus.SPLITS}, meta)
 
 
 def _pair_splits(source: dict) -> dict[str, list[tuple[str, str]]]:
@@ -209,7 +208,7 @@ def prepare_pairs(source: dict[str, Any], tokenizer: str = "bpe", vocab_size: in
     one embedding between source and target).
     """
     parts = ("src", "src_off", "tgt", "tgt_off")
-    files = ["tokenizer.json"] + [f"{s}.{p}.npy" for s in SPLITS for p in parts]
+    files = ["tokenizer.json"] + [f"{s}.{p}.npy" for s in corpus.SPLITS for p in parts]
     d, spec = _directory("pairs", source, tokenizer, vocab_size, cache_dir)
     meta = _ready(d, files)
     if meta is None:
@@ -222,7 +221,7 @@ def prepare_pairs(source: dict[str, Any], tokenizer: str = "bpe", vocab_size: in
                 tok = _tokenizer(tokenizer, [a for a, _ in train] + [b for _, b in train],
                                  vocab_size)
                 meta = {**spec, "pairs": {}, "tokens": {}}
-                for s in SPLITS:
+                for s in corpus.SPLITS:
                     src, src_off = _csr(tok, [a for a, _ in splits[s]])
                     tgt, tgt_off = _csr(tok, [b for _, b in splits[s]])
                     for p, arr in zip(parts, (src, src_off, tgt, tgt_off)):
@@ -233,5 +232,5 @@ def prepare_pairs(source: dict[str, Any], tokenizer: str = "bpe", vocab_size: in
                 meta.update(d_vocab=tok.vocab_size,
                             prepare_seconds=round(time.perf_counter() - t0, 2))
                 write_text(d / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False))
-    arrays = {p: {s: load_array(d / f"{s}.{p}.npy") for s in SPLITS} for p in parts}
+    arrays = {p: {s: load_array(d / f"{s}.{p}.npy") for s in corpus.SPLITS} for p in parts}
     return PairData(d, load_tokenizer(d / "tokenizer.json"), meta=meta, **arrays)
