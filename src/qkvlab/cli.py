@@ -38,7 +38,8 @@ def cmd_designs(args) -> int:
     """Print every registered design: its equation and its attention parameters."""
     rows = []
     for name, cls in DESIGNS.items():
-        att = build_attention(AttentionConfig(d_model=args.d_model, n_heads=args.n_heads, design=name))
+        att = build_attention(AttentionConfig(d_model=args.d_model, n_heads=args.n_heads,
+                                              design=name))
         eq = (cls.__doc__ or "").strip().splitlines()[0]
         rows.append([name, sum(p.numel() for p in att.parameters()), att.cfg.scale, eq])
     print(markdown_table(["design", f"params (d_model={args.d_model}, {args.n_heads} heads)",
@@ -49,7 +50,8 @@ def cmd_designs(args) -> int:
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``command``'s delegated module is imported (all when None)."""
     p = argparse.ArgumentParser(
-        prog="qkvlab", description="Every attention design from the questions, trained and measured.")
+        prog="qkvlab",
+        description="Every attention design from the questions, trained and measured.")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("designs", help="list the attention designs")
     d.add_argument("--d-model", type=int, default=128)

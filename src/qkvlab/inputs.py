@@ -41,7 +41,8 @@ class InputFileError(ValueError):
 # every model in use, far below what would exhaust a machine before any other check could run.
 BOUNDS: dict[str, tuple[int, str]] = {
     "vocab": (1 << 24, "16.7M tokens: the largest vocabularies in use hold about 256k"),
-    "context": (1 << 22, "4.2M positions: the longest learned or rotary tables in use hold 128k-1M"),
+    "context": (1 << 22,
+                "4.2M positions: the longest learned or rotary tables in use hold 128k-1M"),
     "width": (1 << 17, "131,072: the widest published transformers are 16-25k wide"),
     "layers": (1 << 12, "4,096 blocks: the deepest published transformers have about 100-200"),
     "heads": (1 << 14, "16,384 heads per layer: published models have at most a few hundred"),

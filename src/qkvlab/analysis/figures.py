@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-SHOWN = ("symmetry", "symmetry_layer", "positive_share", "overlap_qk", "overlap_kv", "overlap_qv", "copying",
-         "eff_rank_qk", "cka_qk", "cka_kv", "cka_qv")
+SHOWN = ("symmetry", "symmetry_layer", "positive_share", "overlap_qk", "overlap_kv", "overlap_qv",
+         "copying", "eff_rank_qk", "cka_qk", "cka_kv", "cka_qv")
 ROLE_COLORS = {"encoder": "tab:blue", "decoder": "tab:red", "cross": "tab:green"}
 
 

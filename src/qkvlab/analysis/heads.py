@@ -89,7 +89,8 @@ class LayerView:
 
     def project(self, x: Tensor, role: str) -> Tensor:
         """Per-head activations (H, N, d) of ``role`` in "qkv" for inputs x (N, D)."""
-        W, b = {"q": (self.W_Q, self.b_Q), "k": (self.W_K, self.b_K), "v": (self.W_V, self.b_V)}[role]
+        W, b = {"q": (self.W_Q, self.b_Q), "k": (self.W_K, self.b_K),
+                "v": (self.W_V, self.b_V)}[role]
         y = x.to(torch.float64) @ W  # (N, D) @ (H, D, d) -> (H, N, d)
         return y if b is None else y + b[:, None, :]
 

@@ -83,7 +83,8 @@ def load_bert(folder: str | Path, *, name: str | None = None) -> ModelView:
     mpnet = cfg["model_type"] == "mpnet"
     view = ModelView(name=name or folder.name, family="mpnet" if mpnet else "bert",
                      source=str(folder), layers=layers, notes=[MPNET_NOTE] if mpnet else [],
-                     meta={"model_type": cfg["model_type"], "init_std": cfg.get("initializer_range")})
+                     meta={"model_type": cfg["model_type"],
+                           "init_std": cfg.get("initializer_range")})
     stored = sum(x.numel() for x in t.values())
     view.capture = lambda texts: _capture(folder, texts, stored)
     return view

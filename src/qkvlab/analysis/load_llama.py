@@ -292,8 +292,8 @@ def gguf_tensors(reader, cfg: dict, attention_only: bool = False) -> dict[str, t
             w = gguf.dequantize(t.data, t.tensor_type)
             w = np.array(w, dtype=np.float32).reshape([int(n) for n in reversed(t.shape)])
         except Exception as e:  # data cut short, unknown quantization
-            raise CheckpointError(f"{cfg['path']}: tensor {t.name} ({t.tensor_type.name}) could not be "
-                                  f"dequantized ({e})") from None
+            raise CheckpointError(f"{cfg['path']}: tensor {t.name} ({t.tensor_type.name}) "
+                                  f"could not be dequantized ({e})") from None
         if arch == "llama" and parts[-2] == "attn_q":  # GGUF dims are listed innermost first
             w = unpermute(w, cfg["num_attention_heads"])
         elif arch == "llama" and parts[-2] == "attn_k":

@@ -227,10 +227,12 @@ def ct2_to_hf_encoder(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
                 sd[f"{h}.self_attn.{p}.bias"] = b[j * D:(j + 1) * D]
         for src, dst in (("self_attention/linear_1", "self_attn.out_proj"),
                          ("ffn/linear_0", "fc1"), ("ffn/linear_1", "fc2")):
-            sd[f"{h}.{dst}.weight"], sd[f"{h}.{dst}.bias"] = g(f"{a}/{src}/weight"), g(f"{a}/{src}/bias")
+            sd[f"{h}.{dst}.weight"], sd[f"{h}.{dst}.bias"] = (g(f"{a}/{src}/weight"),
+                                                              g(f"{a}/{src}/bias"))
         for src, dst in (("self_attention/layer_norm", "self_attn_layer_norm"),
                          ("ffn/layer_norm", "final_layer_norm")):
-            sd[f"{h}.{dst}.weight"], sd[f"{h}.{dst}.bias"] = g(f"{a}/{src}/gamma"), g(f"{a}/{src}/beta")
+            sd[f"{h}.{dst}.weight"], sd[f"{h}.{dst}.bias"] = (g(f"{a}/{src}/gamma"),
+                                                              g(f"{a}/{src}/beta"))
         n += 1
     D = sd["conv1.weight"].shape[0]
     cfg = dict(d_model=D, encoder_layers=n, encoder_attention_heads=int(t["encoder/num_heads"]),

@@ -167,7 +167,8 @@ def _measure_all(view: ModelView, inputs: dict, n_null: int, seed: int, progress
             null_samples.setdefault((lay.role, measure), []).append(sample)
             heads = [-1] if measure in M.LAYER_MEASURES else range(len(v))
             for h, value in zip(heads, v.tolist()):
-                z = (value - ns["null_mean"]) / ns["null_std"] if ns["null_std"] > 0 else float("nan")
+                z = ((value - ns["null_mean"]) / ns["null_std"] if ns["null_std"] > 0
+                     else float("nan"))
                 rows.append({"model": view.name, "name": lay.name, "role": lay.role,
                              "layer": lay.layer, "head": h, "measure": measure, "value": value,
                              **{k: ns[k] for k in ("null_mean", "null_std", "null_lo", "null_hi")},

@@ -161,7 +161,8 @@ def load_manifest(path: str | os.PathLike = MANIFEST) -> dict[str, ZooModel]:
 
 def zoo_dir(directory: str | os.PathLike | None = None) -> Path:
     """``directory``, else ``$QKVLAB_ZOO``, else ``~/.cache/qkvlab/zoo``."""
-    return Path(directory or os.environ.get(ENV_DIR) or Path.home() / ".cache/qkvlab/zoo").expanduser()
+    return Path(directory or os.environ.get(ENV_DIR)
+                or Path.home() / ".cache/qkvlab/zoo").expanduser()
 
 
 def get(name: str, models: dict[str, ZooModel] | None = None) -> ZooModel:

@@ -11,7 +11,8 @@ from qkvlab.analysis.zoo import ZooError, fetch, get, load_manifest, rows, zoo_d
 
 
 def configure_zoo(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", nargs="?", choices=["list", "fetch", "table", "summary"], default="list",
+    parser.add_argument("action", nargs="?", choices=["list", "fetch", "table", "summary"],
+                        default="list",
                         help="list (default): every model, its size and where it is; fetch: "
                              "download, rebuild and verify NAME (or all); table: the README's "
                              "Markdown table; summary: headline measures of every zoo model "
@@ -79,7 +80,8 @@ def summary_table(models: dict, folder: Path) -> str:
         for role in res["meta"]["roles"]:
             cells = [f"{by[(role, k)]['mean']:.3f} ({by[(role, k)]['null_mean']:.3f})"
                      if (role, k) in by else "" for k in HEADLINE]
-            n = next((s["n_heads"] for (r, k), s in by.items() if r == role and k == "symmetry"), "")
+            n = next((s["n_heads"] for (r, k), s in by.items()
+                      if r == role and k == "symmetry"), "")
             lines.append(f"| {m.name} | {m.params / 1e6:,.0f}M | {role} | {n} | "
                          + " | ".join(cells) + f" | {res['timings']['total_s']:.0f} |")
     return "\n".join(lines)

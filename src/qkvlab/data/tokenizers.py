@@ -99,8 +99,8 @@ class BPETokenizer:
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
         if not len(SPECIALS) + 256 < vocab_size <= MAX_VOCAB:
-            raise ValueError(f"vocab_size: {vocab_size} must be in ({len(SPECIALS) + 256}, {MAX_VOCAB}] "
-                             "for byte-level BPE")
+            raise ValueError(f"vocab_size: {vocab_size} must be in "
+                             f"({len(SPECIALS) + 256}, {MAX_VOCAB}] for byte-level BPE")
         tok = HFTokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()

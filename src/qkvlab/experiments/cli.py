@@ -2,8 +2,8 @@
 ``run_<cmd>(args) -> int`` each, wired into ``qkvlab`` by ``qkvlab.cli``.
 
     qkvlab experiments [--profile quick]
-    qkvlab sweep NAME [NAME ...]|all [--profile smoke|quick|full] [--workers N] [--backend local|ray] [--db PATH]
-                 [--tensorboard DIR]
+    qkvlab sweep NAME [NAME ...]|all [--profile smoke|quick|full] [--workers N]
+                 [--backend local|ray] [--db PATH] [--tensorboard DIR]
     qkvlab results NAME|all [--profile P] [--format table|csv|json|parquet] [--out PATH]
                    [--stats METRIC] [--errors] [--db PATH]
 """
@@ -63,7 +63,8 @@ def run_sweep(args: argparse.Namespace) -> int:
         return print_error("qkvlab sweep", e)  # on its own line, after any progress bar
     took = time.perf_counter() - t0
     print(f"sweep {' '.join(args.name)} [{args.profile}]: " +
-          ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + f" in {took:.1f} s -> {args.db}")
+          ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) +
+          f" in {took:.1f} s -> {args.db}")
     if not counts.get("failed"):
         return 0
     with Store(args.db, readonly=True) as store:

@@ -3,11 +3,11 @@
 ``runs_frame``: one row per (run, experiment membership); columns are the membership
 (``experiment``, ``profile``), the run's tags (``design``, ``arm``, ``task``, ``seed``, ...),
 its bookkeeping (``run_id``, ``status``, ``step``, ``wall_s``, ``tokens_per_s``, ``n_params``,
-``threads``: the torch threads it trained with, ``params.<kind>``), its final metrics (``val_loss``, ``accuracy``, ...) and its whole spec
-flattened to dotted columns (``spec.model.d_head``, ``spec.task_options.seq_len``,
-``spec.train.lr``). ``measures_frame``: one row per stored record of a measure, with
-``measure_id``, ``run_id`` and the measure's spec as ``spec.*`` columns. Code that reads
-results selects columns; it never parses keys.
+``threads``: the torch threads it trained with, ``params.<kind>``), its final metrics
+(``val_loss``, ``accuracy``, ...) and its whole spec flattened to dotted columns
+(``spec.model.d_head``, ``spec.task_options.seq_len``, ``spec.train.lr``). ``measures_frame``:
+one row per stored record of a measure, with ``measure_id``, ``run_id`` and the measure's spec
+as ``spec.*`` columns. Code that reads results selects columns; it never parses keys.
 """
 
 from __future__ import annotations

@@ -253,7 +253,8 @@ def first_failure(store: Store, ids: Iterable[str]) -> str | None:
     return None
 
 
-def errors_command(name: str | Sequence[str], profile: str, db: str | os.PathLike = DEFAULT_DB) -> str:
+def errors_command(name: str | Sequence[str], profile: str,
+                   db: str | os.PathLike = DEFAULT_DB) -> str:
     """The command that prints the full traceback of every failed run of a sweep."""
     if not isinstance(name, str):  # several experiments: their results are among all's
         name = name[0] if len(name) == 1 else "all"

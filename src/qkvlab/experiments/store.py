@@ -126,7 +126,8 @@ class Store:
         try:
             # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE takes the
             # write lock up front, so two workers never both read "pending" and both claim).
-            target = f"file:{quote(str(self.path.resolve()))}?mode=ro" if readonly else str(self.path)
+            target = (f"file:{quote(str(self.path.resolve()))}?mode=ro" if readonly
+                      else str(self.path))
             self.conn = sqlite3.connect(target, timeout=120, isolation_level=None, uri=readonly)
         except sqlite3.Error as e:
             raise InputFileError(f"db: {self.path} cannot be opened as a results database ({e})",
@@ -243,8 +244,8 @@ class Store:
         if dead:
             with self.tx() as c:
                 for rid in dead:
-                    n += c.execute("UPDATE runs SET status='pending' WHERE id=? AND status='running'",
-                                   (rid,)).rowcount
+                    n += c.execute("UPDATE runs SET status='pending' "
+                                   "WHERE id=? AND status='running'", (rid,)).rowcount
         return n
 
     def claim(self, rid: str, by: str | None = None) -> bool:
@@ -280,7 +281,8 @@ class Store:
             c.executemany("INSERT INTO final VALUES (?,?,?)",
                           [(rid, k, float(v)) for k, v in final.items()])
             sets = ", ".join(f"{k}=?" for k in cols + jcols + ("git_rev",))
-            c.execute(f"UPDATE runs SET status=?, step=?, finished=?, error=NULL, {sets} WHERE id=?",
+            c.execute(f"UPDATE runs SET status=?, step=?, finished=?, error=NULL, {sets} "
+                      "WHERE id=?",
                       (status, int(step), time.time(), *(info.get(k) for k in cols),
                        *(canonical(info.get(k)) for k in jcols), info.get("git_rev"), rid))
 
@@ -311,11 +313,13 @@ class Store:
             raise ValueError(f"run: no run with id {rid!r} in {self.path}")
         return json.loads(row["spec"])
 
-    def runs(self, experiment: str | None = None, profile: str | None = None) -> list[dict[str, Any]]:
+    def runs(self, experiment: str | None = None,
+             profile: str | None = None) -> list[dict[str, Any]]:
         """One dict per (run, tags) membership: run columns, ``tags`` and ``final`` metrics."""
         if not self._has_table("members"):  # a partial older store, opened read-only
             return []
-        q = ("SELECT m.experiment, m.profile, m.tags, r.* FROM members m JOIN runs r ON r.id=m.run_id"
+        q = ("SELECT m.experiment, m.profile, m.tags, r.* FROM members m"
+             " JOIN runs r ON r.id=m.run_id"
              " WHERE (? IS NULL OR m.experiment=?) AND (? IS NULL OR m.profile=?)"
              " ORDER BY m.experiment, m.profile, m.tags")
         rows = [dict(r) for r in self.conn.execute(q, (experiment, experiment, profile, profile))]

@@ -24,7 +24,8 @@ from qkvlab.models.config import ModelConfig
 from qkvlab.models.encoder import Encoder, EncoderDecoder
 from qkvlab.models.lm import DecoderLM
 
-KINDS: dict[str, type[nn.Module]] = {"decoder": DecoderLM, "encoder": Encoder, "encdec": EncoderDecoder}
+KINDS: dict[str, type[nn.Module]] = {"decoder": DecoderLM, "encoder": Encoder,
+                                     "encdec": EncoderDecoder}
 # dtypes a checkpoint's tensors may have (the model is cast to the first one's)
 FLOAT_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
                 "BF16": torch.bfloat16}
@@ -60,7 +61,8 @@ def estimate_params(cfg: ModelConfig, kind: str = "decoder") -> int:
     return per_layer * cfg.n_layers + 2 * cfg.d_vocab * D + 2 * cfg.n_ctx * D + 4 * D
 
 
-def save_model(model: nn.Module, path: str | os.PathLike, extra: dict[str, str] | None = None) -> Path:
+def save_model(model: nn.Module, path: str | os.PathLike,
+               extra: dict[str, str] | None = None) -> Path:
     """Write ``model`` to ``path`` atomically (temp file + rename); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +129,8 @@ def load_model(path: str | os.PathLike) -> nn.Module:
                              path=path) from None
     # arithmetic first (an upper bound, within 2x): a config far beyond the file's values is
     # refused before even the meta model, whose build time grows with its layers
-    values, bound = sum(math.prod(shape) for _, shape in stored.values()), estimate_params(cfg, kind)
+    values, bound = (sum(math.prod(shape) for _, shape in stored.values()),
+                     estimate_params(cfg, kind))
     if bound > 4 * values + 4096:
         raise InputFileError(f"checkpoint: {path}: its config describes a {kind} of up to "
                              f"{bound:,} parameters; the file holds {values:,} values", path=path)
@@ -146,8 +149,8 @@ def load_model(path: str | os.PathLike) -> nn.Module:
         raise InputFileError(f"checkpoint: {path} could not be loaded ({e})", path=path) from None
     if missing or unexpected:
         raise InputFileError(f"checkpoint: {path} does not match its config "
-                             f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})",
-                             path=path)
+                             f"(missing {sorted(missing)[:5]}, "
+                             f"unexpected {sorted(unexpected)[:5]})", path=path)
     return model
 
 

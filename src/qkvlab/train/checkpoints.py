@@ -77,10 +77,12 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module,
             groups.append(hyper)
             for p in g["params"]:
                 for key, val in optimizer.state.get(p, {}).items():
-                    if not isinstance(val, Tensor):  # AdamW keeps only tensors; anything else is a bug
-                        raise ValueError(f"optimizer: state {key!r} is not a tensor; cannot save it "
-                                         "without pickle")
-                    tensors[f"optim.{names[id(p)]}.{key}"] = val.detach().to("cpu").contiguous().clone()
+                    # AdamW keeps only tensors; anything else is a bug
+                    if not isinstance(val, Tensor):
+                        raise ValueError(f"optimizer: state {key!r} is not a tensor; "
+                                         "cannot save it without pickle")
+                    tensors[f"optim.{names[id(p)]}.{key}"] = (val.detach().to("cpu")
+                                                              .contiguous().clone())
     for n, t in (rng or {}).items():
         tensors[f"rng.{n}"] = t.detach().to("cpu").contiguous().clone()
     meta = {"format": FORMAT, "step": int(step), "param_groups": groups, "state": state or {}}
@@ -115,7 +117,8 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[st
     try:
         meta = json.loads(header["qkvlab_checkpoint"])
     except (json.JSONDecodeError, RecursionError) as e:
-        raise InputFileError(f"checkpoint: {path} has malformed metadata ({e})", path=path) from None
+        raise InputFileError(f"checkpoint: {path} has malformed metadata ({e})",
+                             path=path) from None
     if not isinstance(meta, dict):
         raise InputFileError(f"checkpoint: {path} has malformed metadata (a JSON "
                              f"{type(meta).__name__}, not an object)", path=path)
@@ -218,6 +221,7 @@ def _load_optimizer(path, optimizer, model, tensors, groups) -> None:
                 g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
         for p in g["params"]:
             prefix = f"optim.{names[id(p)]}."
-            st = {k[len(prefix):]: t.to(p.device) for k, t in tensors.items() if k.startswith(prefix)}
+            st = {k[len(prefix):]: t.to(p.device) for k, t in tensors.items()
+                  if k.startswith(prefix)}
             if st:
                 optimizer.state[p] = st

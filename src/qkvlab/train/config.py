@@ -5,9 +5,10 @@ training options, and the optional scale probe and re-initialization. The result
 its canonical dict (``spec.to_dict()``) into the run id, so equal specs share one run.
 Round trip through plain dicts (JSON in the store, spec files for ``torchrun``)::
 
-    spec = RunSpec.from_dict({"task": "lm", "model": {"design": "tied_kv"}, "train": {"steps": 50}})
+    spec = RunSpec.from_dict({"task": "lm", "model": {"design": "tied_kv"},
+                              "train": {"steps": 50}})
     spec.to_dict()   # every field, defaults included: the canonical form
-    RunSpec.from_dict({"task": "lm", "trian": {}})   # ValueError: trian: unknown key; allowed: [...]
+    RunSpec.from_dict({"task": "lm", "trian": {}})  # ValueError: trian: unknown key; allowed: [...]
 """
 
 from __future__ import annotations
@@ -77,10 +78,12 @@ class TrainConfig:
                 raise ValueError(f"train.{name}: {v!r} must be a non-negative integer")
         for name in ("lr", "weight_decay", "grad_clip", "min_lr_ratio", "beta1", "beta2"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
+                    or v < 0):
                 raise ValueError(f"train.{name}: {v!r} must be a finite number >= 0")
         if self.precision not in PRECISIONS:
-            raise ValueError(f"train.precision: {self.precision!r} is not one of {list(PRECISIONS)}")
+            raise ValueError(f"train.precision: {self.precision!r} "
+                             f"is not one of {list(PRECISIONS)}")
         object.__setattr__(self, "keep_at", tuple(int(s) for s in self.keep_at))
 
     def to_dict(self) -> dict[str, Any]:
