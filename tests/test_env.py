@@ -13,7 +13,7 @@ import torch
 
 import qkvlab
 from qkvlab import env
-from qkvlab.experiments import runner
+from qkvlab.experiments import worker
 
 
 def test_environment_has_versions_hardware_git_and_platform():
@@ -35,8 +35,8 @@ def test_cpu_model_reads_proc_cpuinfo():
     assert env.cpu_model() == (names[0] if names else platform.processor() or None)
 
 
-def test_runner_records_the_same_environment():
-    assert runner.environment is env.environment and runner.git_revision is env.git_revision
+def test_runs_record_the_same_environment():
+    assert worker.environment is env.environment
 
 
 def test_env_imports_nothing_from_qkvlab_at_module_level():

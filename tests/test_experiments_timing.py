@@ -144,7 +144,8 @@ def test_database_without_timings_column_opens_and_sweeps(tmp_path, toy_experime
 
 
 def test_a_sweep_worker_does_not_import_scipy_stats():
-    """Each spawned worker imports the runner; the statistics are for the results command."""
+    """Each spawned worker imports ``experiments.worker`` (the runner imports it too); the
+    statistics are for the results command."""
     code = ("import sys, qkvlab.cli, qkvlab.experiments.runner; "
             "print(sorted(m for m in ('scipy.stats', 'pandas') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -18,7 +18,8 @@ import pytest
 from conftest import temporary_experiment, toy_runs
 from qkvlab.experiments import cli
 from qkvlab.experiments.runner import sweep, sweep_ids
-from qkvlab.experiments.store import APPLICATION_ID, SCHEMA, Store
+from qkvlab.experiments.schema import APPLICATION_ID, SCHEMA
+from qkvlab.experiments.store import Store
 from qkvlab.inputs import InputFileError
 
 TESTS = Path(__file__).resolve().parent

@@ -36,7 +36,7 @@ def test_a_disabled_bar_still_counts():
 def test_a_sweep_polling_its_runs_keeps_the_log_interval():
     """The sweep polls the store twice a second; each poll used to redraw the bar (a log line
     each, 600 lines in a 5-minute quick sweep). Polls now only advance it."""
-    from qkvlab.experiments import runner
+    from qkvlab.experiments import pool
 
     class Store:
         finished = 0
@@ -48,6 +48,6 @@ def test_a_sweep_polling_its_runs_keeps_the_log_interval():
     with progress.bar(total=len(ids), file=log, desc="sweep") as bar:
         for k in range(500):  # polls, a run finishing every tenth
             store.finished = k // 10
-            runner._show_finished(bar, store, ids)
+            pool.show_finished(bar, store, ids)
         assert bar.n == 49
     assert len(lines(log)) == 2  # the start and the end

@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_train_trainer import spec
 
-from qkvlab.experiments.runner import execute
+from qkvlab.experiments.worker import execute
 from qkvlab.experiments.store import Store
 from qkvlab.train import TrainConfig, precision, run_from_spec
 from qkvlab.train.precision import SlowPrecisionWarning, resolve_precision

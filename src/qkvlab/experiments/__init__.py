@@ -2,14 +2,14 @@
 seeds are ``qkvlab.stats``).
 
 The names below are imported on first use (PEP 562): a sweep's worker process imports
-``qkvlab.experiments.runner`` and should not pay for the imports of the modules it does not use.
+``qkvlab.experiments.worker`` and should not pay for the imports of the modules it does not use.
 """
 
 import importlib
 
 _WHERE = {"EXPERIMENTS": "registry", "PROFILES": "registry", "Profile": "registry",
           "describe": "registry", "experiment": "registry", "get_profile": "registry",
-          "runs_of": "registry", "ResultsPending": "registry", "execute": "runner",
+          "runs_of": "registry", "ResultsPending": "registry", "execute": "worker",
           "sweep": "runner", "DEFAULT_DB": "store", "Store": "store",
           "run_id": "store"}
 

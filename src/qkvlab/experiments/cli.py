@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 from qkvlab.experiments.frames import EXPORT_FORMATS, export, runs_frame
+from qkvlab.experiments.pool import BACKENDS, DEFAULT_WORKERS
 from qkvlab.experiments.registry import describe, experiment_names, profile_names
-from qkvlab.experiments.runner import BACKENDS, DEFAULT_WORKERS, failure_report, sweep
+from qkvlab.experiments.runner import failure_report, sweep
 from qkvlab.experiments.store import DEFAULT_DB, Store
 from qkvlab.inputs import print_error
 

@@ -1,5 +1,6 @@
-"""The results store's schema, the marker that makes a SQLite file a qkvlab store, and its
-migrations (only ever applied to a store that is qkvlab's, only by a write).
+"""The results store's schema, the marker that makes a SQLite file a qkvlab store, its
+migrations (only ever applied to a store that is qkvlab's, only by a write), and how a file is
+judged and opened as a store.
 
 ``kind(conn)`` tells a store apart by reading alone: ``ours`` (``PRAGMA application_id`` is
 :data:`APPLICATION_ID`), ``legacy`` (no marker, but the ``runs`` table an earlier qkvlab
@@ -7,13 +8,39 @@ made, whose columns together no other program's table has), ``new`` (a SQLite fi
 nothing in it) or ``foreign`` (anything else: left as it is). ``migrate`` creates the tables,
 adds the columns newer than a store, and sets the marker; a legacy store also records that
 its run folders are the shared ``runs/`` it used before (``store_meta.runs_dir``).
+``connect`` judges a file and opens it for the ``Store``: before any connection where it can
+be, so another program's database is refused without a byte written beside it.
+
+Tables:
+    runs      one row per run; ``id`` = hash of its spec, so a re-run finds what is done.
+              status: pending -> running -> done | diverged | failed. ``timings`` (JSON) says
+              where a finished run's last attempt spent its time, in seconds per part
+              (``experiments.timing``); a column added in place to databases that predate it.
+    members   which experiment/profile lists a run, with its tags (design, arm, seed, ...);
+              one run may serve several experiments (a ``standard`` baseline, say).
+    metrics   (run_id, step, name) -> value, written while training; rewriting a step after a
+              resume replaces the row, so a killed-and-resumed run never duplicates rows.
+    final     (run_id, name) -> value, written in one transaction with status ``done``.
+    measures  what is measured besides training (speed, folding, the pretrained analysis,
+              statistics of a trained model): id = hash of (name, spec); ``run_id`` names the
+              trained run it reads, if any; ``result`` is a JSON document ``{"records": [...]}``
+              of flat records (one table row each), written in one transaction with ``done``.
+    store_meta  key -> value facts about the store itself (``runs_dir`` of an older store).
+
+Columns of ``runs`` that change nothing in a result but say how it was produced: ``threads``
+(torch threads the run trained with: two one-thread workers and one two-thread worker give
+results that differ in the last bits) and ``trained_by`` (``host:pid`` of the sweep process
+that trained it, so a sweep's time breakdown counts only its own runs).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 from urllib.parse import quote
+
+from qkvlab.inputs import InputFileError
 
 APPLICATION_ID = 0x716B766C  # "qkvl": the SQLite header field that marks a qkvlab store
 SCHEMA_VERSION = 2  # user_version: 2 = marker, store_meta, runs.threads and runs.trained_by
@@ -125,3 +152,60 @@ def migrate(conn: sqlite3.Connection, legacy: bool, tx) -> None:
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
         conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+
+
+def connect(path: str | os.PathLike, readonly: bool) -> tuple[sqlite3.Connection, str]:
+    """Open the store at ``path`` for writing (the parent folder made if missing), or
+    ``readonly``, once the file is known to be a store: a connection whose rows are
+    ``sqlite3.Row``, and the file's :func:`kind` (``new``, ``ours`` or ``legacy``; not
+    migrated here). A file without a ``-wal`` beside it is judged before connecting
+    (:func:`classify`).
+
+    Raises:
+        InputFileError: the path is a folder, or a file that is not a qkvlab store, or, read
+            only, a store that does not exist or is empty.
+    """
+    shown = Path(path)
+    if shown.is_dir():
+        raise InputFileError(f"db: {shown} is a folder, not a results database", path=path)
+    if readonly and not shown.is_file():
+        raise InputFileError(f"db: no results database at {shown}", path=path)
+    fresh = not shown.exists() or shown.stat().st_size == 0
+    known = None  # without a -wal file the file holds everything: judge it before connecting
+    if not fresh and not Path(f"{shown}-wal").exists():
+        known = classify(shown)
+        if known == "foreign":
+            c = sqlite3.connect(f"file:{quote(str(shown.resolve()))}?mode=ro&immutable=1",
+                                uri=True)
+            try:
+                raise InputFileError(foreign_message(c, shown), path=path)
+            finally:
+                c.close()
+        if known == "not sqlite":
+            raise InputFileError(f"db: {shown} is not a qkvlab results database (file is "
+                                 "not a SQLite database)", path=path)
+    if not readonly:
+        shown.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE takes the
+        # write lock up front, so two workers never both read "pending" and both claim).
+        target = f"file:{quote(str(shown.resolve()))}?mode=ro" if readonly else str(shown)
+        conn = sqlite3.connect(target, timeout=120, isolation_level=None, uri=readonly)
+    except sqlite3.Error as e:
+        raise InputFileError(f"db: {shown} cannot be opened as a results database ({e})",
+                             path=path) from None
+    conn.row_factory = sqlite3.Row
+    try:
+        found = "new" if fresh else known or kind(conn)
+        if found == "new" and readonly:
+            raise InputFileError(f"db: {shown} is empty, not a results database", path=path)
+        if found == "foreign":
+            raise InputFileError(foreign_message(conn, shown), path=path)
+    except sqlite3.DatabaseError as e:
+        conn.close()
+        raise InputFileError(f"db: {shown} is not a qkvlab results database ({e})",
+                             path=path) from None
+    except InputFileError:
+        conn.close()
+        raise
+    return conn, found

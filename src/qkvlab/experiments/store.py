@@ -1,11 +1,12 @@
 """The results store: one SQLite file (WAL mode), safe for concurrent worker processes.
 
 A store is marked as qkvlab's in the SQLite header (``PRAGMA application_id`` =
-:data:`APPLICATION_ID`, ``user_version`` = :data:`SCHEMA_VERSION`). ``Store(path)`` opens it
-for writing: it creates a new store, or adds the marker and any missing columns to one that a
-qkvlab before the marker made (it has qkvlab's tables), and refuses any other SQLite file
-without touching it. ``Store(path, readonly=True)`` (what read commands use) opens the file
-read-only and changes nothing, not even to a store that still lacks the marker.
+:data:`schema.APPLICATION_ID`, ``user_version`` = :data:`schema.SCHEMA_VERSION`).
+``Store(path)`` opens it for writing: it creates a new store, or adds the marker and any
+missing columns to one that a qkvlab before the marker made (it has qkvlab's tables), and
+refuses any other SQLite file without touching it. ``Store(path, readonly=True)`` (what read
+commands use) opens the file read-only and changes nothing, not even to a store that still
+lacks the marker.
 
 Run folders (checkpoints, final weights) live in :attr:`Store.runs_dir`, which belongs to this
 store alone: ``<store path>-runs/`` (``results/qkvlab.db-runs/``), so two stores never resume
@@ -13,26 +14,7 @@ each other's runs. Stores made before that rule keep the folder they used, ``run
 the file (recorded in ``store_meta`` when the marker is added), so their unfinished runs still
 resume and their finished runs' weights are still found.
 
-Tables:
-    runs      one row per run; ``id`` = hash of its spec, so a re-run finds what is done.
-              status: pending -> running -> done | diverged | failed. ``timings`` (JSON) says
-              where a finished run's last attempt spent its time, in seconds per part
-              (``experiments.timing``); a column added in place to databases that predate it.
-    members   which experiment/profile lists a run, with its tags (design, arm, seed, ...);
-              one run may serve several experiments (a ``standard`` baseline, say).
-    metrics   (run_id, step, name) -> value, written while training; rewriting a step after a
-              resume replaces the row, so a killed-and-resumed run never duplicates rows.
-    final     (run_id, name) -> value, written in one transaction with status ``done``.
-    measures  what is measured besides training (speed, folding, the pretrained analysis,
-              statistics of a trained model): id = hash of (name, spec); ``run_id`` names the
-              trained run it reads, if any; ``result`` is a JSON document ``{"records": [...]}``
-              of flat records (one table row each), written in one transaction with ``done``.
-    store_meta  key -> value facts about the store itself (``runs_dir`` of an older store).
-
-Columns of ``runs`` that change nothing in a result but say how it was produced: ``threads``
-(torch threads the run trained with: two one-thread workers and one two-thread worker give
-results that differ in the last bits) and ``trained_by`` (``host:pid`` of the sweep process
-that trained it, so a sweep's time breakdown counts only its own runs).
+Its tables and their columns: :mod:`qkvlab.experiments.schema`.
 
 Every statement that changes more than one row runs in one transaction, so a SIGKILL at any
 moment leaves the file consistent (SQLite's WAL guarantees this for process crashes).
@@ -50,10 +32,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
-from urllib.parse import quote
 
 from qkvlab.experiments import schema
-from qkvlab.experiments.schema import APPLICATION_ID, SCHEMA  # noqa: F401  (re-exported)
 from qkvlab.inputs import InputFileError
 
 DEFAULT_DB = Path("results") / "qkvlab.db"
@@ -103,43 +83,8 @@ class Store:
     def __init__(self, path: str | os.PathLike = DEFAULT_DB, readonly: bool = False):
         self.path = Path(path)
         self.readonly = readonly
-        if self.path.is_dir():
-            raise InputFileError(f"db: {self.path} is a folder, not a results database", path=path)
-        if readonly and not self.path.is_file():
-            raise InputFileError(f"db: no results database at {self.path}", path=path)
-        fresh = not self.path.exists() or self.path.stat().st_size == 0
-        known = None  # without a -wal file the file holds everything: judge it before connecting
-        if not fresh and not Path(f"{self.path}-wal").exists():
-            known = schema.classify(self.path)
-            if known == "foreign":
-                c = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro&immutable=1",
-                                    uri=True)
-                try:
-                    raise InputFileError(schema.foreign_message(c, self.path), path=path)
-                finally:
-                    c.close()
-            if known == "not sqlite":
-                raise InputFileError(f"db: {self.path} is not a qkvlab results database (file is "
-                                     "not a SQLite database)", path=path)
-        if not readonly:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn, kind = schema.connect(path, readonly)
         try:
-            # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE takes the
-            # write lock up front, so two workers never both read "pending" and both claim).
-            target = (f"file:{quote(str(self.path.resolve()))}?mode=ro" if readonly
-                      else str(self.path))
-            self.conn = sqlite3.connect(target, timeout=120, isolation_level=None, uri=readonly)
-        except sqlite3.Error as e:
-            raise InputFileError(f"db: {self.path} cannot be opened as a results database ({e})",
-                                 path=path) from None
-        self.conn.row_factory = sqlite3.Row
-        try:
-            kind = "new" if fresh else known or schema.kind(self.conn)
-            if kind == "new" and readonly:
-                raise InputFileError(f"db: {self.path} is empty, not a results database",
-                                     path=path)
-            if kind == "foreign":
-                raise InputFileError(schema.foreign_message(self.conn, self.path), path=path)
             if not readonly:
                 self._migrate(legacy=kind == "legacy")
             self._columns = {r["name"] for r in self.conn.execute("PRAGMA table_info(runs)")}
@@ -150,9 +95,6 @@ class Store:
             self.conn.close()
             raise InputFileError(f"db: {self.path} is not a qkvlab results database ({e})",
                                  path=path) from None
-        except InputFileError:
-            self.conn.close()
-            raise
 
     def _has_table(self, name: str) -> bool:
         return self.conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?",
@@ -270,7 +212,7 @@ class Store:
     def finish(self, rid: str, status: str, step: int, final: Mapping[str, float],
                info: Mapping[str, Any]) -> None:
         """Record a finished run (``done`` or ``diverged``) and its final metrics at once.
-        ``info``: what ``runner.execute`` returns as ``info`` (timings, parameter counts,
+        ``info``: what ``worker.execute`` returns as ``info`` (timings, parameter counts,
         tokens/s, ``threads``, versions, hardware, git revision)."""
         if status not in FINISHED:
             raise ValueError(f"status: {status!r} is not one of {list(FINISHED)}")

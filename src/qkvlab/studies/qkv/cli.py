@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from qkvlab.experiments.pool import DEFAULT_WORKERS
 from qkvlab.experiments.registry import profile_names
-from qkvlab.experiments.runner import DEFAULT_WORKERS
 from qkvlab.experiments.store import DEFAULT_DB
 
 HELP = "run everything behind the three questions and write the report"
