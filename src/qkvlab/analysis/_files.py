@@ -1,6 +1,6 @@
 """Safe reading of weight files: safetensors, GGUF, ``torch.load(weights_only=True)``; no pickle.
 
-Every failure is a :class:`CheckpointError`, which is :class:`qkvlab.inputs.InputFileError`
+Every failure is a :class:`qkvlab.inputs.InputFileError`
 (a ``ValueError``), naming the file and what is wrong. Nothing in a checkpoint is ever
 executed: pickles are read only through PyTorch's ``weights_only`` unpickler, which refuses any
 global that is not a tensor or plain container. Numbers in a header or config are checked
@@ -25,7 +25,6 @@ from qkvlab.inputs import InputFileError, bounded_int, check_memory
 
 # A checkpoint is missing, unreadable, corrupt, unsafe or of an unsupported kind: the one error
 # type of every input file (the name predates it and stays for callers that catch it).
-CheckpointError = InputFileError
 
 
 # File magic -> kind. CTranslate2 starts with a small uint32 version, then a "...Spec" name;
@@ -67,26 +66,26 @@ def sniff(path: Path) -> str:
 def require_file(path: str | os.PathLike) -> Path:
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"{path}: no such file")
+        raise InputFileError(f"{path}: no such file")
     if not path.is_file():
-        raise CheckpointError(f"{path}: not a file")
+        raise InputFileError(f"{path}: not a file")
     if path.stat().st_size == 0:
-        raise CheckpointError(f"{path}: empty file")
+        raise InputFileError(f"{path}: empty file")
     return path
 
 
 def read_json(path: Path) -> dict:
-    """A JSON object (a config) from ``path``; anything else is a CheckpointError."""
+    """A JSON object (a config) from ``path``; anything else is a InputFileError."""
     path = require_file(path)
     if path.stat().st_size > 64 << 20:  # configs and indexes are kilobytes
-        raise CheckpointError(f"{path}: {path.stat().st_size:,} bytes is too large for a JSON "
+        raise InputFileError(f"{path}: {path.stat().st_size:,} bytes is too large for a JSON "
                               "config (at most 64 MiB)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+        raise InputFileError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: a JSON {type(data).__name__}, where a JSON object "
+        raise InputFileError(f"{path}: a JSON {type(data).__name__}, where a JSON object "
                               "(a config of named fields) is expected")
     return data
 
@@ -94,11 +93,11 @@ def read_json(path: Path) -> dict:
 def config_int(cfg: dict, key: str, where, *, bound: str | None = None, lo: int = 1,
                default=None) -> int:
     """``cfg[key]`` as a bounded int (:func:`qkvlab.inputs.bounded_int`); ``default`` when
-    absent (or null) if given, else a CheckpointError naming the missing field."""
+    absent (or null) if given, else a InputFileError naming the missing field."""
     value = cfg.get(key)
     if value is None:
         if default is None:
-            raise CheckpointError(f"{where}: field {key!r} missing")
+            raise InputFileError(f"{where}: field {key!r} missing")
         return default
     return bounded_int(value, key, str(where), lo=lo, bound=bound)
 
@@ -111,28 +110,28 @@ def safetensors_files(folder: Path) -> list[Path]:
         weight_map = read_json(index).get("weight_map", {})
         if not isinstance(weight_map, dict) or not all(
                 isinstance(s, str) for s in weight_map.values()):
-            raise CheckpointError(f"{index}: weight_map must map tensor names to file names")
+            raise InputFileError(f"{index}: weight_map must map tensor names to file names")
         shards = sorted(set(weight_map.values()))
         bad = [s for s in shards if Path(s).name != s or s in ("", ".", "..")]
         if bad:
-            raise CheckpointError(f"{index}: shard {bad[0]!r} is not a file name inside "
+            raise InputFileError(f"{index}: shard {bad[0]!r} is not a file name inside "
                                   f"{folder}; refused")
         if not shards:
-            raise CheckpointError(f"{index}: weight_map names no weight file")
+            raise InputFileError(f"{index}: weight_map names no weight file")
         return [require_file(folder / s) for s in shards]
     files = sorted(folder.glob("*.safetensors"))
     if files:
         return files
     if (folder / "pytorch_model.bin").is_file():
         return [folder / "pytorch_model.bin"]
-    raise CheckpointError(f"{folder}: no *.safetensors (or pytorch_model.bin) weight file")
+    raise InputFileError(f"{folder}: no *.safetensors (or pytorch_model.bin) weight file")
 
 
 def read_tensors(files: list[Path]) -> dict[str, Tensor]:
     """Every tensor of the given weight files (safetensors or weights-only torch), as stored.
 
     Raises:
-        CheckpointError: a file is unreadable, or reading them all would pass the memory limit.
+        InputFileError: a file is unreadable, or reading them all would pass the memory limit.
     """
     check_memory(files[0].parent, sum(f.stat().st_size for f in files), "reading its weight files")
     out: dict[str, Tensor] = {}
@@ -142,38 +141,38 @@ def read_tensors(files: list[Path]) -> dict[str, Tensor]:
 
 
 def read_safetensors(path: Path) -> dict[str, Tensor]:
-    """All tensors of one safetensors file; a truncated or corrupt file raises CheckpointError."""
+    """All tensors of one safetensors file; a truncated or corrupt file raises InputFileError."""
     path = require_file(path)
     try:
         with safe_open(str(path), framework="pt") as f:
             return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
     except Exception as e:  # SafetensorsError, OSError: header or offsets do not fit the file
-        raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({e})") from None
+        raise InputFileError(f"{path}: corrupt or truncated safetensors file ({e})") from None
 
 
 def torch_load_safe(path: Path) -> dict[str, Tensor]:
     """``torch.load(weights_only=True)``: a pickle that carries code is refused, not run.
 
     Raises:
-        CheckpointError: the file is missing, not a PyTorch checkpoint, corrupt, holds
+        InputFileError: the file is missing, not a PyTorch checkpoint, corrupt, holds
             pickled objects other than tensors, or is not a dict of tensors.
     """
     path = require_file(path)
     kind = sniff(path)
     if kind not in ("torch-zip", "pickle"):
-        raise CheckpointError(f"{path}: not a PyTorch checkpoint (looks like {kind})")
+        raise InputFileError(f"{path}: not a PyTorch checkpoint (looks like {kind})")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=kind == "torch-zip")
     except pickle.UnpicklingError as e:  # a global that is not a tensor or plain container
-        raise CheckpointError(_pickled_objects(path, str(e))) from None
+        raise InputFileError(_pickled_objects(path, str(e))) from None
     except Exception as e:  # RuntimeError for bad zips, IndexError/EOFError for cut pickles
         first = str(e).split(". ")[0].strip()[:200]
-        raise CheckpointError(f"{path}: corrupt or truncated PyTorch checkpoint "
+        raise InputFileError(f"{path}: corrupt or truncated PyTorch checkpoint "
                               f"({type(e).__name__}: {first})") from None
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
         obj = obj["state_dict"]
     if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
-        raise CheckpointError(f"{path}: expected a dict of tensors (a state_dict)")
+        raise InputFileError(f"{path}: expected a dict of tensors (a state_dict)")
     return obj
 
 
@@ -190,16 +189,16 @@ def _pickled_objects(path: Path, torch_message: str) -> str:
 
 def take(tensors: dict[str, Tensor], name: str, where: Path | str, ndim: int | None = None
          ) -> Tensor:
-    """``tensors[name]`` as float64, or a CheckpointError naming the missing tensor (or one
+    """``tensors[name]`` as float64, or a InputFileError naming the missing tensor (or one
     that is not ``ndim``-dimensional, or not floating point)."""
     if name not in tensors:
         near = [k for k in tensors if k.split(".")[-1] == name.split(".")[-1]][:3]
-        raise CheckpointError(f"{where}: tensor {name!r} not found (similar: {near})")
+        raise InputFileError(f"{where}: tensor {name!r} not found (similar: {near})")
     t = tensors[name]
     if not t.is_floating_point():
-        raise CheckpointError(f"{where}: tensor {name!r} holds {t.dtype}, not floating point")
+        raise InputFileError(f"{where}: tensor {name!r} holds {t.dtype}, not floating point")
     if ndim is not None and t.dim() != ndim:
-        raise CheckpointError(f"{where}: tensor {name!r} has shape {tuple(t.shape)}; "
+        raise InputFileError(f"{where}: tensor {name!r} has shape {tuple(t.shape)}; "
                               f"{ndim} dimensions expected")
     return t.to(torch.float64)
 
@@ -215,12 +214,12 @@ def count_layers(tensors, name) -> int:
 def check_layers(where, stated: int, found: int, key: str) -> None:
     """A config's layer count must be the number of layers its weight files hold."""
     if stated != found:
-        raise CheckpointError(f"{where}: {key} = {stated}, but the weight files hold "
+        raise InputFileError(f"{where}: {key} = {stated}, but the weight files hold "
                               f"{found} layer{'s' if found != 1 else ''}")
 
 
-def as_input_error(where, what: str, e: Exception) -> CheckpointError:
-    """A CheckpointError for a shape or value problem ``e`` found while building ``what``."""
+def as_input_error(where, what: str, e: Exception) -> InputFileError:
+    """A InputFileError for a shape or value problem ``e`` found while building ``what``."""
     if isinstance(e, InputFileError):
         return e
-    return CheckpointError(f"{where}: {what}: {e}")
+    return InputFileError(f"{where}: {what}: {e}")

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from qkvlab.analysis._capture import capture_inputs, hf_model
 from qkvlab.analysis._files import (
-    CheckpointError,
     as_input_error,
     check_layers,
     config_int,
@@ -26,6 +25,7 @@ from qkvlab.analysis._files import (
     safetensors_files,
     take,
 )
+from qkvlab.inputs import InputFileError
 from qkvlab.analysis.heads import ModelView, from_linear
 
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "mpnet")
@@ -40,19 +40,19 @@ def load_bert(folder: str | Path, *, name: str | None = None) -> ModelView:
     """Every self-attention layer of an HF BERT-family folder as a ModelView (role ``encoder``).
 
     Raises:
-        CheckpointError: missing/corrupt files, a config that is not BERT-like, missing tensors.
+        InputFileError: missing/corrupt files, a config that is not BERT-like, missing tensors.
     """
     folder = Path(folder)
     where = folder / "config.json"
     cfg = read_json(where)
     if cfg.get("model_type") not in MODEL_TYPES:
-        raise CheckpointError(f"{folder}: model_type {cfg.get('model_type')!r} is not one of "
+        raise InputFileError(f"{folder}: model_type {cfg.get('model_type')!r} is not one of "
                               f"{list(MODEL_TYPES)}")
     H = config_int(cfg, "num_attention_heads", where, bound="heads")
     L = config_int(cfg, "num_hidden_layers", where, bound="layers")
     D = config_int(cfg, "hidden_size", where, bound="width")
     if D % H:
-        raise CheckpointError(f"{where}: hidden_size {D} is not divisible by "
+        raise InputFileError(f"{where}: hidden_size {D} is not divisible by "
                               f"num_attention_heads {H}")
     files = safetensors_files(folder)
     t = read_tensors(files)
@@ -61,7 +61,7 @@ def load_bert(folder: str | Path, *, name: str | None = None) -> ModelView:
     probe = f"encoder.layer.0.attention.{names[0]}.weight"
     anchor = next((k for k in t if k.endswith(probe)), None)
     if anchor is None:
-        raise CheckpointError(f"{files[0]}: no {probe}; not a {cfg['model_type']} checkpoint")
+        raise InputFileError(f"{files[0]}: no {probe}; not a {cfg['model_type']} checkpoint")
     pre = anchor[: -len(probe)]
     found = count_layers(t, lambda i: f"{pre}encoder.layer.{i}.attention.{names[0]}.weight")
     check_layers(where, L, found, "num_hidden_layers")
@@ -78,7 +78,7 @@ def load_bert(folder: str | Path, *, name: str | None = None) -> ModelView:
         except ValueError as e:
             raise as_input_error(files[0], f"layer {i}", e) from None
     if layers[0].d_model != D:
-        raise CheckpointError(f"{where}: hidden_size {D}, but the attention weights are "
+        raise InputFileError(f"{where}: hidden_size {D}, but the attention weights are "
                               f"{layers[0].d_model} wide")
     mpnet = cfg["model_type"] == "mpnet"
     view = ModelView(name=name or folder.name, family="mpnet" if mpnet else "bert",

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from qkvlab.analysis._capture import capture_inputs, hf_model
 from qkvlab.analysis._files import (
-    CheckpointError,
     as_input_error,
     check_layers,
     config_int,
@@ -21,6 +20,7 @@ from qkvlab.analysis._files import (
     safetensors_files,
     take,
 )
+from qkvlab.inputs import InputFileError
 from qkvlab.analysis.heads import ModelView, from_linear
 
 
@@ -28,23 +28,23 @@ def load_gpt2(folder: str | Path, *, name: str | None = None) -> ModelView:
     """Every causal self-attention layer of an HF GPT-2 folder (role ``decoder``).
 
     Raises:
-        CheckpointError: missing/corrupt files or tensors, a config that is not GPT-2.
+        InputFileError: missing/corrupt files or tensors, a config that is not GPT-2.
     """
     folder = Path(folder)
     where = folder / "config.json"
     cfg = read_json(where)
     if cfg.get("model_type") != "gpt2":
-        raise CheckpointError(f"{folder}: model_type {cfg.get('model_type')!r} is not 'gpt2'")
+        raise InputFileError(f"{folder}: model_type {cfg.get('model_type')!r} is not 'gpt2'")
     H = config_int(cfg, "n_head", where, bound="heads")
     L = config_int(cfg, "n_layer", where, bound="layers")
     D = config_int(cfg, "n_embd", where, bound="width")
     if D % H:
-        raise CheckpointError(f"{where}: n_embd {D} is not divisible by n_head {H}")
+        raise InputFileError(f"{where}: n_embd {D} is not divisible by n_head {H}")
     files = safetensors_files(folder)
     t = read_tensors(files)
     anchor = next((k for k in t if k.endswith("h.0.attn.c_attn.weight")), None)
     if anchor is None:
-        raise CheckpointError(f"{files[0]}: no h.0.attn.c_attn.weight; not a GPT-2 checkpoint")
+        raise InputFileError(f"{files[0]}: no h.0.attn.c_attn.weight; not a GPT-2 checkpoint")
     pre = anchor[: -len("h.0.attn.c_attn.weight")]
     check_layers(where, L, count_layers(t, lambda i: f"{pre}h.{i}.attn.c_attn.weight"), "n_layer")
     layers = []
@@ -55,7 +55,7 @@ def load_gpt2(folder: str | Path, *, name: str | None = None) -> ModelView:
         Wo = take(t, f"{a}.c_proj.weight", files[0], ndim=2).T
         bo = take(t, f"{a}.c_proj.bias", files[0], ndim=1)
         if W.shape != (3 * D, D) or b.shape != (3 * D,):
-            raise CheckpointError(f"{files[0]}: {a}.c_attn has weight {tuple(W.T.shape)} and "
+            raise InputFileError(f"{files[0]}: {a}.c_attn has weight {tuple(W.T.shape)} and "
                                   f"bias {tuple(b.shape)}, expected ({D}, {3 * D}) and ({3 * D},)")
         q, k, v = ((W[j * D:(j + 1) * D], b[j * D:(j + 1) * D]) for j in range(3))
         try:

@@ -27,7 +27,6 @@ import torch
 
 from qkvlab.analysis._capture import capture_inputs, hf_model
 from qkvlab.analysis._files import (
-    CheckpointError,
     as_input_error,
     check_layers,
     config_int,
@@ -39,6 +38,7 @@ from qkvlab.analysis._files import (
     sniff,
     take,
 )
+from qkvlab.inputs import InputFileError
 from qkvlab.analysis._gguf import check_gguf
 from qkvlab.analysis.heads import ModelView, fold_qk_norm, from_linear
 from qkvlab.inputs import bounded_int, check_memory
@@ -78,7 +78,7 @@ def _view(tensors: dict, where, *, L, H, G, model_type, name, source, family, no
     # LlamaForCausalLM saves "model.layers…", a bare LlamaModel "layers…"
     anchor = next((k for k in tensors if k.endswith("layers.0.self_attn.q_proj.weight")), None)
     if anchor is None:
-        raise CheckpointError(f"{where}: no layers.0.self_attn.q_proj.weight; not a "
+        raise InputFileError(f"{where}: no layers.0.self_attn.q_proj.weight; not a "
                               "Llama-family checkpoint")
     pre = anchor[: -len("layers.0.self_attn.q_proj.weight")]
     found = count_layers(tensors, lambda i: f"{pre}layers.{i}.self_attn.q_proj.weight")
@@ -117,19 +117,19 @@ def load_llama(folder: str | Path, *, name: str | None = None) -> ModelView:
     ``use_bidirectional_attention`` (EmbeddingGemma). Gemma-3's q/k norms are folded in.
 
     Raises:
-        CheckpointError: missing/corrupt files or tensors, an unsupported ``model_type``.
+        InputFileError: missing/corrupt files or tensors, an unsupported ``model_type``.
     """
     folder = Path(folder)
     where = folder / "config.json"
     cfg = read_json(where)
     mt = cfg.get("model_type")
     if mt not in MODEL_TYPES:
-        raise CheckpointError(f"{folder}: model_type {mt!r} is not one of {list(MODEL_TYPES)}")
+        raise InputFileError(f"{folder}: model_type {mt!r} is not one of {list(MODEL_TYPES)}")
     H = config_int(cfg, "num_attention_heads", where, bound="heads")
     L = config_int(cfg, "num_hidden_layers", where, bound="layers")
     G = config_int(cfg, "num_key_value_heads", where, bound="heads", default=H)
     if H % G:
-        raise CheckpointError(f"{where}: num_key_value_heads {G} does not divide "
+        raise InputFileError(f"{where}: num_key_value_heads {G} does not divide "
                               f"num_attention_heads {H}")
     role = "encoder" if cfg.get("use_bidirectional_attention") else "decoder"
     files = safetensors_files(folder)
@@ -139,7 +139,7 @@ def load_llama(folder: str | Path, *, name: str | None = None) -> ModelView:
                  source=folder, family="gemma3" if mt.startswith("gemma") else "llama", role=role)
     D = config_int(cfg, "hidden_size", where, bound="width")
     if view.layers[0].d_model != D:
-        raise CheckpointError(f"{where}: hidden_size {D}, but the attention weights are "
+        raise InputFileError(f"{where}: hidden_size {D}, but the attention weights are "
                               f"{view.layers[0].d_model} wide")
     view.meta["init_std"] = cfg.get("initializer_range")
     stored = sum(x.numel() for x in t.values())
@@ -165,49 +165,49 @@ def open_gguf(path: str | Path):
     tie_word_embeddings, file_types, path.
 
     Raises:
-        CheckpointError: not GGUF, truncated/corrupt, unsupported arch, missing metadata.
+        InputFileError: not GGUF, truncated/corrupt, unsupported arch, missing metadata.
     """
     import gguf  # lazy: optional extra [analysis]
 
     path = require_file(path)
     if sniff(path) != "gguf":
-        raise CheckpointError(f"{path}: not a GGUF file (no 'GGUF' magic)")
+        raise InputFileError(f"{path}: not a GGUF file (no 'GGUF' magic)")
     check_gguf(path)  # every count, length and offset against the file, before the reader
     try:
         r = gguf.GGUFReader(str(path))
     except Exception as e:  # the header walk passed: whatever is left is the reader's
-        raise CheckpointError(f"{path}: corrupt or truncated GGUF file ({type(e).__name__}: "
+        raise InputFileError(f"{path}: corrupt or truncated GGUF file ({type(e).__name__}: "
                               f"{str(e)[:200]})") from None
 
     def field(key, default=None, kind=int, bound=None):
         f = r.fields.get(key)
         if f is None:
             if default is None:
-                raise CheckpointError(f"{path}: GGUF metadata {key!r} missing")
+                raise InputFileError(f"{path}: GGUF metadata {key!r} missing")
             return default
         try:
             value = f.contents()
         except (ValueError, IndexError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path}: GGUF metadata {key!r} is unreadable ({e})") from None
+            raise InputFileError(f"{path}: GGUF metadata {key!r} is unreadable ({e})") from None
         if kind is int:
             return bounded_int(value, f"GGUF metadata {key!r}", str(path), bound=bound)
         if kind is float:
             if not isinstance(value, (int, float)) or isinstance(value, bool) \
                     or not math.isfinite(value) or value <= 0:
-                raise CheckpointError(f"{path}: GGUF metadata {key!r} = {value!r} must be a "
+                raise InputFileError(f"{path}: GGUF metadata {key!r} = {value!r} must be a "
                                       "positive number")
             return float(value)
         if not isinstance(value, str):
-            raise CheckpointError(f"{path}: GGUF metadata {key!r} = {value!r} must be a string")
+            raise InputFileError(f"{path}: GGUF metadata {key!r} = {value!r} must be a string")
         return value
 
     arch = field("general.architecture", kind=str)
     if arch not in GGUF_ARCHS:
-        raise CheckpointError(f"{path}: GGUF architecture {arch!r} is not supported; "
+        raise InputFileError(f"{path}: GGUF architecture {arch!r} is not supported; "
                               f"supported: {list(GGUF_ARCHS)}")
     names = {t.name: t for t in r.tensors}
     if "token_embd.weight" not in names:
-        raise CheckpointError(f"{path}: GGUF has no token_embd.weight")
+        raise InputFileError(f"{path}: GGUF has no token_embd.weight")
     H = field(f"{arch}.attention.head_count", bound="heads")
     cfg = dict(model_type=arch, hidden_size=field(f"{arch}.embedding_length", bound="width"),
                num_attention_heads=H,
@@ -228,14 +228,14 @@ def _check_gguf_config(path: Path, cfg: dict, names: dict) -> None:
     matrix's dimensions innermost first: (in, out))."""
     D, H, G = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     if H % G:
-        raise CheckpointError(f"{path}: GGUF head_count_kv {G} does not divide head_count {H}")
+        raise InputFileError(f"{path}: GGUF head_count_kv {G} does not divide head_count {H}")
     bounded_int(cfg["vocab_size"], "the vocabulary (token_embd.weight's rows)", str(path),
                 bound="vocab")
     blocks = sorted({int(m.group(1)) for n in names if (m := _BLOCK.match(n))})
     L = cfg["num_hidden_layers"]
     if blocks != list(range(L)):
         held = f"blocks {blocks[0]}-{blocks[-1]} ({len(blocks)})" if blocks else "no blocks"
-        raise CheckpointError(f"{path}: GGUF block_count = {L}, but the tensors hold {held}")
+        raise InputFileError(f"{path}: GGUF block_count = {L}, but the tensors hold {held}")
 
     def shape(name):
         return [int(d) for d in names[name].shape] if name in names else None
@@ -244,11 +244,11 @@ def _check_gguf_config(path: Path, cfg: dict, names: dict) -> None:
     for i in range(L):
         q, k = shape(f"blk.{i}.attn_q.weight"), shape(f"blk.{i}.attn_k.weight")
         if q is None or k is None or len(q) != 2 or len(k) != 2:
-            raise CheckpointError(f"{path}: block {i} has no 2-D attn_q and attn_k weights")
+            raise InputFileError(f"{path}: block {i} has no 2-D attn_q and attn_k weights")
         # llama.cpp permutes Q/K rows in pairs per head (arch llama): rows per head are even
         step = 2 if cfg["model_type"] == "llama" else 1
         if q[1] % (H * step) or k[1] % (G * step) or q[1] // H != k[1] // G:
-            raise CheckpointError(f"{path}: block {i}: attn_q {q} and attn_k {k} do not split "
+            raise InputFileError(f"{path}: block {i}: attn_q {q} and attn_k {k} do not split "
                                   f"into {H} and {G} heads of one width")
         d_v = (shape(f"blk.{i}.attn_v.weight") or [D, 0])[1] // G
         want.update({f"blk.{i}.attn_q.weight": [D, q[1]], f"blk.{i}.attn_k.weight": [D, k[1]],
@@ -260,7 +260,7 @@ def _check_gguf_config(path: Path, cfg: dict, names: dict) -> None:
     for name, dims in want.items():
         got = shape(name)
         if got is not None and got != dims:
-            raise CheckpointError(f"{path}: tensor {name} has dimensions {got}; the metadata "
+            raise InputFileError(f"{path}: tensor {name} has dimensions {got}; the metadata "
                                   f"(embedding_length {D}, feed_forward_length "
                                   f"{cfg['intermediate_size']}, {H}/{G} heads) implies {dims}")
 
@@ -292,7 +292,7 @@ def gguf_tensors(reader, cfg: dict, attention_only: bool = False) -> dict[str, t
             w = gguf.dequantize(t.data, t.tensor_type)
             w = np.array(w, dtype=np.float32).reshape([int(n) for n in reversed(t.shape)])
         except Exception as e:  # data cut short, unknown quantization
-            raise CheckpointError(f"{cfg['path']}: tensor {t.name} ({t.tensor_type.name}) "
+            raise InputFileError(f"{cfg['path']}: tensor {t.name} ({t.tensor_type.name}) "
                                   f"could not be dequantized ({e})") from None
         if arch == "llama" and parts[-2] == "attn_q":  # GGUF dims are listed innermost first
             w = unpermute(w, cfg["num_attention_heads"])
@@ -385,7 +385,7 @@ def hf_model_from_gguf(cfg: dict, sd: dict[str, torch.Tensor]):
     got = {k: tuple(v.shape) for k, v in body.items()}
     if want != got:
         bad = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))[:3]
-        raise CheckpointError(f"{cfg['path']}: the tensors do not match the model its metadata "
+        raise InputFileError(f"{cfg['path']}: the tensors do not match the model its metadata "
                               f"describes: {[(k, got.get(k), want.get(k)) for k in bad]} "
                               "(name, in the file, implied)")
     with no_init_weights():  # every weight is overwritten below: skip 135M random draws

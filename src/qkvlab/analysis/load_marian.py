@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qkvlab.analysis._files import CheckpointError, as_input_error, require_file
+from qkvlab.analysis._files import as_input_error, require_file
+from qkvlab.inputs import InputFileError
 from qkvlab.analysis.heads import ModelView, from_linear
 from qkvlab.inputs import bounded_int, check_memory
 
@@ -54,7 +55,7 @@ def read_marian(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, np.n
     with the multiplier as ``<name>/quant_mult``.
 
     Raises:
-        CheckpointError: truncated file, unknown version or element type, sizes that disagree.
+        InputFileError: truncated file, unknown version or element type, sizes that disagree.
     """
     path = require_file(path)
     with open(path, "rb") as f:
@@ -64,7 +65,7 @@ def read_marian(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, np.n
     def take(n: int) -> memoryview:
         nonlocal pos
         if pos + n > len(buf):
-            raise CheckpointError(f"{path}: Marian file is truncated (needs byte {pos + n}, "
+            raise InputFileError(f"{path}: Marian file is truncated (needs byte {pos + n}, "
                                   f"has {len(buf)})")
         out = memoryview(buf)[pos:pos + n]
         pos += n
@@ -72,13 +73,13 @@ def read_marian(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, np.n
 
     version, n = struct.unpack("<QQ", take(16))
     if version != 1 or not 0 < n < 100_000:
-        raise CheckpointError(f"{path}: not a Marian binary model (version {version}, {n} items)")
+        raise InputFileError(f"{path}: not a Marian binary model (version {version}, {n} items)")
     # a float32 copy of every tensor: at most 4 bytes per stored byte, on top of the file
     check_memory(path, 5 * len(buf), "reading its tensors")
     headers = [struct.unpack("<QQQQ", take(32)) for _ in range(n)]
     for name_len, _, rank, _ in headers:
         if rank > MAX_RANK:
-            raise CheckpointError(f"{path}: an item has a shape of rank {rank:,} (at most "
+            raise InputFileError(f"{path}: an item has a shape of rank {rank:,} (at most "
                                   f"{MAX_RANK}); not a Marian model, or a corrupt header")
     names = [bytes(take(h[0])).rstrip(b"\0").decode("utf-8", "replace") for h in headers]
     shapes = [struct.unpack(f"<{h[2]}i", take(4 * h[2])) for h in headers]
@@ -88,37 +89,37 @@ def read_marian(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, np.n
     for name, (_, typ, _, size), shape in zip(names, headers, shapes):
         raw = take(size)
         if any(d < 1 for d in shape):
-            raise CheckpointError(f"{path}: {name} has shape {shape}; every dimension must "
+            raise InputFileError(f"{path}: {name} has shape {shape}; every dimension must "
                                   "be at least 1")
         count = math.prod(shape)
         if name == SPECIAL_YML:
             yml = bytes(raw).rstrip(b"\0").decode("utf-8", "replace")
         elif typ == FLOAT32:
             if size < 4 * count:
-                raise CheckpointError(f"{path}: {name} holds {size} bytes for shape {shape}")
+                raise InputFileError(f"{path}: {name} holds {size} bytes for shape {shape}")
             tensors[name] = np.frombuffer(raw, np.float32, count).reshape(shape).copy()
         elif typ == INTGEMM8:
             if size < count + 4:
-                raise CheckpointError(f"{path}: {name} holds {size} bytes for shape {shape} "
+                raise InputFileError(f"{path}: {name} holds {size} bytes for shape {shape} "
                                       "plus its quantization multiplier")
             q = np.frombuffer(raw, np.int8, count)
             (m,) = struct.unpack("<f", raw[count:count + 4])
             if not m > 0:
-                raise CheckpointError(f"{path}: {name} has quantization multiplier {m}")
+                raise InputFileError(f"{path}: {name} has quantization multiplier {m}")
             if len(shape) > 2:
-                raise CheckpointError(f"{path}: {name} is an int8 weight of rank {len(shape)}")
+                raise InputFileError(f"{path}: {name} is an int8 weight of rank {len(shape)}")
             q = q.reshape(shape) if name == "Wemb" else q.reshape(shape[::-1])
             int8[name], int8[f"{name}/quant_mult"] = q.copy(), np.float32(m)
             tensors[name] = q.astype(np.float32) / np.float32(m)
         else:
-            raise CheckpointError(f"{path}: {name} has unsupported element type {typ:#x}")
+            raise InputFileError(f"{path}: {name} has unsupported element type {typ:#x}")
     return tensors, int8, yml
 
 
 def _yml_int(yml: str, key: str, path) -> int:
     found = re.search(rf"^{re.escape(key)}:\s*(\d{{1,18}})\s*$", yml, re.MULTILINE)
     if not found:
-        raise CheckpointError(f"{path}: {SPECIAL_YML} has no integer {key!r}")
+        raise InputFileError(f"{path}: {SPECIAL_YML} has no integer {key!r}")
     return int(found.group(1))
 
 
@@ -126,7 +127,7 @@ def load_marian(path: str | Path, *, name: str | None = None) -> ModelView:
     """Encoder self-attention and decoder cross-attention of a Marian ``.bin`` (see module doc).
 
     Raises:
-        CheckpointError: unreadable file, no model.yml, missing attention tensors.
+        InputFileError: unreadable file, no model.yml, missing attention tensors.
     """
     path = Path(path)
     t, _, yml = read_marian(path)
@@ -135,7 +136,7 @@ def load_marian(path: str | Path, *, name: str | None = None) -> ModelView:
 
     def lin(prefix: str, w: str, b: str):
         if f"{prefix}_{w}" not in t:
-            raise CheckpointError(f"{path}: tensor {prefix}_{w!r} not found")
+            raise InputFileError(f"{path}: tensor {prefix}_{w!r} not found")
         bias = t.get(f"{prefix}_{b}")
         return (torch.from_numpy(t[f"{prefix}_{w}"]).double(),
                 None if bias is None else torch.from_numpy(bias.reshape(-1)).double())
@@ -154,7 +155,7 @@ def load_marian(path: str | Path, *, name: str | None = None) -> ModelView:
                 raise as_input_error(path, f"{stack} layer {i}", e) from None
             i += 1
     if not layers:
-        raise CheckpointError(f"{path}: no encoder_l1_self_Wq; not a Marian transformer")
+        raise InputFileError(f"{path}: no encoder_l1_self_Wq; not a Marian transformer")
     notes = [("Marian int8 (intgemm8) weights dequantized with their per-tensor multiplier: "
              "values carry quantization noise"),
              ("the decoder's self-attention is an SSRU (no W_Q/W_K): only encoder self and "

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qkvlab.analysis._files import CheckpointError, as_input_error, require_file
+from qkvlab.analysis._files import as_input_error, require_file
+from qkvlab.inputs import InputFileError
 from qkvlab.analysis.heads import ModelView, from_linear
 from qkvlab.inputs import bounded_int, check_memory
 
@@ -34,12 +35,12 @@ def _graph(path: Path):
         import onnx  # lazy: optional extra [analysis]
         from onnx import numpy_helper
     except ImportError:
-        raise CheckpointError(f"{path}: reading ONNX needs the onnx package "
+        raise InputFileError(f"{path}: reading ONNX needs the onnx package "
                               "(pip install onnx)") from None
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # noqa: BLE001 (DecodeError and others on a corrupt protobuf)
-        raise CheckpointError(f"{path}: not a readable ONNX model ({type(e).__name__}: "
+        raise InputFileError(f"{path}: not a readable ONNX model ({type(e).__name__}: "
                               f"{str(e)[:200]})") from None
     return model.graph, numpy_helper
 
@@ -48,7 +49,7 @@ def load_onnx_vit(path: str | Path, *, name: str | None = None) -> ModelView:
     """Every self-attention layer of a ViT/DINOv2 ONNX graph (role ``encoder``).
 
     Raises:
-        CheckpointError: not ONNX, no ``encoder.layer.{i}.attention`` biases, a weight that is
+        InputFileError: not ONNX, no ``encoder.layer.{i}.attention`` biases, a weight that is
             not reached through MatMul -> Add, or an unreadable head count.
     """
     path = require_file(path)
@@ -66,24 +67,24 @@ def load_onnx_vit(path: str | Path, *, name: str | None = None) -> ModelView:
     def arr(name: str) -> torch.Tensor:
         t = inits[name]
         if t.data_location == 1 or t.external_data:  # EXTERNAL: data in another file
-            raise CheckpointError(f"{path}: initializer {name!r} keeps its data in another file "
+            raise InputFileError(f"{path}: initializer {name!r} keeps its data in another file "
                                   "(ONNX external data); qkvlab reads only the graph's own file")
         if any(d < 0 for d in t.dims) or math.prod(t.dims) > size:
-            raise CheckpointError(f"{path}: initializer {name!r} has dimensions {list(t.dims)}, "
+            raise InputFileError(f"{path}: initializer {name!r} has dimensions {list(t.dims)}, "
                                   f"more values than the {size:,}-byte file can hold")
         try:
             a = numpy_helper.to_array(t)
         except Exception as e:  # noqa: BLE001 (data that does not fill its dims, bad dtypes)
-            raise CheckpointError(f"{path}: initializer {name!r} (dimensions {list(t.dims)}) is "
+            raise InputFileError(f"{path}: initializer {name!r} (dimensions {list(t.dims)}) is "
                                   f"unreadable ({type(e).__name__}: {str(e)[:200]})") from None
         if not np.issubdtype(a.dtype, np.number):
-            raise CheckpointError(f"{path}: initializer {name!r} holds {a.dtype}, not numbers")
+            raise InputFileError(f"{path}: initializer {name!r} holds {a.dtype}, not numbers")
         return torch.from_numpy(a.astype(np.float64))
 
     def linear(bias: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(weight (out, in), bias) of the nn.Linear whose bias is the initializer ``bias``."""
         if bias not in inits:
-            raise CheckpointError(f"{path}: initializer {bias!r} not found")
+            raise InputFileError(f"{path}: initializer {bias!r} not found")
         for add in consumers.get(bias, []):
             if add.op_type != "Add":
                 continue
@@ -93,10 +94,10 @@ def load_onnx_vit(path: str | Path, *, name: str | None = None) -> ModelView:
                     and mm.input[1] in inits:
                 w = arr(mm.input[1])
                 if w.dim() != 2:
-                    raise CheckpointError(f"{path}: the weight of {bias} has shape "
+                    raise InputFileError(f"{path}: the weight of {bias} has shape "
                                           f"{tuple(w.shape)}, not a matrix")
                 return w.T.contiguous(), arr(bias)
-        raise CheckpointError(f"{path}: no MatMul -> Add({bias}) with a stored weight")
+        raise InputFileError(f"{path}: no MatMul -> Add({bias}) with a stored weight")
 
     def n_heads(q_bias: str) -> int:
         """The head count in the Reshape (B, T, H, d) applied to q = MatMul + bias."""
@@ -113,13 +114,13 @@ def load_onnx_vit(path: str | Path, *, name: str | None = None) -> ModelView:
                             break
                         return bounded_int(value, f"the head count of {q_bias}", str(path),
                                            bound="heads")
-        raise CheckpointError(f"{path}: cannot read the head count of {q_bias}")
+        raise InputFileError(f"{path}: cannot read the head count of {q_bias}")
 
     # a damaged protobuf may hand back a name that is not UTF-8 as bytes: never a bias name
     found = sorted((int(m.group(2)), m.group(1)) for t in inits
                    if isinstance(t, str) and (m := _BIAS.match(t)))
     if not found:
-        raise CheckpointError(f"{path}: no '…encoder.layer.N.attention.attention.query.bias' "
+        raise InputFileError(f"{path}: no '…encoder.layer.N.attention.attention.query.bias' "
                               "initializer; not a ViT/DINOv2 ONNX export")
     layers = []
     for i, pre in found:
@@ -130,7 +131,7 @@ def load_onnx_vit(path: str | Path, *, name: str | None = None) -> ModelView:
         if scale in inits:  # out = lambda1 * (z W_O + b_O): fold into the output map
             lam = arr(scale)
             if lam.shape != (W_o.shape[0],) or b_o.shape != lam.shape:
-                raise CheckpointError(f"{path}: {scale} has shape {tuple(lam.shape)}, the "
+                raise InputFileError(f"{path}: {scale} has shape {tuple(lam.shape)}, the "
                                       f"output map of layer {i} {tuple(W_o.shape)}")
             W_o, b_o = W_o * lam[:, None], b_o * lam
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qkvlab.analysis._files import CheckpointError
+from qkvlab.inputs import InputFileError
 from qkvlab.analysis.heads import ModelView, from_attention
 from qkvlab.models import load_model
 
@@ -21,7 +21,7 @@ def find_checkpoint(path: Path) -> Path:
         return path
     files = sorted(path.rglob("*.safetensors"), key=lambda p: p.stat().st_mtime)
     if not files:
-        raise CheckpointError(f"{path}: no qkvlab checkpoint (*.safetensors) in this folder")
+        raise InputFileError(f"{path}: no qkvlab checkpoint (*.safetensors) in this folder")
     return files[-1]
 
 
@@ -29,18 +29,18 @@ def load_qkvlab(path: str | Path, *, name: str | None = None) -> ModelView:
     """Every attention layer of a qkvlab checkpoint, with its role (encoder, decoder, cross).
 
     Raises:
-        CheckpointError: missing, corrupt or not a qkvlab checkpoint.
+        InputFileError: missing, corrupt or not a qkvlab checkpoint.
     """
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"{path}: no such file or folder")
+        raise InputFileError(f"{path}: no such file or folder")
     ckpt = find_checkpoint(path)
     try:
         model = load_model(ckpt)
     except ValueError as e:  # load_model reports corrupt files and config mismatches this way
         hint = ("; for a Hugging Face checkpoint pass its folder (with config.json)"
                 if "no qkvlab_config" in str(e) else "")
-        raise CheckpointError(f"{e}{hint}") from None
+        raise InputFileError(f"{e}{hint}") from None
     layers = []
     for lname, role, att in model.attention_layers():
         # names look like "3.attn", "encoder.3.attn", "decoder.3.cross": the first int is the layer

@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from qkvlab.analysis._files import (
-    CheckpointError,
     as_input_error,
     check_layers,
     config_int,
@@ -38,6 +37,7 @@ from qkvlab.analysis._files import (
     safetensors_files,
     take,
 )
+from qkvlab.inputs import InputFileError
 from qkvlab.analysis.heads import LayerView, ModelView, from_linear
 from qkvlab.inputs import bounded_int, check_memory
 
@@ -53,7 +53,7 @@ class _Cursor:
 
     def take(self, n: int) -> memoryview:
         if self.pos + n > len(self.buf):
-            raise CheckpointError(f"{self.path}: CTranslate2 file is truncated (needs byte "
+            raise InputFileError(f"{self.path}: CTranslate2 file is truncated (needs byte "
                                   f"{self.pos + n}, has {len(self.buf)})")
         out = memoryview(self.buf)[self.pos:self.pos + n]
         self.pos += n
@@ -65,7 +65,7 @@ class _Cursor:
     def string(self) -> str:
         raw = bytes(self.take(self.u("H")))
         if not raw.endswith(b"\0"):
-            raise CheckpointError(f"{self.path}: corrupt CTranslate2 string at byte {self.pos}")
+            raise InputFileError(f"{self.path}: corrupt CTranslate2 string at byte {self.pos}")
         return raw[:-1].decode("utf-8", errors="replace")
 
 
@@ -75,7 +75,7 @@ def read_ct2(path: str | Path) -> tuple[str, dict[str, np.ndarray]]:
     int8-quantized weights are dequantized with their ``weight_scale``; bfloat16 widened.
 
     Raises:
-        CheckpointError: truncated/corrupt file, unknown version or dtype.
+        InputFileError: truncated/corrupt file, unknown version or dtype.
     """
     path = require_file(path)
     with open(path, "rb") as f:
@@ -83,13 +83,13 @@ def read_ct2(path: str | Path) -> tuple[str, dict[str, np.ndarray]]:
     c = _Cursor(buf, path)
     version = c.u("I")
     if version not in CT2_VERSIONS:
-        raise CheckpointError(f"{path}: CTranslate2 binary version {version} is not supported "
+        raise InputFileError(f"{path}: CTranslate2 binary version {version} is not supported "
                               f"(supported: {list(CT2_VERSIONS)})")
     spec = c.string()
     c.u("I")  # spec revision
     n_vars = c.u("I")
     if n_vars > (len(buf) - c.pos) // 9:  # a variable takes at least 9 bytes
-        raise CheckpointError(f"{path}: {n_vars:,} variables cannot fit in the "
+        raise InputFileError(f"{path}: {n_vars:,} variables cannot fit in the "
                               f"{len(buf) - c.pos:,} bytes left at byte {c.pos}")
     # int8 weights come back as float32: at most 4 bytes per stored byte, on top of the copy
     check_memory(path, 5 * len(buf), "reading its variables")
@@ -98,16 +98,16 @@ def read_ct2(path: str | Path) -> tuple[str, dict[str, np.ndarray]]:
         name = c.string()
         rank = c.u("B")
         if rank > MAX_RANK:
-            raise CheckpointError(f"{path}: variable {name!r} has rank {rank} (at most {MAX_RANK})")
+            raise InputFileError(f"{path}: variable {name!r} has rank {rank} (at most {MAX_RANK})")
         shape = tuple(c.u("I") for _ in range(rank))
         code, n = c.u("B"), c.u("I")
         if code not in CT2_DTYPES:
-            raise CheckpointError(f"{path}: variable {name!r} has unknown dtype id {code}")
+            raise InputFileError(f"{path}: variable {name!r} has unknown dtype id {code}")
         raw = c.take(n)
         dt = CT2_DTYPES[code]
         size = 2 if dt == "bfloat16" else np.dtype(dt).itemsize
         if n != size * math.prod(shape):
-            raise CheckpointError(f"{path}: variable {name!r} holds {n:,} bytes for shape "
+            raise InputFileError(f"{path}: variable {name!r} holds {n:,} bytes for shape "
                                   f"{shape} of {np.dtype(np.uint16 if dt == 'bfloat16' else dt)}"
                                   f" ({size * math.prod(shape):,} bytes)")
         if dt == "bfloat16":
@@ -117,19 +117,19 @@ def read_ct2(path: str | Path) -> tuple[str, dict[str, np.ndarray]]:
         out[name] = arr.reshape(shape).copy()
     n_aliases = c.u("I")
     if n_aliases > (len(buf) - c.pos) // 6:  # two strings of at least 3 bytes
-        raise CheckpointError(f"{path}: {n_aliases:,} aliases cannot fit in the "
+        raise InputFileError(f"{path}: {n_aliases:,} aliases cannot fit in the "
                               f"{len(buf) - c.pos:,} bytes left at byte {c.pos}")
     for _ in range(n_aliases):
         alias, target = c.string(), c.string()
         if target not in out:
-            raise CheckpointError(f"{path}: alias {alias!r} names variable {target!r}, which "
+            raise InputFileError(f"{path}: alias {alias!r} names variable {target!r}, which "
                                   "the file does not hold")
         out[alias] = out[target]
     for name in [k for k in out if k.endswith("/weight_scale")]:  # int8 weights: w = q / scale
         w = name[: -len("_scale")]
         scale = out.pop(name).astype(np.float32)
         if w not in out or out[w].ndim < 1 or scale.size not in (1, out[w].shape[0]):
-            raise CheckpointError(f"{path}: {name!r} ({scale.size} values) does not scale a "
+            raise InputFileError(f"{path}: {name!r} ({scale.size} values) does not scale a "
                                   f"weight {w!r} with as many rows")
         out[w] = out[w].astype(np.float32) / scale.reshape(-1, *([1] * (out[w].ndim - 1)))
     return spec, out
@@ -137,7 +137,7 @@ def read_ct2(path: str | Path) -> tuple[str, dict[str, np.ndarray]]:
 
 def _ct2_linear(t: dict, name: str, path) -> tuple[torch.Tensor, torch.Tensor | None]:
     if f"{name}/weight" not in t:
-        raise CheckpointError(f"{path}: variable {name + '/weight'!r} not found")
+        raise InputFileError(f"{path}: variable {name + '/weight'!r} not found")
     b = t.get(f"{name}/bias")
     return (torch.from_numpy(t[f"{name}/weight"].astype(np.float64)),
             None if b is None else torch.from_numpy(b.astype(np.float64)))
@@ -158,17 +158,17 @@ def load_ct2_whisper(path: str | Path, *, name: str | None = None) -> ModelView:
     """Encoder self, decoder self and cross-attention of a CTranslate2 Whisper ``model.bin``.
 
     Raises:
-        CheckpointError: corrupt file, a spec other than Whisper, missing variables.
+        InputFileError: corrupt file, a spec other than Whisper, missing variables.
     """
     path = Path(path)
     spec, t = read_ct2(path)
     if spec != "WhisperSpec":
-        raise CheckpointError(f"{path}: CTranslate2 spec {spec!r} is not supported; "
+        raise InputFileError(f"{path}: CTranslate2 spec {spec!r} is not supported; "
                               "supported: ['WhisperSpec']")
     heads = {s: bounded_int(t[f"{s}/num_heads"], f"{s}/num_heads", str(path), bound="heads")
              for s in ("encoder", "decoder") if f"{s}/num_heads" in t}
     if len(heads) < 2:
-        raise CheckpointError(f"{path}: encoder/num_heads or decoder/num_heads missing")
+        raise InputFileError(f"{path}: encoder/num_heads or decoder/num_heads missing")
     layers: list[LayerView] = []
     for stack in ("encoder", "decoder"):
         i = 0
@@ -179,7 +179,7 @@ def load_ct2_whisper(path: str | Path, *, name: str | None = None) -> ModelView:
                 raise as_input_error(path, f"{stack} layer {i}", e) from None
             i += 1
     if not layers:
-        raise CheckpointError(f"{path}: no attention layers (encoder/layer_0/... missing)")
+        raise InputFileError(f"{path}: no attention layers (encoder/layer_0/... missing)")
     notes = ["stored as float16 in CTranslate2 format"] if any(
         a.dtype == np.float16 for a in t.values() if a is not None) else []
     return ModelView(name=name or path.parent.name, family="whisper-ct2", source=str(path),
@@ -247,12 +247,12 @@ def load_hf_whisper(folder: str | Path, *, name: str | None = None) -> ModelView
     folder = Path(folder)
     cfg = read_json(folder / "config.json")
     if cfg.get("model_type") != "whisper":
-        raise CheckpointError(f"{folder}: model_type {cfg.get('model_type')!r} is not 'whisper'")
+        raise InputFileError(f"{folder}: model_type {cfg.get('model_type')!r} is not 'whisper'")
     files = safetensors_files(folder)
     t = read_tensors(files)
     anchor = next((k for k in t if k.endswith("encoder.layers.0.self_attn.q_proj.weight")), None)
     if anchor is None:
-        raise CheckpointError(f"{files[0]}: no encoder.layers.0.self_attn.q_proj.weight")
+        raise InputFileError(f"{files[0]}: no encoder.layers.0.self_attn.q_proj.weight")
     pre = anchor[: -len("encoder.layers.0.self_attn.q_proj.weight")]
     layers = []
     spec = [("encoder", "encoder", "self_attn", "encoder_layers", "encoder_attention_heads"),

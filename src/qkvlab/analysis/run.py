@@ -50,7 +50,7 @@ def analyze(source: str | ModelView, out_dir: str | os.PathLike | None = None, *
         ``{"model", "meta", "rows", "summary", "nulls", "spectra", "published", "timings"}``.
 
     Raises:
-        CheckpointError: the source cannot be resolved or read (see ``sources.resolve``).
+        InputFileError: the source cannot be resolved or read (see ``sources.resolve``).
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}

@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from qkvlab.analysis._files import CheckpointError, read_json, sniff, torch_load_safe
+from qkvlab.analysis._files import read_json, sniff, torch_load_safe
+from qkvlab.inputs import InputFileError
 from qkvlab.analysis.heads import ModelView
 from qkvlab.analysis.load_bert import MODEL_TYPES as BERT_TYPES
 from qkvlab.analysis.load_bert import load_bert
@@ -58,7 +59,7 @@ def builtin_path(name: str, directory=None) -> Path:
 
 
 def resolve(source: str) -> ModelView:
-    """A ModelView for SOURCE (see module docstring). Raises CheckpointError with the fix."""
+    """A ModelView for SOURCE (see module docstring). Raises InputFileError with the fix."""
     if source in BUILTINS:
         model = BUILTINS[source]
         view = ZOO_LOADERS[model.loader](builtin_path(source), name=source)
@@ -70,7 +71,7 @@ def resolve(source: str) -> ModelView:
         return load_path(path)
     if _HUB_ID.match(source):
         return load_path(_download(source), hub_id=source)
-    raise CheckpointError(f"{source}: not a built-in name ({sorted(BUILTINS)}), an existing "
+    raise InputFileError(f"{source}: not a built-in name ({sorted(BUILTINS)}), an existing "
                           f"path or a hub id (owner/name)")
 
 
@@ -90,10 +91,10 @@ def load_path(path: Path, hub_id: str | None = None) -> ModelView:
             view = load_qkvlab(path)
         elif kind in ("pickle", "torch-zip"):
             torch_load_safe(path)  # refuses code before anything else is said about the file
-            raise CheckpointError(f"{path}: a bare PyTorch state dict carries no architecture; "
+            raise InputFileError(f"{path}: a bare PyTorch state dict carries no architecture; "
                                   "pass the folder holding it and its config.json")
         else:
-            raise CheckpointError(f"{path}: unrecognized file format; supported: {SUPPORTED}")
+            raise InputFileError(f"{path}: unrecognized file format; supported: {SUPPORTED}")
     if hub_id:
         view.meta["hub_id"] = hub_id
         view.name = hub_id.split("/")[1]
@@ -105,11 +106,11 @@ def _load_folder(folder: Path) -> ModelView:
         cfg = read_json(folder / "config.json")
         mt = cfg.get("model_type")
         if not isinstance(mt, (str, type(None))):
-            raise CheckpointError(f"{folder / 'config.json'}: model_type {mt!r} is not a name")
+            raise InputFileError(f"{folder / 'config.json'}: model_type {mt!r} is not a name")
         if mt in HF_LOADERS:
             return HF_LOADERS[mt](folder)
         if mt is not None or not (folder / "model.bin").is_file():
-            raise CheckpointError(f"{folder}: model_type {mt!r} is not supported; "
+            raise InputFileError(f"{folder}: model_type {mt!r} is not supported; "
                                   f"supported: {SUPPORTED}")
     if (folder / "model.bin").is_file() and sniff(folder / "model.bin") == "ctranslate2":
         return load_ct2_whisper(folder / "model.bin")
@@ -117,10 +118,10 @@ def _load_folder(folder: Path) -> ModelView:
     if len(ggufs) == 1:
         return load_gguf(ggufs[0])
     if len(ggufs) > 1:
-        raise CheckpointError(f"{folder}: several GGUF files; pass one: {[g.name for g in ggufs]}")
+        raise InputFileError(f"{folder}: several GGUF files; pass one: {[g.name for g in ggufs]}")
     if any(folder.rglob("*.safetensors")):
         return load_qkvlab(folder)
-    raise CheckpointError(f"{folder}: no config.json, model.bin, GGUF or safetensors checkpoint; "
+    raise InputFileError(f"{folder}: no config.json, model.bin, GGUF or safetensors checkpoint; "
                           f"supported: {SUPPORTED}")
 
 
@@ -129,7 +130,7 @@ def _download(hub_id: str) -> Path:
     try:  # lazy: comes with the optional extra [analysis] (transformers)
         from huggingface_hub import hf_hub_download, snapshot_download
     except ImportError:
-        raise CheckpointError(f"{hub_id}: downloading needs huggingface_hub "
+        raise InputFileError(f"{hub_id}: downloading needs huggingface_hub "
                               "(pip install huggingface_hub)") from None
     try:
         if hub_id.endswith(".gguf"):
@@ -138,6 +139,6 @@ def _download(hub_id: str) -> Path:
         return Path(snapshot_download(hub_id, allow_patterns=[
             "*.json", "*.safetensors", "model.bin", "*.txt", "*.model"]))
     except Exception as e:  # offline, unknown repo, gated repo
-        raise CheckpointError(f"{hub_id}: could not download from the Hugging Face hub "
+        raise InputFileError(f"{hub_id}: could not download from the Hugging Face hub "
                               f"({type(e).__name__}: {str(e)[:200]}); download it elsewhere and "
                               "pass the local folder") from None

@@ -34,7 +34,7 @@ from pathlib import Path
 import tomllib
 from tqdm import tqdm
 
-from qkvlab.analysis._files import CheckpointError
+from qkvlab.inputs import InputFileError
 from qkvlab.fileio import atomic_open
 from qkvlab.progress import bar as progress_bar
 from qkvlab.typed import check_keys, field_names, from_dict
@@ -45,7 +45,7 @@ ROLES = ("encoder", "decoder", "cross")
 CHUNK = 1 << 20
 
 
-class ZooError(CheckpointError):
+class ZooError(InputFileError):
     """A zoo model is unknown, not fetched, or a file does not match its pinned sha256."""
 
 
