@@ -37,7 +37,7 @@ def test_text_tokens_decode_to_the_split_texts(tmp_path, kind):
     write_text(src)
     data = cache.prepare_text({"text": str(src)}, kind, 300, tmp_path / "c")
     splits = corpus.user_text_splits(src)
-    for s in cache.SPLITS:
+    for s in corpus.SPLITS:
         arr = data.tokens[s]
         assert isinstance(arr, np.memmap) and arr.dtype == np.uint16 and not arr.flags.writeable
         assert data.tokenizer.decode(arr.tolist()) == "\n".join(splits[s])
@@ -58,7 +58,7 @@ def test_prepared_once_then_only_loaded(tmp_path, monkeypatch):
     monkeypatch.setattr(cache, "train_tokenizer", no_training)
     again = cache.prepare_text({"text": str(src)}, "char", cache_dir=tmp_path / "c")
     assert again.path == first.path and again.meta == first.meta
-    for s in cache.SPLITS:
+    for s in corpus.SPLITS:
         np.testing.assert_array_equal(again.tokens[s], first.tokens[s])
 
 
@@ -82,11 +82,11 @@ def test_unfinished_directory_is_rebuilt(tmp_path):
     src = tmp_path / "book.txt"
     write_text(src)
     first = cache.prepare_text({"text": str(src)}, "char", cache_dir=tmp_path / "c")
-    expected = {s: np.array(first.tokens[s]) for s in cache.SPLITS}
+    expected = {s: np.array(first.tokens[s]) for s in corpus.SPLITS}
     (first.path / "meta.json").unlink()  # as if killed before the last write
     (first.path / "val.npy").write_bytes(b"truncated")
     again = cache.prepare_text({"text": str(src)}, "char", cache_dir=tmp_path / "c")
-    for s in cache.SPLITS:
+    for s in corpus.SPLITS:
         np.testing.assert_array_equal(again.tokens[s], expected[s])
 
 
@@ -125,7 +125,7 @@ def test_pairs_decode_to_the_tsv(tmp_path):
     data = cache.prepare_pairs({"tsv": str(f)}, "bpe", 300, tmp_path / "c")
     splits = corpus.user_pair_splits(f)
     tok = data.tokenizer
-    for s in cache.SPLITS:
+    for s in corpus.SPLITS:
         assert data.meta["pairs"][s] == len(splits[s]) == len(data.src_off[s]) - 1
         got = [(tok.decode(a.tolist()), tok.decode(b.tolist()))
                for a, b in (data.pair(s, i) for i in range(len(splits[s])))]
