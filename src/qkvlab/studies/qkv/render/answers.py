@@ -86,8 +86,9 @@ def _open(a: Answer, task) -> str:
                        f"{label(f.design)} {_where(f, task)}, {f.effect.raw_status.value} "
                        f"({amount(f.effect)})" for f in near) + ".")
     rest: dict[str, list[str]] = {}
-    for f in a.open:  # the arm is named where the other one is quoted above
-        quoted = any((n.design, n.task) == (f.design, f.task) for n in near)
+    for f in a.open:  # the arm is named where another arm's verdict is quoted
+        quoted = any((g.design, g.task) == (f.design, f.task)
+                     for g in (*a.decided, *near, *a.not_learned))
         name = f"{f.task}|{f.arm}" if quoted else f.task
         if f not in near and name not in rest.setdefault(f.design, []):
             rest[f.design].append(name)
