@@ -14,11 +14,11 @@ from qkvlab.env import environment
 from qkvlab.experiments.store import Store
 from qkvlab.report.blocks import Para, Section, Table, Title
 from qkvlab.studies.qkv.compute import results
-from qkvlab.studies.qkv.compute.answers import Scale, answer, answers
-from qkvlab.studies.qkv.compute.effects import Status
+from qkvlab.studies.qkv.compute.answers import Finding, Published, Scale, answer, answers
+from qkvlab.studies.qkv.compute.effects import Effect, Status
 from qkvlab.studies.qkv.plan.claims import QUESTIONS
 from qkvlab.studies.qkv.plan.references import REF_KV_CITE, REF_KV_PPL_PCT
-from qkvlab.studies.qkv.render.answers import answer_blocks, answer_text
+from qkvlab.studies.qkv.render.answers import answer_blocks, answer_text, published_words
 from qkvlab.studies.qkv.render.page import SECTION_IDS, build
 from qkvlab.studies.qkv.render.verdicts import all_verdicts
 
@@ -123,3 +123,14 @@ def test_the_answers_open_the_page_one_paragraph_per_question(tmp_path):
     assert [p.text.split(". ")[0] for p in paras] == [t for t, _ in QUESTIONS.values()]
     assert blocks[start:start + 4] == answer_blocks(data)
     assert paras[2].text == f"{QUESTIONS['q3'][0]}. {answer_text(answers(data)['q3'])}"
+
+
+def test_a_published_number_beside_a_task_we_did_not_learn_gets_no_number_of_ours():
+    ours = Finding("tied_kv", "lm", "equal", Effect(Status.NOT_LEARNED, unit="%",
+                                                    what="perplexity", mean=4.0,
+                                                    baseline_mean=4.0, chance=4.1))
+    text = published_words(Published(3.1, "subword token", "300M parameters", "A et al.", ours,
+                                     "character"))
+    assert text == ("Published (A et al.): tied K=V costs +3.1% perplexity per subword token at "
+                    "300M parameters; ours is not learned at this scale, so there is no number "
+                    "to set beside it.")

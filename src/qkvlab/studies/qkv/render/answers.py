@@ -41,6 +41,8 @@ class _Tasks:
 def amount(e: Effect) -> str:
     """``+1.9 ± 2.2% perplexity``, ``-78.0 ± 5.6 percentage points of accuracy``: the effect
     and half its 95% CI in the unit people quote."""
+    if e.value is None:
+        return "no number"
     unit = e.unit.strip()
     tail = f"% {e.what}" if unit == "%" else f" {UNIT_WORDS.get(unit, unit)} {e.what}"
     if e.half is None:
@@ -129,6 +131,8 @@ def published_words(p: Published) -> str:
             f"{p.scale}")
     if p.ours is None:
         return head + "; this profile has no comparison of ours to set beside it."
+    if p.ours.effect.value is None:  # not learned: no number of ours to set beside it
+        return head + "; ours is not learned at this scale, so there is no number to set beside it."
     ours = f"ours, {amount(p.ours.effect)} at equal width, is per {p.our_unit or 'token'}"
     if p.same_unit:
         return f"{head}; {ours} too, at a far smaller scale."
