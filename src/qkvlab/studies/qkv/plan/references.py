@@ -22,6 +22,8 @@ KAYYAM_300M_PCT = {"GQA-4": 0.7, "MQA": 1.5, "Q–K=V": 3.1, "Q=K–V": 4.8, "Q=
 KAYYAM_1B2_KV_PCT = 2.48  # Q–K=V at 1.2B parameters, same unit
 # Tied K=V's published cost at 300M parameters (per-token perplexity, as above).
 REF_KV_PPL_PCT = KAYYAM_300M_PCT["Q–K=V"]
+REF_KV_UNIT = "subword token"  # what one token of their perplexity is
+REF_KV_SCALE = "300M parameters"
 
 # chrF at which a translation comparison compares translators whose output carries meaning.
 TRANSLATE_CHRF_AIM = 30

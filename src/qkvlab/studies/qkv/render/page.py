@@ -1,6 +1,7 @@
 """The study's page: typed blocks (``qkvlab.report.blocks``) built from ``results.StudyData``,
-laid out as summary, one section per question and the set-up, then written as HTML, Markdown,
-figures, ``verdicts.json`` and the comparisons as CSV.
+laid out as the answers (``answers.py``: a paragraph per question), the summary, one section
+per question and the set-up, then written as HTML, Markdown, figures, ``verdicts.json`` and the
+comparisons as CSV.
 
 Every number comes from the store through ``StudyData``: nothing is typed in here. The summary
 is a forest plot per question and one compact table whose cells are short verdict words
@@ -35,6 +36,7 @@ from qkvlab.studies.qkv.compute.zoo import zoo_table
 from qkvlab.studies.qkv.plan import claims as C
 from qkvlab.studies.qkv.plan.references import SAPONATI_CITE, SAPONATI_MEASURE
 from qkvlab.studies.qkv.render import figures as F
+from qkvlab.studies.qkv.render.answers import answer_blocks
 from qkvlab.studies.qkv.render.pretrained import published_text
 from qkvlab.studies.qkv.render.tables import (
     budget_table,
@@ -50,7 +52,7 @@ from qkvlab.studies.qkv.render.text import num, pm
 from qkvlab.studies.qkv.render.verdicts import all_verdicts
 from qkvlab.studies.qkv.plan.vocab import label
 
-SECTION_IDS = ("summary", "q1", "q2", "q3", "setup")
+SECTION_IDS = ("answers", "summary", "q1", "q2", "q3", "setup")
 # comparisons in the summary table: (experiments, design) rows, equal width
 
 
@@ -173,6 +175,7 @@ def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Ve
              f"(runs reused from the store are not re-run). Every number below is read from the "
              f"results store {m.get('db')}; published numbers appear only as labelled reference "
              f"values."),
+        *answer_blocks(data),
         Section("summary", "Summary: each design against standard"), summary_table(data),
         margins_table()]
     forest = {q: [f for f in figs.get(q, []) if f.name.startswith("forest_")] for q in figs}

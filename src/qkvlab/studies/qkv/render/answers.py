@@ -1,0 +1,172 @@
+"""The answers first: one short paragraph per question, in plain words, worded from the
+``compute.answers.Answer`` records: what is decided (after Holm's correction over the
+question's comparisons), at what scale, in which unit, how it compares with the published
+number, and what is still open. Formats records; computes nothing.
+"""
+
+from __future__ import annotations
+
+from qkvlab.report.blocks import Block, Para, Section
+from qkvlab.studies.qkv.compute.answers import Answer, Finding, Published, Scale, answers
+from qkvlab.studies.qkv.compute.effects import Effect, Status
+from qkvlab.studies.qkv.compute.results import StudyData
+from qkvlab.studies.qkv.plan.claims import QUESTIONS
+from qkvlab.studies.qkv.plan.vocab import ARMS, label
+
+# a task in plain words (its name in the tables after it, on first mention)
+TASK_WORDS = {"lm": "text prediction", "mlm": "masked-text prediction",
+              "translate": "translation", "relation": "induction",
+              "mqar": "associative recall", "successor": "an order set by content, encoder",
+              "successor_causal": "an order set by content, decoder",
+              "bind_codes": "recalling a value bound to a key"}
+UNIT_WORDS = {"pp": "percentage points of"}
+VERDICT = {Status.WORSE: "worse than", Status.BETTER: "better than",
+           Status.EQUIVALENT: "as good as"}
+
+
+class _Tasks:
+    """Names tasks in plain words, with the table's name beside the first mention."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def __call__(self, task: str) -> str:
+        words = TASK_WORDS.get(task)
+        if words is None or task in self.seen:
+            return words or task
+        self.seen.add(task)
+        return f"{words} ({task})"
+
+
+def amount(e: Effect) -> str:
+    """``+1.9 ± 2.2% perplexity``, ``-78.0 ± 5.6 percentage points of accuracy``: the effect
+    and half its 95% CI in the unit people quote."""
+    if e.value is None:
+        return "no number"
+    unit = e.unit.strip()
+    tail = f"% {e.what}" if unit == "%" else f" {UNIT_WORDS.get(unit, unit)} {e.what}"
+    if e.half is None:
+        return f"{e.value:+.1f}{tail}, from one seed"
+    return f"{e.value:+.1f} ± {e.half:.1f}{tail}"
+
+
+def _arm(arm: str) -> str:
+    return f"at {ARMS[arm]}" if arm == "equal" else ARMS.get(arm, arm)
+
+
+def _where(f: Finding, task) -> str:
+    width = f" at m = d_head = {f.m}" if f.m is not None else ""
+    return f"on {task(f.task)}{width} {_arm(f.arm)}"
+
+
+def _decided(f: Finding, task) -> str:
+    e = f.effect
+    within = f", within the {e.margin.replace('pp', 'points')} set before the runs" \
+        if e.status is Status.EQUIVALENT else ""
+    return (f"{label(f.design)} is {VERDICT[e.status]} standard {_where(f, task)} "
+            f"({amount(e)}{within})")
+
+
+def _and(items: list[str], sep: str = ", ") -> str:
+    return items[0] if len(items) == 1 else sep.join(items[:-1]) + " and " + items[-1]
+
+
+def _named(name: str, task) -> str:
+    """A task, or ``task|arm`` with its arm."""
+    t, _, arm = name.partition("|")
+    return task(t) if not arm else f"{task(t)} {_arm(arm)}"
+
+
+def _open(a: Answer, task) -> str:
+    """The open comparisons: those the correction undid with their numbers and raw verdict,
+    the others by name (both widths in one), and the seeds that would settle them."""
+    near = [f for f in a.open if f.effect.raw_status is not None]
+    out = []
+    if near:
+        out.append(f"Still open, though each would be decided on its own, without the "
+                   f"correction for all {a.family_m}: " + "; ".join(
+                       f"{label(f.design)} {_where(f, task)}, {f.effect.raw_status.value} "
+                       f"({amount(f.effect)})" for f in near) + ".")
+    rest: dict[str, list[str]] = {}
+    for f in a.open:  # the arm is named where another arm's verdict is quoted
+        quoted = any((g.design, g.task) == (f.design, f.task)
+                     for g in (*a.decided, *near, *a.not_learned))
+        name = f"{f.task}|{f.arm}" if quoted else f.task
+        if f not in near and name not in rest.setdefault(f.design, []):
+            rest[f.design].append(name)
+    if rest:
+        names = "; ".join(f"{label(d)} on {_and([_named(t, task) for t in ts])}"
+                          for d, ts in rest.items() if ts)
+        out.append(("Undecided outright: " if near else "Still open: ") + names + ".")
+    seeds = sorted(f.effect.seeds for f in a.open if f.effect.seeds)
+    if seeds:
+        n = f"{seeds[0]}" if seeds[0] == seeds[-1] else f"{seeds[0]} to {seeds[-1]}"
+        out.append(f"About {n} seeds per comparison would settle them.")
+    return " ".join(out)
+
+
+def _span(xs: tuple[int, ...], fmt: str = "{:,}") -> str:
+    return fmt.format(xs[0]) if xs[0] == xs[-1] else f"{fmt.format(xs[0])}–{fmt.format(xs[-1])}"
+
+
+def scale_words(s: Scale) -> str:
+    """"Scale: ..." of the stored runs, each part only where the store has it."""
+    parts = []
+    if s.d_model:
+        parts.append(f"models {_span(s.d_model)} wide")
+    if s.n_layers:
+        parts.append(f"{_span(s.n_layers)} layer{'' if s.n_layers == (1,) else 's'} deep")
+    if s.params:
+        parts.append(f"{_span(s.params)} parameters (standard)")
+    if s.steps:
+        parts.append(f"trained for {_span(s.steps)} steps")
+    if s.seeds:
+        parts.append(f"{_span(s.seeds)} seed{'' if s.seeds == (1,) else 's'} per comparison")
+    return f"Scale: the {s.profile} profile" + (f", {', '.join(parts)}." if parts else ".")
+
+
+def published_words(p: Published) -> str:
+    """The published number beside ours: compared only in the same unit."""
+    head = (f"Published ({p.cite}): tied K=V costs +{p.value:g}% perplexity per {p.unit} at "
+            f"{p.scale}")
+    if p.ours is None:
+        return head + "; this profile has no comparison of ours to set beside it."
+    if p.ours.effect.value is None:  # not learned: no number of ours to set beside it
+        return head + "; ours is not learned at this scale, so there is no number to set beside it."
+    ours = f"ours, {amount(p.ours.effect)} at equal width, is per {p.our_unit or 'token'}"
+    if p.same_unit:
+        return f"{head}; {ours} too, at a far smaller scale."
+    return f"{head}; {ours}, a different unit, so the two numbers are not compared."
+
+
+def answer_text(a: Answer) -> str:
+    """One question's answer as a paragraph."""
+    task = _Tasks()
+    if a.decided:
+        out = (f"Decided, after correcting for the {a.family_m} comparisons this question asks: "
+               f"{'; '.join(_decided(f, task) for f in a.decided)}.")
+    elif a.family_m or a.not_learned or a.open:
+        out = (f"Nothing is decided yet: no comparison holds after correcting for the "
+               f"{a.family_m} this question asks.")
+    else:
+        out = "No comparison of this question has finished runs at this profile."
+    out += " " + scale_words(a.scale)
+    if a.published is not None:
+        out += " " + published_words(a.published)
+    if a.open:
+        out += " " + _open(a, task)
+    if a.not_learned:
+        tasks = [task(t) for t in dict.fromkeys(f.task for f in a.not_learned)]
+        out += (f" Not learned at this scale, so not answered: {_and(tasks)} (neither design "
+                f"got clearly past guessing).")
+    if a.not_run:
+        out += f" Not run at this profile: {_and([task(t) for t in a.not_run])}."
+    return out
+
+
+def answer_blocks(data: StudyData) -> list[Block]:
+    """The section that opens the report: a paragraph per question, titled as its section."""
+    out: list[Block] = [Section("answers", "The answers")]
+    for q, a in answers(data).items():
+        out.append(Para(f"{QUESTIONS[q][0]}. {answer_text(a)}"))
+    return out
