@@ -26,7 +26,7 @@ LAYOUTS = {"standard": (8, False), "tied_kv": (8, True), "gqa_half": (4, False),
 @pytest.fixture
 def kernel(monkeypatch):
     """Pin the decode attention for one test; the process's setting is restored afterwards."""
-    monkeypatch.setattr(kattend, "_pinned", kattend._pinned)
+    monkeypatch.setattr(kattend.CHOICE, "pinned", kattend.CHOICE.pinned)
     return set_attention_kernel
 
 

@@ -21,7 +21,7 @@ FP32 = dict(rtol=1e-5, atol=1e-5)
 @pytest.fixture
 def kernel(monkeypatch):
     """Pin the few-row kernel for one test; the process's setting is restored afterwards."""
-    monkeypatch.setattr(gemv, "_pinned", gemv._pinned)
+    monkeypatch.setattr(gemv.CHOICE, "pinned", gemv.CHOICE.pinned)
     return set_gemv_kernel
 
 
@@ -69,7 +69,7 @@ def test_everything_else_is_f_linear_bit_for_bit():
     with pytest.raises(ValueError, match="gemv kernel: 'auto' is not one of"):
         with gemv.use("auto"):
             pass
-    assert gemv._active == "linear"  # restored after the blocks
+    assert gemv.CHOICE.active == "linear"  # restored after the blocks
 
 
 def test_linear_gradients_are_f_linear_gradients():

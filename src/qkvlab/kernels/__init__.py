@@ -8,19 +8,18 @@ asks for it (inside ``generate``), so training and every other forward stay on P
 bit for bit.
 
 A kernel module offers the op, the probe that measures it against PyTorch's, and the switch
-that applies the choice (for few-row linear products, ``gemv``: ``linear``/``Linear``, which
-every model's projections, MLP and unembedding use; ``decode_kernel``; ``use``;
-``set_gemv_kernel`` to pin one; for one-query decode attention, ``attend``:
-``decode_attention``, ``decode_attention_kernel``, ``use``, ``set_attention_kernel``).
-Below ``attention`` and ``models``, which import it; it imports
+that applies the choice, a ``choice.KernelChoice``: for few-row linear products, ``gemv``
+(``linear``/``Linear``, which every model's projections, MLP and unembedding use;
+``decode_kernel``; ``use``; ``set_gemv_kernel`` to pin one); for one-query decode attention,
+``attend`` (``decode_attention``, ``decode_attention_kernel``, ``use``,
+``set_attention_kernel``). Below ``attention`` and ``models``, which import it; it imports
 only the leaf ``qkvlab.timing``.
 """
 
 from qkvlab.kernels import attend, gemv
 from qkvlab.kernels.attend import decode_attention, set_attention_kernel
 from qkvlab.kernels.gemv import (FEW_ROWS, GEMV_KERNELS, Linear, decode_kernel, gemv_probe,
-                                 linear, matrices, set_gemv_kernel, use)
+                                 linear, matrices, set_gemv_kernel)
 
 __all__ = ["FEW_ROWS", "GEMV_KERNELS", "Linear", "attend", "decode_attention", "decode_kernel",
-           "gemv", "gemv_probe", "linear", "matrices", "set_attention_kernel", "set_gemv_kernel",
-           "use"]
+           "gemv", "gemv_probe", "linear", "matrices", "set_attention_kernel", "set_gemv_kernel"]

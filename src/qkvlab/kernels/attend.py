@@ -30,12 +30,12 @@ so stored runs stay bit-identical. Shapes: q (B, H, 1, dk), k (B, G, T, dk), v (
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from qkvlab.kernels.choice import KernelChoice
 from qkvlab.timing import interleaved, seconds
 
 __all__ = ["ATTENTION_KERNELS", "BLOCK_BYTES", "attention_probe", "decode_attention",
@@ -47,8 +47,7 @@ ATTENTION_KERNELS = ("auto", "sdpa", "blocked")
 BLOCK_BYTES = 8 << 20
 FASTER_RATIO = 1.1  # "auto" takes the blocked kernel only where it measured this much faster
 
-_pinned: str | None = None
-_active = "sdpa"
+CHOICE = KernelChoice("attention kernel", ATTENTION_KERNELS, "sdpa")
 
 
 def shares_storage(k: Tensor, v: Tensor) -> bool:
@@ -147,8 +146,8 @@ def decode_attention_kernel(layer, batch: int, context: int) -> str:
     the layer's sizes and the context rounded up to a power of two, kept on the layer per
     (thread count, batch, rounded context). Not fp32 on the CPU: ``"sdpa"`` (not measured).
     """
-    if _pinned is not None:
-        return _pinned
+    if CHOICE.pinned is not None:
+        return CHOICE.pinned
     cfg, w = layer.cfg, layer.W_in
     if w.dtype != torch.float32 or w.device.type != "cpu":
         return "sdpa"
@@ -169,25 +168,14 @@ def set_attention_kernel(kind: str) -> None:
     Raises:
         ValueError: ``kind`` is not one of ``ATTENTION_KERNELS``.
     """
-    global _pinned
-    if kind not in ATTENTION_KERNELS:
-        raise ValueError(f"attention kernel: {kind!r} is not one of {list(ATTENTION_KERNELS)}")
-    _pinned = None if kind == "auto" else kind
+    CHOICE.pin(kind)
 
 
-@contextlib.contextmanager
-def use(kind: str) -> Iterator[None]:
+def use(kind: str) -> contextlib.AbstractContextManager[None]:
     """One-query, unmasked attention steps inside the block run on ``kind``."""
-    global _active
-    if kind not in ATTENTION_KERNELS[1:]:
-        raise ValueError(f"attention kernel: {kind!r} is not one of {list(ATTENTION_KERNELS[1:])}")
-    before, _active = _active, kind
-    try:
-        yield
-    finally:
-        _active = before
+    return CHOICE.use(kind)
 
 
 def is_active() -> bool:
     """Whether the current ``use`` block runs the blocked kernel."""
-    return _active == "blocked"
+    return CHOICE.active == "blocked"

@@ -24,12 +24,12 @@ threads may run each other's choice (the same results, another speed).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkvlab.kernels.choice import KernelChoice
 from qkvlab.timing import interleaved, seconds
 
 __all__ = ["FEW_ROWS", "GEMV_KERNELS", "Linear", "decode_kernel", "gemv_probe", "linear",
@@ -40,8 +40,7 @@ GEMV_KERNELS = ("auto", "linear", "batched")
 FASTER_RATIO = 1.2  # "auto" takes the batched form only where it measured this much faster
 _BLOCKS = (4, 2)  # row blocks of the weight: the first count that divides its rows
 
-_pinned: str | None = None  # set_gemv_kernel's "linear"/"batched"; None: measure per model
-_active = "linear"  # the kernel of the current ``use`` block
+CHOICE = KernelChoice("gemv kernel", GEMV_KERNELS, "linear")
 
 
 def matrices(model: nn.Module) -> list[tuple[Tensor, Tensor | None]]:
@@ -88,8 +87,8 @@ def decode_kernel(model: nn.Module, part: nn.Module | None = None) -> str:
     stays), and kept on the model per thread count: a model measures once. Models not in fp32
     on the CPU never take the batched form, so they are not measured.
     """
-    if _pinned is not None:
-        return _pinned
+    if CHOICE.pinned is not None:
+        return CHOICE.pinned
     mats = matrices(model if part is None else part)
     w = mats[0][0] if mats else None
     if w is None or w.dtype != torch.float32 or w.device.type != "cpu":
@@ -108,23 +107,12 @@ def set_gemv_kernel(kind: str) -> None:
     Raises:
         ValueError: ``kind`` is not one of ``GEMV_KERNELS``.
     """
-    global _pinned
-    if kind not in GEMV_KERNELS:
-        raise ValueError(f"gemv kernel: {kind!r} is not one of {list(GEMV_KERNELS)}")
-    _pinned = None if kind == "auto" else kind
+    CHOICE.pin(kind)
 
 
-@contextlib.contextmanager
-def use(kind: str) -> Iterator[None]:
+def use(kind: str) -> contextlib.AbstractContextManager[None]:
     """Few-row products inside the block run on ``kind`` (``"batched"`` or ``"linear"``)."""
-    global _active
-    if kind not in GEMV_KERNELS[1:]:
-        raise ValueError(f"gemv kernel: {kind!r} is not one of {list(GEMV_KERNELS[1:])}")
-    before, _active = _active, kind
-    try:
-        yield
-    finally:
-        _active = before
+    return CHOICE.use(kind)
 
 
 def _batched(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -150,7 +138,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     ``FEW_ROWS`` rows, it runs as one batched GEMM over row blocks of ``weight`` (decoding's
     matrix-vector work); otherwise it is ``F.linear`` itself.
     """
-    if (_active != "batched" or torch.is_grad_enabled() or x.numel() > FEW_ROWS * x.shape[-1]
+    if (CHOICE.active != "batched" or torch.is_grad_enabled()
+            or x.numel() > FEW_ROWS * x.shape[-1]
             or x.dtype != torch.float32 or x.device.type != "cpu"):
         return F.linear(x, weight, bias)
     return _batched(x, weight, bias)
