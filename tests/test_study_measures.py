@@ -38,3 +38,18 @@ def test_weight_similarity_is_stored_with_its_run_and_tabulated(tmp_path):
     sym = np.array([m["symmetry"] for m in means])
     half = T975_DF1 * sym.std(ddof=1) / np.sqrt(2)
     assert row[3].startswith(f"{sym.mean():.3g} ± {half:.3g} (null ")
+
+
+def test_only_the_current_version_of_a_measure_is_read():
+    """A store keeps the records of earlier measure versions beside the recomputed ones; the
+    report reads each measure once, at the versions its code stores now."""
+    import pandas as pd
+
+    from qkvlab.analysis.run import SUMMARY_VERSION
+    from qkvlab.studies.qkv.compute.measures import MEASURE_VERSION
+
+    df = pd.DataFrame({"spec.version": [MEASURE_VERSION - 1, MEASURE_VERSION, MEASURE_VERSION],
+                       "spec.summary_version": [SUMMARY_VERSION, None, SUMMARY_VERSION]})
+    assert results.current(df, "pretrained").tolist() == [False, False, True]
+    assert results.current(df, "fold_alt").tolist() == [False, True, True]
+    assert results.current(pd.DataFrame({"x": [1]}), "pretrained").tolist() == [True]

@@ -34,6 +34,7 @@ from qkvlab.hf.tie import KINDS
 from qkvlab.models import load_model
 from qkvlab.progress import bar as progress_bar
 from qkvlab.studies.qkv.compute import measures as M
+from qkvlab.studies.qkv.compute.measures import MEASURE_VERSION
 from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.plan.experiments import ORDER
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
@@ -45,8 +46,6 @@ ZOO = load_manifest()  # every pretrained model the study can analyse, by name
 # The quick profile's: the zoo models `make` installs (manifest profile "quick"); every other
 # profile analyses the whole zoo, a model not fetched becoming a note naming `qkvlab zoo fetch`.
 PRETRAINED = tuple(n for n, m in ZOO.items() if m.profile == "quick")
-# Bump when a measure's code changes meaning: old stored values are then recomputed.
-MEASURE_VERSION = 2
 
 
 @dataclass

@@ -36,6 +36,10 @@ from qkvlab.models.speed import attention_layer_speed, fold_compare, kv_decode_s
 from qkvlab.timing import interleaved, rate
 
 
+# Bump when a measure's code changes meaning: old stored values are then recomputed (every
+# record's spec holds it as ``version``, and the report reads only the current version's).
+MEASURE_VERSION = 2
+
 class _Capture:
     """Forward hooks on every attention layer: its input x and its attention weights.
 

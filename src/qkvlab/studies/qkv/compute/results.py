@@ -26,12 +26,14 @@ from typing import Any
 
 import pandas as pd
 
+from qkvlab.analysis.run import SUMMARY_VERSION
 from qkvlab.analysis.measures import PUBLISHED_SOURCE, PUBLISHED_SYMMETRY
 from qkvlab.data import MissingSourceError, get_task
 from qkvlab.experiments.frames import measures_frame, metrics_frame, runs_frame
 from qkvlab.experiments.registry import get_profile
 from qkvlab.experiments.store import Store
 from qkvlab.stats import compare_frame
+from qkvlab.studies.qkv.compute.measures import MEASURE_VERSION
 from qkvlab.studies.qkv.compute.multiplicity import correct
 from qkvlab.studies.qkv.plan.experiments import ORDER
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
@@ -178,6 +180,16 @@ def probe(store: Store, runs: pd.DataFrame) -> pd.DataFrame:
     return out.astype({"d_head": int, "seed": int, "step": int})
 
 
+def current(df: pd.DataFrame, name: str) -> pd.Series:
+    """Which records of a study measure its current code would store: ``MEASURE_VERSION``,
+    and for ``pretrained`` the analysis' ``SUMMARY_VERSION`` (records of older versions stay in
+    the store, beside the recomputed ones, and must not be read twice)."""
+    keep = df.get("spec.version", pd.Series(MEASURE_VERSION, index=df.index)) == MEASURE_VERSION
+    if name == "pretrained" and "spec.summary_version" in df:
+        keep &= df["spec.summary_version"] == SUMMARY_VERSION
+    return keep
+
+
 def measures(store: Store, runs: pd.DataFrame, profile: str) -> dict[str, pd.DataFrame]:
     """Each measure's records at this profile, with the tags of the run it read, if any."""
     tags = runs[[c for c in RUN_TAGS if c in runs] + ["run_id"]].drop_duplicates("run_id") \
@@ -187,8 +199,8 @@ def measures(store: Store, runs: pd.DataFrame, profile: str) -> dict[str, pd.Dat
         df = measures_frame(store, name)
         if df.empty:
             continue
-        if "spec.profile" in df:  # this study's measures, per profile
-            df = df[df["spec.profile"] == profile]
+        if "spec.profile" in df:  # this study's measures, per profile, current versions only
+            df = df[(df["spec.profile"] == profile) & current(df, name)]
         # else another tool's (e.g. `qkvlab tiecost`'s tie_cost): the same at every profile
         if df.empty:
             continue
