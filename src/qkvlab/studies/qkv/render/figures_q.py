@@ -19,6 +19,7 @@ matplotlib.use("Agg")  # files only, no display (CI, headless machines)
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import NullFormatter
 
 from qkvlab.report.blocks import Figure
 from qkvlab.studies.qkv.compute.frames import (ci_rows, concat, decode_ratios, diffs, kv_payoff,
@@ -26,7 +27,7 @@ from qkvlab.studies.qkv.compute.frames import (ci_rows, concat, decode_ratios, d
 from qkvlab.studies.qkv.compute.results import StudyData, select
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
 from qkvlab.studies.qkv.plan.references import REF_KV_CITE, REF_KV_PPL_PCT
-from qkvlab.studies.qkv.plan.vocab import ARMS, TIED_QK, color, label
+from qkvlab.studies.qkv.plan.vocab import ARMS, DESIGNS, TIED_QK, color, label
 
 # The report's style, applied while its figures are drawn (not to matplotlib's global state,
 # which other modules, e.g. the analysis figures with their fixed margins, also use).
@@ -314,6 +315,11 @@ def fig_q3_kv(data: StudyData, out: Path) -> Figure | None:
                  f"interleaved measurement, batch-1 greedy decoding.")
 
 
+# The payoff curve's GQA/MQA layouts, which have no design row (gqa_4: n_kv = n_heads/2 of 8
+# heads, gqa_half's layout, so its color)
+KV_LAYOUT_COLORS = {"gqa_4": color("gqa_half"), "gqa_2": "#882255", "mqa": "#555555"}
+
+
 def fig_q3_kv_payoff(data: StudyData, out: Path) -> Figure | None:
     """Where K=V pays: decode tokens/s against context per cache layout, with the memory bound."""
     kv = kv_payoff(data)
@@ -324,9 +330,13 @@ def fig_q3_kv_payoff(data: StudyData, out: Path) -> Figure | None:
     for ax, B in zip(axes[0], batches):
         for i, d in enumerate(dict.fromkeys(kv.design)):
             r = kv[(kv.design == d) & (kv.batch == B)].sort_values("context")
-            ax.plot(r.context, r.tokens_per_s, "o-", color=f"C{i}", label=d)
-            ax.plot(r.context, r.bound_tokens_per_s, "--", color=f"C{i}", alpha=0.5)
+            c = color(d) if d in DESIGNS else KV_LAYOUT_COLORS.get(d, f"C{i}")
+            ax.plot(r.context, r.tokens_per_s, "o-", color=c, label=label(d))
+            ax.plot(r.context, r.bound_tokens_per_s, "--", color=c, alpha=0.5)
         ax.set(xscale="log", yscale="log", title=f"batch {B}", xlabel="context (tokens)")
+        ticks = sorted(kv.context.unique())
+        ax.set_xticks(ticks, [f"{t // 1024}k" if t >= 1024 else str(t) for t in ticks])
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short spans
     axes[0][0].set_ylabel("decode tokens/s")
     axes[0][-1].legend(fontsize=7)
     return save(fig, kv, out, "q3_kv_payoff", "Where K = V pays, and by how much",
