@@ -116,7 +116,7 @@ def attention_used(c: dict | None) -> bool | None:
     if n < 2 or not finite(sd):
         return False
     d = decide(raw, sd, n, m.raw_margin, lower_is_better=m.lower_is_better)
-    return d["lo"] > m.raw_margin if m.lower_is_better else d["hi"] < -m.raw_margin
+    return bool(d["lo"] > m.raw_margin if m.lower_is_better else d["hi"] < -m.raw_margin)
 
 
 def finite(x) -> bool:
