@@ -68,6 +68,7 @@ def _frame(control_diffs, experiment="lm_tied_kv") -> pd.DataFrame:
     rows.append(_row([0.0, 0.1, -0.1], "tokens_per_s", design="tied_kv", arm="equal"))
     if control_diffs is not None:
         rows.append(_row(control_diffs, design=CONTROL, arm="equal"))
+        rows.append(_row([0.0, 0.1, -0.1], "tokens_per_s", design=CONTROL, arm="equal"))
     return pd.DataFrame([{**r, "experiment": experiment, "task": "lm"} for r in rows])
 
 
@@ -89,8 +90,10 @@ def test_a_verdict_is_decided_only_where_standard_beats_the_control():
             e = unused[("tied_kv", arm, "val_loss")]
             assert (e.status, e.raw_status) == (Status.ATTENTION_UNUSED, Status.WORSE)
             assert e.value == pytest.approx(100 * np.expm1(np.mean([0.20, 0.21, 0.25])))
-        # throughput is not learned: not gated; the control's own row is the gate, not gated
+        # throughput is not learned: not gated, and the control has no throughput row; the
+        # control's own row is the gate, not gated
         assert unused[("tied_kv", "equal", "tokens_per_s")].status is not Status.ATTENTION_UNUSED
+        assert (CONTROL, "equal", "tokens_per_s") not in unused
         assert unused[(CONTROL, "equal", "val_loss")].raw_status is None
     # no control rows (an experiment that trains none, or an old store): verdicts as before
     none = mark_control(_frame(None))
@@ -113,11 +116,23 @@ def test_attention_unused_stays_in_its_holm_family_and_reads_in_words():
     assert WORDS[e.status] == "attention not used at this budget"
     ctl = f"{e.control_value:+.1f}% ± {e.control_half:.1f}%"
     assert cell(e) == (f"attention not used at this budget {e.value:+.1f} ± {e.half:.1f}% "
-                       f"(control {ctl} vs standard; alone: worse)")
+                       f"(control {ctl} vs standard; own test: worse)")
     assert said(e) == (f"{e.value:+.1f}% ± {e.half:.1f}% perplexity (attention not used at this "
                        f"budget: standard does not beat the attention-free control by more than "
-                       f"±2%, the control vs standard is {ctl}; no verdict; alone it would read "
-                       f"worse at p {p:.2g})")
+                       f"the margin: the control vs standard is {ctl} perplexity; no verdict; its "
+                       f"own test would read worse at p {p:.2g})")
+
+
+def test_another_metric_quotes_the_control_on_the_tasks_own_metric():
+    """chrF on translate is gated by the control's val loss, and says so in its unit."""
+    df = pd.DataFrame([{**_row([0.0, 0.0, 0.0]), "design": "standard"},
+                       {**_row(NEAR), "design": CONTROL},
+                       {**_row([1.0, 2.0, 1.5], "chrf"), "design": "alt"}]
+                      ).assign(experiment="alt_vs_standard", task="translate", arm="equal")
+    e = effect(mark_control(df).iloc[2].to_dict())
+    assert (e.status, e.raw_status, e.unit) == (Status.ATTENTION_UNUSED, Status.BETTER, " points")
+    assert (e.control_unit, e.control_what) == ("%", "perplexity")
+    assert f"control vs standard is {e.control_value:+.1f}% ± " in said(e)
 
 
 def test_the_control_has_its_row_in_the_comparison_table():

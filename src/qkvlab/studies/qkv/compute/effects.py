@@ -40,7 +40,7 @@ from enum import Enum
 
 from qkvlab.stats import decide, seeds_for_power
 from qkvlab.studies.qkv.plan.families import ALPHA
-from qkvlab.studies.qkv.plan.vocab import metric_of
+from qkvlab.studies.qkv.plan.vocab import TASK_METRIC, metric_of
 
 LN2 = math.log(2)  # a loss task counts as learned once a design halves context-free perplexity
 
@@ -71,8 +71,9 @@ class Effect:
     p of the test that decided the raw verdict; ``family``/``family_m``/``p_adj``: the
     question whose headline family holds it, its size and Holm's adjusted p; ``raw_status``:
     the verdict before correction, where the correction changed it, or before the control's
-    gate for ``ATTENTION_UNUSED``; ``control_value``/``control_half``: the control vs standard
-    (display unit, 95% CI) that the gate read.
+    gate for ``ATTENTION_UNUSED``; ``control_value``/``control_half``/``control_unit``/
+    ``control_what``: the control vs standard that the gate read (on the task's own metric, in
+    its display unit, 95% CI).
     """
 
     status: Status
@@ -100,6 +101,8 @@ class Effect:
     raw_status: Status | None = None
     control_value: float | None = None
     control_half: float | None = None
+    control_unit: str = ""
+    control_what: str = ""
 
 
 def attention_used(c: dict | None) -> bool | None:
@@ -180,7 +183,9 @@ def _control(c: dict, m) -> tuple[bool | None, dict]:
     used = c.get("attention_used")
     if not m.gated or used is None or (isinstance(used, float) and math.isnan(used)):
         return None, {}
-    return bool(used), {k: c[k] for k in ("control_value", "control_half") if finite(c.get(k))}
+    own = metric_of(TASK_METRIC.get(c.get("task"), "")) or m  # the metric the gate read
+    return bool(used), {"control_unit": own.unit, "control_what": own.what,
+                        **{k: c[k] for k in ("control_value", "control_half") if finite(c.get(k))}}
 
 
 def _count(x) -> int:

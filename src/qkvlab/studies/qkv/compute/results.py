@@ -38,7 +38,7 @@ from qkvlab.studies.qkv.compute.effects import attention_used, effect
 from qkvlab.studies.qkv.compute.multiplicity import correct
 from qkvlab.studies.qkv.plan.experiments import ORDER
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
-from qkvlab.studies.qkv.plan.vocab import CONTROL, TASK_METRIC, lower_is_better
+from qkvlab.studies.qkv.plan.vocab import CONTROL, TASK_METRIC, lower_is_better, metric_of
 
 # extra metrics compared per experiment, besides each task's own
 EXTRA_METRICS = {"alt_vs_standard": ("tokens_per_s", "chrf", "bleu"),
@@ -144,8 +144,11 @@ def mark_control(df: pd.DataFrame) -> pd.DataFrame:
     control's effect vs standard it read (``control_value`` ± ``control_half``, display unit).
     One control row (equal width, the task's own metric) serves every arm and metric of its
     experiment, task and group: standard is the same runs in both arms. Standard's and the
-    control's own rows are not gated."""
-    df = df.copy()
+    control's own rows are not gated, and its rows on a metric that is not learned (throughput,
+    ``Metric.gated``) are dropped: the control answers one question, and its runs may be
+    trained at another time than the others (a store's new runs), so its speed is not theirs."""
+    ungated = df.metric.map(lambda k: not getattr(metric_of(k), "gated", True))
+    df = df[~((df.design == CONTROL) & ungated)].reset_index(drop=True)
     for col in ("attention_used", "control_value", "control_half"):
         df[col] = float("nan")
     if df.empty or "design" not in df:

@@ -98,8 +98,9 @@ def _control(e: Effect) -> str:
     """The control vs standard that the gate read, e.g. "+1.2 ± 3.0%"."""
     if e.control_value is None:
         return "no CI"
-    half = "" if e.control_half is None else f" ± {e.control_half:.1f}{e.unit}"
-    return f"{e.control_value:+.1f}{e.unit}{half}"
+    u = e.control_unit
+    half = "" if e.control_half is None else f" ± {e.control_half:.1f}{u}"
+    return f"{e.control_value:+.1f}{u}{half}"
 
 
 def unused(e: Effect) -> str:
@@ -107,11 +108,12 @@ def unused(e: Effect) -> str:
     text = (f"{e.value:+.1f}{e.unit}" + ("" if e.half is None else f" ± {e.half:.1f}{e.unit}")
             + f" {e.what}")
     raw = "" if e.raw_status is None else \
-        f"; alone it would read {e.raw_status.value}" + ("" if e.p is None else f" at p {_p(e.p)}")
+        f"; its own test would read {e.raw_status.value}" + \
+        ("" if e.p is None else f" at p {_p(e.p)}")
     lost = f"; {_lost(e)}, counted as worst" if _lost(e) else ""
     return (f"{text} (attention not used at this budget: standard does not beat the "
-            f"attention-free control by more than {e.margin or 'the margin'}, the control vs "
-            f"standard is {_control(e)}; no verdict{raw}{lost})")
+            f"attention-free control by more than the margin: the control vs standard is "
+            f"{_control(e)} {e.control_what}; no verdict{raw}{lost})")
 
 
 def cell(e: Effect) -> str:
@@ -127,7 +129,7 @@ def cell(e: Effect) -> str:
     out += f" · {_lost(e)}" if _lost(e) else ""
     if e.status is Status.ATTENTION_UNUSED:
         return out + f" (control {_control(e)} vs standard" + \
-            ("" if e.raw_status is None else f"; alone: {e.raw_status.value}") + ")"
+            ("" if e.raw_status is None else f"; own test: {e.raw_status.value}") + ")"
     if e.raw_status is not None:
         return out + f" ({e.raw_status.value} at p {_p(e.p)}, not after Holm)"
     return out + (f" (p {_p(e.p)})" if e.family else "")
