@@ -147,12 +147,13 @@ def mark_control(df: pd.DataFrame) -> pd.DataFrame:
     control's own rows are not gated, and its rows on a metric that is not learned (throughput,
     ``Metric.gated``) are dropped: the control answers one question, and its runs may be
     trained at another time than the others (a store's new runs), so its speed is not theirs."""
+    if df.empty or not {"design", "metric", "task"} <= set(df):
+        return df.assign(attention_used=float("nan"), control_value=float("nan"),
+                         control_half=float("nan"))
     ungated = df.metric.map(lambda k: not getattr(metric_of(k), "gated", True))
     df = df[~((df.design == CONTROL) & ungated)].reset_index(drop=True)
     for col in ("attention_used", "control_value", "control_half"):
         df[col] = float("nan")
-    if df.empty or "design" not in df:
-        return df
     own = df.metric == df.task.map(TASK_METRIC)
     equal = df.arm == "equal" if "arm" in df else True
     keys = [k for k in CONTROL_KEYS if k in df]
