@@ -22,7 +22,7 @@ ROLES = ("q", "k", "v")
 
 def tied(design: str, a: str, b: str) -> bool:
     """Whether ``design`` stores roles ``a`` and ``b`` in one weight block."""
-    return DESIGNS[design].segment_of(a) == DESIGNS[design].segment_of(b)
+    return DESIGNS[design].tied(a, b)
 
 
 def everything(design: str) -> dict:
@@ -165,9 +165,12 @@ def test_a_step_moves_each_role_by_the_summed_gradients_of_the_roles_it_shares(d
 
     for name in ("W", "b") if opts.get("bias") else ("W",):
         for role in ROLES:
+            key = f"{name}_{role.upper()}"
+            if DESIGNS[design].segment_of(role) is None:  # no weight: the view stays zero
+                assert not getattr(before, key).any() and not getattr(after, key).any(), key
+                continue
             shared = sum(stored(name, r) for r in ROLES if tied(design, r, role))
             want = shared.repeat_interleave(H // shared.shape[0], 0)  # back to (H, ...)
-            key = f"{name}_{role.upper()}"
             assert_close(getattr(before, key) - getattr(after, key), want,
                          rtol=1e-10, atol=1e-12, msg=lambda m, key=key: f"{key}: {m}")
 
@@ -221,6 +224,7 @@ def test_state_dict_round_trip_stores_each_tied_block_once(design, opts):
     # W_in holds one block per distinct segment: n heads (H with q, else G) of width d each
     c = att.cfg
     blocks = {DESIGNS[design].segment_of(r): r for r in ROLES}  # segment -> a role it serves
+    blocks.pop(None, None)  # roles the design does not compute (uniform's q, k)
     rows = sum((c.n_heads if "q" in seg else c.n_kv_heads) * (c.d_v if r == "v" else c.d_head)
                for seg, r in blocks.items())
     assert tuple(state["W_in"].shape) == (rows, c.d_model)
@@ -289,3 +293,39 @@ def test_alt_with_identity_mix_init_computes_standard():
         AttentionConfig(d_model=32, n_heads=4, mix_init="identity")
     with pytest.raises(ValueError, match=r"mix_init: 'eye' is not one of \['random', 'identity'\]"):
         AttentionConfig(d_model=32, n_heads=4, design="alt", mix_init="eye")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_uniform_returns_the_mean_of_the_visible_values(causal):
+    """The control, by its own equation and not through the oracle: each head's output is the
+    plain mean of s W_V[h] + b_V[h] over the keys a query may see, then W_O, in float64;
+    self- and cross-attention with padding and a boolean mask, GQA values, d_v != d_head."""
+    att = make("uniform", bias=True, n_kv_heads=2, d_v=5)
+    x, src, kpm, bool_mask = cross_inputs()
+    view = HeadView.of(att)
+    assert not view.W_Q.any() and not view.W_K.any()
+    cases = [(x, None, torch.ones(2, 4, 4, dtype=torch.bool), {})]
+    if causal:
+        cases[0] = (x, None, torch.ones(4, 4, dtype=torch.bool).tril().expand(2, 4, 4),
+                    dict(is_causal=True))
+    else:
+        cases.append((x, src, kpm[:, None, :] & bool_mask[None],
+                      dict(key_padding_mask=kpm, attn_mask=bool_mask)))
+    for q_in, s_in, allowed, kw in cases:
+        s = q_in if s_in is None else s_in
+        v = torch.einsum("btd,hde->bhte", s, view.W_V) + view.b_V[None, :, None]  # (B,H,Tk,dv)
+        w = allowed[:, None].double() / allowed.sum(-1)[:, None, :, None]  # (B, 1, Tq, Tk)
+        want = torch.einsum("bhqk,bhke,hed->bqd", w.expand(-1, 4, -1, -1), v, view.W_O) \
+            + view.b_O
+        out, weights = att(q_in, s_in, need_weights=True, **kw)
+        assert_close(out, want, rtol=1e-12, atol=1e-12)
+        assert_close(weights, w.expand(-1, 4, -1, -1), rtol=1e-12, atol=1e-15)
+        assert_close(att(q_in, s_in, **kw), want, rtol=1e-12, atol=1e-12)
+
+
+def test_uniform_has_no_query_or_key_parameters():
+    std, uni = make("standard"), make("uniform")
+    assert set(dict(uni.named_parameters())) == {"W_in", "out_proj.weight"}
+    assert uni.W_in.shape[0] * 3 == std.W_in.shape[0]  # W_V's rows only
+    with pytest.raises(ValueError, match="self_mask: only designs with Q = K"):
+        AttentionConfig(d_model=16, n_heads=4, design="uniform", self_mask=True)

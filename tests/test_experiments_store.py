@@ -269,7 +269,8 @@ def test_width_price_runs_one_head_per_m_and_d_head():
     got = {(t["m"], t["d_head"], t["design"], t["arm"], t["seed"]) for _, t in runs}
     assert got == {(m, dh, d, a, s) for m in p.bind_bits for dh in width_grid(m)
                    for d in ("standard", "tied_kv") for a in ("equal", "matched")
-                   for s in p.bind_seeds}
+                   for s in p.bind_seeds} | {  # the attention-free control where m = d_head
+        (m, m, "control", "equal", s) for m in p.bind_bits for s in p.bind_seeds}
     assert width_grid(3) == (2, 3, 4, 5, 6) and width_grid(1) == (1, 2)
     for spec, t in runs:
         assert spec.task == "bind_codes" and spec.task_options["m"] == t["m"]

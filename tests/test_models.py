@@ -61,7 +61,8 @@ def closed_form(cfg: ModelConfig, design: str, kind: str) -> int:
     dv = cfg.d_v or dk
     b = int(cfg.bias)
     rows = {"standard": H * dk + G * dk + G * dv, "alt": H * dk + G * dk + G * dv,
-            "tied_qk": H * dk + G * dv, "tied_kv": H * dk + G * dk, "tied_qkv": H * dk}[design]
+            "tied_qk": H * dk + G * dv, "tied_kv": H * dk + G * dk, "tied_qkv": H * dk,
+            "uniform": G * dv}[design]
     attn = rows * D + rows * b + H * dv * D + D * b + (H * dv * dv if design == "alt" else 0)
     ln = D + D * b
     mlp = D * M + M * b + M * D + D * b

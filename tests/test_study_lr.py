@@ -95,7 +95,8 @@ def test_each_design_and_arm_trains_at_the_rate_with_the_lowest_mean_val_loss(pr
         (float(f"{base * 0.5:.3g}"), "standard", "equal"),
         (float(f"{base * 0.5:.3g}"), "standard", "matched"),  # standard's equal run
         (float(f"{base * 2.0:.3g}"), "tied_kv", "equal"),
-        (float(f"{base * 0.5:.3g}"), "tied_kv", "matched")}
+        (float(f"{base * 0.5:.3g}"), "tied_kv", "matched"),
+        (float(f"{base:.3g}"), "control", "equal")}  # the control at its own tuned rate
     assert chosen[("lm", "alt", "equal")] == float(f"{base:.3g}")
     assert len(chosen) == n_tuned(profile)
 

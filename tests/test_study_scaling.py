@@ -26,10 +26,11 @@ def test_scaling_runs_keep_depth_and_d_head_and_tag_the_width():
         m = spec.model
         assert (m["d_model"], m["n_heads"], m["n_layers"]) == (
             tags["d_model"], max(1, tags["d_model"] // d_head), p.n_layers)
-        assert tags["arm"] == "equal" and tags["design"] in ("standard", *vocab.SCALED)
+        assert tags["arm"] == "equal"
+        assert tags["design"] in ("standard", *vocab.SCALED, vocab.CONTROL)
         if tags["design"] == "gqa_half":
             assert m["n_kv_heads"] == max(1, m["n_heads"] // 2)
-    assert len(runs) == len(p.scale_widths) * (1 + len(vocab.SCALED)) * len(p.seeds)
+    assert len(runs) == len(p.scale_widths) * (2 + len(vocab.SCALED)) * len(p.seeds)  # + control
 
 
 def test_scaling_figure_reads_perplexity_per_width(tmp_path):

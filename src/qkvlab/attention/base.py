@@ -35,14 +35,21 @@ class Attention(nn.Module):
     # ---- declaration -------------------------------------------------------------------
     @classmethod
     @functools.cache  # per class and role: called on every forward (decoding: every token)
-    def segment_of(cls, role: str) -> str:
-        return next(s for s in cls.segments if role in s)
+    def segment_of(cls, role: str) -> str | None:
+        """The segment that serves ``role``; None for a role the design does not compute."""
+        return next((s for s in cls.segments if role in s), None)
+
+    @classmethod
+    def tied(cls, a: str, b: str) -> bool:
+        """Whether roles ``a`` and ``b`` read one weight block (a role without one ties none)."""
+        sa = cls.segment_of(a)
+        return sa is not None and sa == cls.segment_of(b)
 
     @classmethod
     def check_config(cls, cfg: AttentionConfig) -> None:
         """Reject option combinations this design cannot take (``ValueError`` naming the field)."""
         name = cfg.design
-        if cls.segment_of("q") == cls.segment_of("k"):
+        if cls.tied("q", "k"):
             if cfg.n_kv_heads != cfg.n_heads:
                 raise ValueError(
                     f"n_kv_heads: design {name!r} ties K to Q, so n_kv_heads must equal "
@@ -52,7 +59,7 @@ class Attention(nn.Module):
         if cfg.mix_init != "random" and cls.mix is Attention.mix:
             raise ValueError(f"mix_init: design {name!r} has no mixing matrix to initialize "
                              f"(only designs with one, e.g. 'alt', take {cfg.mix_init!r})")
-        if cls.segment_of("k") == cls.segment_of("v") and cfg.d_v != cfg.d_head:
+        if cls.tied("k", "v") and cfg.d_v != cfg.d_head:
             raise ValueError(
                 f"d_v: design {name!r} ties K and V, so d_v must equal d_head={cfg.d_head} "
                 f"(got {cfg.d_v})")
@@ -75,9 +82,9 @@ class Attention(nn.Module):
         self.b_in = nn.Parameter(torch.zeros(start)) if cfg.bias else None
         self.out_proj = Linear(H * dv, D, bias=cfg.bias)
         # Segments a source sequence needs (k, v): contiguous by construction of ``segments``.
-        src = [self._slices[self.segment_of(r)] for r in ("k", "v")]
+        src = [self._slices[s] for s in map(self.segment_of, ("k", "v")) if s is not None]
         self._src_span = slice(min(s.start for s in src), max(s.stop for s in src))
-        self.kv_shared = self.segment_of("k") == self.segment_of("v")
+        self.kv_shared = self.tied("k", "v")
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -129,9 +136,13 @@ class Attention(nn.Module):
             # the tied gradient (measured: tied_qkv and rotary tied_kv then differ in the
             # last bits from the stored runs).
             return self._heads(y, sq), self._heads(y, sk), self._heads(y, sv)
-        q = self._heads(self._linear(x, self._slices[sq]), sq, self._slices[sq].start)
         k, v = self.project_source(source)
-        return q, k, v
+        return self.queries(x), k, v
+
+    def queries(self, x: Tensor) -> Tensor:
+        """Queries of ``x`` alone (B, H, Tq, dk): cross-attention, or a frozen cache."""
+        sq = self.segment_of("q")
+        return self._heads(self._linear(x, self._slices[sq]), sq, self._slices[sq].start)
 
     def project_source(self, source: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of a source sequence, one GEMM."""
@@ -184,8 +195,7 @@ class Attention(nn.Module):
         B, Tq, _ = x.shape
         offset = cache.length if cache is not None and not cache.frozen else 0
         if cache is not None and cache.frozen and cache.length:
-            sq = self.segment_of("q")
-            q = self._heads(self._linear(x, self._slices[sq]), sq, self._slices[sq].start)
+            q = self.queries(x)
             k, v = cache.keys(), cache.values()
         else:
             q, k, v = self.project(x, source)
@@ -221,6 +231,9 @@ class Attention(nn.Module):
     # ---- one view for analysis -----------------------------------------------------------
     def _head_weight(self, role: str) -> Tensor:
         seg = self.segment_of(role)
+        if seg is None:  # a role the design does not compute: its projection is zero
+            d = self.cfg.d_v if role == "v" else self.cfg.d_head
+            return self.W_in.new_zeros(self.cfg.n_heads, self.cfg.d_model, d)
         n, d = self._shape[seg]
         w = self.W_in[self._slices[seg]].view(n, d, self.cfg.d_model).transpose(1, 2)  # (n, D, d)
         return repeat_kv(w, self.cfg.n_heads, dim=0)  # (H, D, d)
@@ -229,6 +242,9 @@ class Attention(nn.Module):
         if self.b_in is None:
             return None
         seg = self.segment_of(role)
+        if seg is None:
+            return self.b_in.new_zeros(self.cfg.n_heads,
+                                       self.cfg.d_v if role == "v" else self.cfg.d_head)
         n, d = self._shape[seg]
         b = self.b_in[self._slices[seg]].view(n, d)  # (n, d), n = H or G
         return repeat_kv(b, self.cfg.n_heads, dim=0)  # (H, d)

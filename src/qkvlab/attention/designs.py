@@ -92,3 +92,38 @@ class TiedQKVAttention(Attention):
     """
 
     segments = ("qkv",)
+
+
+@register("uniform")
+class UniformAttention(Attention):
+    """mean_{j visible to i} S_j W_V[h] per head h, then W_O: fixed uniform scores, no Q or K.
+
+    The study's control for "is attention used": softmax of constant scores weights every key
+    a query may see (mask, causality, padding) by 1/n, so the layer returns the mean of the
+    visible values, a bag of the context. Queries and keys are zero tensors (the per-head view
+    has W_Q = W_K = 0, b_Q = b_K = 0), so the shared forward, masks, KV cache and cross role run
+    unchanged; only W_V and W_O are parameters.
+
+    Why uniform scores and not a zero output: what every compared design has and this one
+    lacks is exactly content-based selection (scores from Q·K), while it keeps what they share
+    around it: the value and output maps, the residual, the MLPs and a context mean. A zero
+    output would also remove the context itself: a decoder becomes a bigram model, and an
+    encoder-decoder's decoder would never see the source, so translate would fail for a reason
+    that says nothing about selection. A design beating uniform by more than the margin is
+    using what its scores pick out; one that does not is not yet, whatever its ties.
+    """
+
+    segments = ("v",)
+
+    def queries(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.new_zeros(B, self.cfg.n_heads, T, self.cfg.d_head)  # (B, H, Tq, dk)
+
+    def project(self, x: Tensor, source: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        k, v = self.project_source(x if source is None else source)
+        return self.queries(x), k, v
+
+    def project_source(self, source: Tensor) -> tuple[Tensor, Tensor]:
+        v = self._heads(self._linear(source), "v")  # (B, G, Tk, dv)
+        B, G, Tk, _ = v.shape
+        return v.new_zeros(B, G, Tk, self.cfg.d_head), v  # keys (B, G, Tk, dk): all zero

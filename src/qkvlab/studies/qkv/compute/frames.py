@@ -14,7 +14,7 @@ from qkvlab.studies.qkv.compute.effects import Effect, effect
 from qkvlab.studies.qkv.compute.results import StudyData, chance, row_chance, select
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
 from qkvlab.studies.qkv.plan.rates import choose_lrs
-from qkvlab.studies.qkv.plan.vocab import ARMS, KV_DESIGNS, TASK_METRIC, TIED_QK
+from qkvlab.studies.qkv.plan.vocab import ARMS, CONTROL, KV_DESIGNS, TASK_METRIC, TIED_QK
 
 def pick(rows: list[dict], **tags) -> dict | None:
     """The first row whose fields equal ``tags``."""
@@ -63,13 +63,13 @@ def bind_point(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def q3_lm(data: StudyData) -> pd.DataFrame:
-    """lm comparisons of lm_tied_kv and lm_gqa; lm_gqa's standard rows (the same runs as
-    lm_tied_kv's) dropped."""
+    """lm comparisons of lm_tied_kv and lm_gqa; lm_gqa's standard and control rows (the same
+    runs as lm_tied_kv's) dropped."""
     df = data.compared(("lm_tied_kv", "lm_gqa"))
     if df.empty:
         return df
     keys = [c for c in ("task", "arm", "d_head", "design", "metric") if c in df]
-    dup = df.duplicated(subset=keys) & (df.design == "standard")
+    dup = df.duplicated(subset=keys) & df.design.isin(["standard", CONTROL])
     return df[~dup]
 
 

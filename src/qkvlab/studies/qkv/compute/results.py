@@ -8,7 +8,9 @@ Figures, verdicts and the page select columns of these frames; none of them pars
     comparisons  one row per (experiment, task, arm, d_head, design, metric): mean ± 95% CI over
                  seeds and the paired difference to ``standard`` (``stats.compare`` columns; a
                  diverged or failed run enters at its task's chance level or the worst
-                 finished value, whichever is worse), and each headline family's correction
+                 finished value, whichever is worse), whether standard beats the
+                 attention-free control there (``mark_control``: attention_used,
+                 control_value, control_half) and each headline family's correction
                  (``multiplicity.correct``: family, family_m, p_decided, p_adj)
     probe        the scale probe's statistics: scale, d_head, seed, step, stat, value
     measures     per measure name, its records joined with the tags of the run it read
@@ -33,11 +35,12 @@ from qkvlab.experiments.frames import measures_frame, metrics_frame, runs_frame
 from qkvlab.experiments.registry import get_profile
 from qkvlab.experiments.store import Store
 from qkvlab.stats import compare_frame
+from qkvlab.studies.qkv.compute.effects import attention_used, effect
 from qkvlab.studies.qkv.compute.measures import MEASURE_VERSION
 from qkvlab.studies.qkv.compute.multiplicity import correct
 from qkvlab.studies.qkv.plan.experiments import ORDER
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
-from qkvlab.studies.qkv.plan.vocab import TASK_METRIC, lower_is_better
+from qkvlab.studies.qkv.plan.vocab import CONTROL, TASK_METRIC, lower_is_better, metric_of
 
 # extra metrics compared per experiment, besides each task's own
 EXTRA_METRICS = {"alt_vs_standard": ("tokens_per_s", "chrf", "bleu"),
@@ -131,7 +134,42 @@ def comparisons(runs: pd.DataFrame, profile: QKVProfile | None = None) -> pd.Dat
                 c = compare_frame(sub, metric, by, lower_is_better=lower_is_better(metric),
                                   failed=at_chance if own else None)
                 parts.append(c.assign(experiment=exp, metric=metric))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    return mark_control(pd.concat(parts, ignore_index=True)) if parts else pd.DataFrame()
+
+
+CONTROL_KEYS = ("experiment", "task", "m", "d_head", "d_model")  # what one control serves
+
+
+def mark_control(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with the control's gate on each design's rows (``effects.attention_used``):
+    ``attention_used`` (1 or 0; NaN where the experiment trains no control there), and the
+    control's effect vs standard it read (``control_value`` ± ``control_half``, display unit).
+    One control row (equal width, the task's own metric) serves every arm and metric of its
+    experiment, task and group: standard is the same runs in both arms. Standard's and the
+    control's own rows are not gated, and its rows on a metric that is not learned (throughput,
+    ``Metric.gated``) are dropped: the control answers one question, and its runs may be
+    trained at another time than the others (a store's new runs), so its speed is not theirs."""
+    if df.empty or not {"design", "metric", "task"} <= set(df):
+        return df.assign(attention_used=float("nan"), control_value=float("nan"),
+                         control_half=float("nan"))
+    ungated = df.metric.map(lambda k: not getattr(metric_of(k), "gated", True))
+    df = df[~((df.design == CONTROL) & ungated)].reset_index(drop=True)
+    for col in ("attention_used", "control_value", "control_half"):
+        df[col] = float("nan")
+    own = df.metric == df.task.map(TASK_METRIC)
+    equal = df.arm == "equal" if "arm" in df else True
+    keys = [k for k in CONTROL_KEYS if k in df]
+    for _, r in df[(df.design == CONTROL) & own & equal].iterrows():
+        used = attention_used(r.to_dict())
+        if used is None:
+            continue
+        e = effect(r.to_dict())
+        same = ~df.design.isin(["standard", CONTROL])
+        for k in keys:
+            same &= (df[k].isna() if pd.isna(r[k]) else df[k] == r[k])
+        df.loc[same, ["attention_used", "control_value", "control_half"]] = \
+            [float(used), e.value, e.half if e.half is not None else float("nan")]
+    return df
 
 
 def budget(store: Store, runs: pd.DataFrame) -> pd.DataFrame:

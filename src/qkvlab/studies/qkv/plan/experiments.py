@@ -19,7 +19,7 @@ from qkvlab.experiments.registry import (
 )
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
 from qkvlab.studies.qkv.plan.rates import tuning_runs
-from qkvlab.studies.qkv.plan.vocab import DESIGNS, SCALED, TIED_QK
+from qkvlab.studies.qkv.plan.vocab import CONTROL, DESIGNS, SCALED, TIED_QK
 from qkvlab.train import InitConfig, ProbeConfig
 
 # The experiments behind the three questions, in the order the study runs them (cheapest
@@ -31,7 +31,8 @@ ORDER = ("scale_probe", "lr_tune", "alt_vs_standard", "alt_init", "lm_tied_kv", 
 
 def arms(task: str, p: QKVProfile, labels: tuple[str, ...], **kw) -> list[Run]:
     """``design_arms`` of some design labels, each at its tuned learning rate (if tuned), on
-    the task's seeds and arms of the profile unless ``kw`` names them."""
+    the task's seeds and arms of the profile unless ``kw`` names them; and the attention-free
+    control on the same seeds at equal width (``control_runs``)."""
     if task in p.task_seeds:
         if not p.task_seeds[task]:
             return []
@@ -39,8 +40,19 @@ def arms(task: str, p: QKVProfile, labels: tuple[str, ...], **kw) -> list[Run]:
     if task in p.task_arms:
         kw.setdefault("arms", p.task_arms[task])
     arm_list = kw.get("arms", ("equal", "matched"))
-    return design_arms(task, p, {d: DESIGNS[d].model_options(p) for d in labels},
+    runs = design_arms(task, p, {d: DESIGNS[d].model_options(p) for d in labels},
                        lrs=p.design_lrs(task, labels, arm_list), **kw)
+    return runs + control_runs(task, p, **kw) if "equal" in arm_list else runs
+
+
+def control_runs(task: str, p: QKVProfile, **kw) -> list[Run]:
+    """The control (``vocab.CONTROL``: uniform scores, no Q or K) at equal width on ``kw``'s
+    seeds, at its own tuned rate: only new runs, so every other run keeps its id. The same spec
+    in several experiments is one run, trained once (lm's control serves five experiments)."""
+    kw = {**kw, "arms": ("equal",)}
+    runs = design_arms(task, p, {CONTROL: DESIGNS[CONTROL].model_options(p)},
+                       lrs=p.design_lrs(task, (CONTROL,), ("equal",)), **kw)
+    return [(spec, tags) for spec, tags in runs if tags["design"] == CONTROL]
 
 
 @experiment("lr_tune", "Every design at its own learning rate: the grid the comparisons pick from")
@@ -129,10 +141,13 @@ def bind_vs_dhead(p: QKVProfile) -> list[Run]:
         opts = {**p.task_options.get("bind_codes", {}), "m": m}
         pm = dataclasses.replace(p, task_options={**p.task_options, "bind_codes": opts})
         for d_head in width_grid(m):
-            for spec, tags in design_arms("bind_codes", pm, {"tied_kv": {"design": "tied_kv"}},
-                                          arms=p.task_arms.get("bind_codes", ("equal", "matched")),
-                                          seeds=p.bind_seeds, d_head=d_head, n_layers=1,
-                                          n_heads=1, tie_embeddings=False):
+            over = dict(seeds=p.bind_seeds, d_head=d_head, n_layers=1, n_heads=1,
+                        tie_embeddings=False)
+            found = design_arms("bind_codes", pm, {"tied_kv": {"design": "tied_kv"}},
+                                arms=p.task_arms.get("bind_codes", ("equal", "matched")), **over)
+            if d_head == m:  # the control where the verdict is read (m = d_head, Q3's family)
+                found += control_runs("bind_codes", pm, **over)
+            for spec, tags in found:
                 runs.append((spec, {**tags, "m": m, "d_head": d_head}))
     return runs
 

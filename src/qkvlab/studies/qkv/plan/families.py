@@ -8,7 +8,9 @@ over the p of the test that decided each raw verdict. Each comparison enters onc
 nulls (no difference; a difference of at least the margin) cannot both be true. A member the
 profile does not run is not in its family at that profile; one that reads "not learned" still
 counts (choosing members after seeing the runs would not be planned; it only makes the
-correction stricter). What lies outside the families (the
+correction stricter), and so does one that reads "attention not used at this budget"
+(standard does not beat the attention-free control: ``compute.effects``). What lies outside
+the families (the
 evidence tables' other metrics, the scaling widths, the detail sentences) is tested at 5% each
 and the legend says so.
 

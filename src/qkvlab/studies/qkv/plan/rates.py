@@ -34,11 +34,14 @@ class RatesPending(ResultsPending):
 
 
 # The designs each tuned task compares, and so the learning-rate grid.
-TUNED = {"lm": ("alt", "tied_qk", "tied_qk_selfmask", "tied_qkv", "tied_kv", "gqa_half"),
-         "mlm": ("tied_qk", "tied_qk_selfmask", "tied_qkv"),
-         "translate": ("alt", "alt_identity", "tied_kv_cross")}
-# designs compared at equal width only (lm_gqa, alt_init): no matched-width rate to tune
-EQUAL_ONLY = frozenset({"gqa_half", "alt_identity"})
+# The control is tuned like the others: at an untuned rate it would be a weaker baseline, and
+# standard would "use attention" by the rate alone.
+TUNED = {"lm": ("alt", "tied_qk", "tied_qk_selfmask", "tied_qkv", "tied_kv", "gqa_half",
+                "control"),
+         "mlm": ("tied_qk", "tied_qk_selfmask", "tied_qkv", "control"),
+         "translate": ("alt", "alt_identity", "tied_kv_cross", "control")}
+# designs compared at equal width only (lm_gqa, alt_init, the control): no matched-width rate
+EQUAL_ONLY = frozenset({"gqa_half", "alt_identity", "control"})
 
 
 def task_lr(task: str, p: Profile) -> float:

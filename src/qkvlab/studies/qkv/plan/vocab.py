@@ -47,6 +47,9 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            {"roles": {"cross": {"design": "tied_kv"}}}),
     Design("alt_identity", "alt, W_h = √d_k·I at init", "#F0A070",
            {"design": "alt", "mix_init": "identity"}),  # alt = standard at step 0
+    # the control: attention with fixed uniform scores (no Q, K), trained beside every
+    # comparison; why uniform and not a zero output: qkvlab.attention.designs.UniformAttention
+    Design("control", "no attention (uniform)", "#999999", {"design": "uniform"}),
 )}
 # Colors of what the figures draw besides designs: where 1/√d_k sits, and attention roles.
 OTHER_COLORS = {"inside": "#0072B2", "outside": "#D55E00", "both": "#009E73",
@@ -58,6 +61,7 @@ ARMS = {"equal": "equal width", "matched": "parameter-matched"}
 TIED_QK = ("tied_qk", "tied_qk_selfmask", "tied_qkv")
 SCALED = ("alt", "tied_qk", "tied_qkv", "tied_kv", "gqa_half")  # lm_scaling's designs
 KV_DESIGNS = ("standard", "tied_kv", "gqa_half")  # same KV cache question, in drawing order
+CONTROL = "control"  # a comparison is decided only where standard beats it (compute.effects)
 SPEED_DESIGNS = ("alt", "tied_qk", "tied_qk_selfmask", "tied_qkv", "tied_kv", "gqa_half")
 
 
@@ -84,7 +88,9 @@ class Metric:
     standard inside it do not matter for the question, so a 90% CI inside it reads
     "equivalent" (a TOST at 5%). A comparable metric also has ``show`` (raw difference -> the
     unit people quote, ``unit``), ``to_raw`` (its inverse, for the margin) and ``field``
-    (``diff``, or ``rel`` for the per-seed relative % of the compare row).
+    (``diff``, or ``rel`` for the per-seed relative % of the compare row). ``gated``: a
+    quality the model learns, so its verdicts wait for standard to beat the attention-free
+    control (``compute.effects.attention_used``); throughput is not learned.
     """
 
     name: str
@@ -97,6 +103,7 @@ class Metric:
     show: Callable[[float], float] | None = None
     to_raw: Callable[[float], float] = _identity
     field: str = "diff"
+    gated: bool = True
 
     @property
     def raw_margin(self) -> float:
@@ -135,7 +142,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("tokens_per_s", False, 5.0, "%",
            "training throughput of one run varies by several per cent between runs on a "
            "shared CPU",
-           "tokens/s", "%", _identity, field="rel"),
+           "tokens/s", "%", _identity, field="rel", gated=False),
 )}
 
 # task -> the metric its comparisons are judged on. Real-text tasks on val loss, synthetic ones

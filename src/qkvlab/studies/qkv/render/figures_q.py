@@ -27,7 +27,7 @@ from qkvlab.studies.qkv.compute.frames import (ci_rows, concat, decode_ratios, d
 from qkvlab.studies.qkv.compute.results import StudyData, select
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
 from qkvlab.studies.qkv.plan.references import REF_KV_CITE, REF_KV_PPL_PCT
-from qkvlab.studies.qkv.plan.vocab import ARMS, DESIGNS, TIED_QK, color, label
+from qkvlab.studies.qkv.plan.vocab import ARMS, CONTROL, DESIGNS, TIED_QK, color, label
 
 # The report's style, applied while its figures are drawn (not to matplotlib's global state,
 # which other modules, e.g. the analysis figures with their fixed margins, also use).
@@ -279,6 +279,8 @@ def fig_q3_kv(data: StudyData, out: Path) -> Figure | None:
     """K=V quality (perplexity change vs standard) and its payoff (cache bytes, decode speed)."""
     q = concat([diffs(select(q3_lm(data), metric="val_loss")),
                 diffs(select(data.compared("kv_translate"), metric="val_loss"))])
+    if not q.empty:  # the control's gap (tens of %) would set the axis; its table row has it
+        q = q[q.design != CONTROL]
     perf = decode_ratios(data)
     if q.empty and perf.empty:
         return None

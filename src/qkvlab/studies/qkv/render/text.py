@@ -13,7 +13,8 @@ from qkvlab.studies.qkv.plan.vocab import METRICS
 
 # status -> the short word of the summary table
 WORDS = {Status.WORSE: "worse", Status.BETTER: "better", Status.EQUIVALENT: "equivalent",
-         Status.UNDECIDED: "undecided", Status.NOT_LEARNED: "not learned", Status.MISSING: "—"}
+         Status.UNDECIDED: "undecided", Status.NOT_LEARNED: "not learned",
+         Status.ATTENTION_UNUSED: "attention not used at this budget", Status.MISSING: "—"}
 
 
 def _margins_text() -> str:
@@ -37,7 +38,11 @@ LEGEND = ("worse / better: the paired 95% CI over seeds excludes zero; equivalen
           "finished run of the comparison if that is worse), never dropped. not learned: "
           "neither design reached 1.5× the task's chance accuracy, or half the perplexity of a "
           "context-free guess (the unigram entropy of the text), so the difference is between "
-          "two guessers.")
+          "two guessers. attention not used at this budget: standard does not beat the "
+          "attention-free control (the same model with fixed uniform scores, no Q or K, trained "
+          "on the same seeds) by more than the margin, its paired 95% CI past it; no verdict on "
+          "a design whose scores differ, and the verdict the test alone gave is shown beside "
+          "it; such a comparison still counts in its Holm family. Throughput is not gated.")
 
 
 def _p(x: float | None) -> str:
@@ -64,6 +69,8 @@ def said(e: Effect) -> str:
         return (f"neither halves a context-free guess's perplexity (val loss {e.mean:.3f} vs "
                 f"standard {e.baseline_mean:.3f}, context-free {e.chance:.3f}: not learned, "
                 f"no verdict)")
+    if e.status is Status.ATTENTION_UNUSED:
+        return unused(e)
     if e.half is None:
         return f"{e.value:+.1f}{e.unit} {e.what} from {e.n} seed (undecided: no CI)"
     text = f"{e.value:+.1f}{e.unit} ± {e.half:.1f}{e.unit} {e.what}"
@@ -87,6 +94,28 @@ def said(e: Effect) -> str:
             f"{more}{lost})")
 
 
+def _control(e: Effect) -> str:
+    """The control vs standard that the gate read, e.g. "+1.2 ± 3.0%"."""
+    if e.control_value is None:
+        return "no CI"
+    u = e.control_unit
+    half = "" if e.control_half is None else f" ± {e.control_half:.1f}{u}"
+    return f"{e.control_value:+.1f}{u}{half}"
+
+
+def unused(e: Effect) -> str:
+    """An ``ATTENTION_UNUSED`` effect in words: the gate, then what the test alone said."""
+    text = (f"{e.value:+.1f}{e.unit}" + ("" if e.half is None else f" ± {e.half:.1f}{e.unit}")
+            + f" {e.what}")
+    raw = "" if e.raw_status is None else \
+        f"; its own test would read {e.raw_status.value}" + \
+        ("" if e.p is None else f" at p {_p(e.p)}")
+    lost = f"; {_lost(e)}, counted as worst" if _lost(e) else ""
+    return (f"{text} (attention not used at this budget: standard does not beat the "
+            f"attention-free control by more than the margin: the control vs standard is "
+            f"{_control(e)} {e.control_what}; no verdict{raw}{lost})")
+
+
 def cell(e: Effect) -> str:
     """The summary-table cell of an effect: its (corrected) word, value ± half, n≈ if
     undecided, the seeds lost, and for a family member the raw p (and the raw verdict, where
@@ -98,6 +127,9 @@ def cell(e: Effect) -> str:
         (unit if unit == "%" else f" {unit}")
     out = WORDS[e.status] + val + (f" · n≈{e.seeds}" if e.seeds else "")
     out += f" · {_lost(e)}" if _lost(e) else ""
+    if e.status is Status.ATTENTION_UNUSED:
+        return out + f" (control {_control(e)} vs standard" + \
+            ("" if e.raw_status is None else f"; own test: {e.raw_status.value}") + ")"
     if e.raw_status is not None:
         return out + f" ({e.raw_status.value} at p {_p(e.p)}, not after Holm)"
     return out + (f" (p {_p(e.p)})" if e.family else "")

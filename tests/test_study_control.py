@@ -1,0 +1,201 @@
+"""The attention-free control: the rule that gates every verdict on it, how it composes with
+Holm and reads in words, and that adding it left every existing run id as it was.
+
+Expected values are computed here independently (numpy, scipy's t quantiles) and compared
+two-sided.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as st
+
+from qkvlab.experiments.registry import EXPERIMENTS, get_profile, run_id
+from qkvlab.experiments.store import Store, canonical
+from qkvlab.studies.qkv.compute import results
+from qkvlab.studies.qkv.compute.effects import Status, attention_used, effect
+from qkvlab.studies.qkv.compute.multiplicity import correct
+from qkvlab.studies.qkv.compute.results import mark_control
+from qkvlab.studies.qkv.plan import rates
+from qkvlab.studies.qkv.plan.experiments import ORDER
+from qkvlab.studies.qkv.plan.vocab import CONTROL
+from qkvlab.studies.qkv.render.tables import compare_table
+from qkvlab.studies.qkv.render.text import WORDS, cell, said
+
+MARGIN = np.log1p(0.02)  # val_loss: ±2% perplexity
+
+
+def _row(diffs, metric="val_loss", **tags) -> dict:
+    d = np.asarray(diffs, dtype=float)
+    sd = d.std(ddof=1) if len(d) > 1 else float("nan")
+    return {"metric": metric, "diff": d.mean(), "diff_sd": sd, "n_pairs": len(d),
+            "rel_pct": 0.0, "rel_sd": 1.0, **tags}
+
+
+def _ci(diffs) -> tuple[float, float]:
+    d = np.asarray(diffs, dtype=float)
+    h = st.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    return d.mean() - h, d.mean() + h
+
+
+FAR = [0.50, 0.55, 0.52]  # the control far worse than standard (≈ +68% perplexity)
+NEAR = [0.01, 0.00, 0.02]  # the control within the margin of standard
+STRADDLE = [0.01, 0.05, 0.03]  # the control's CI starts inside the margin, ends past it
+
+
+def test_attention_used_is_the_controls_ci_wholly_past_the_margin():
+    for diffs in (FAR, NEAR, STRADDLE):
+        assert attention_used(_row(diffs)) == bool(_ci(diffs)[0] > MARGIN), diffs
+    assert _ci(STRADDLE)[0] < MARGIN < _ci(STRADDLE)[1]  # the straddling case is one
+    # accuracy: higher is better, the control must be worse by more than 2 points
+    assert attention_used(_row([-0.30, -0.32, -0.31], "accuracy")) is True
+    assert attention_used(_row([-0.01, -0.03, -0.02], "accuracy")) is False
+    assert attention_used(_row([0.6])) is False  # one seed: no CI, so not shown used
+    assert attention_used(None) is None and attention_used({"metric": "val_loss"}) is None
+
+
+def _frame(control_diffs, experiment="lm_tied_kv") -> pd.DataFrame:
+    """Comparison rows as ``results.comparisons`` makes them: standard, tied K=V in both arms
+    on val loss and throughput, and (unless None) the control at equal width."""
+    tied = [0.20, 0.21, 0.25]  # tied K=V clearly worse than standard by its own test
+    rows = [_row([0, 0, 0], design="standard", arm=a) for a in ("equal", "matched")]
+    rows += [_row(tied, design="tied_kv", arm=a) for a in ("equal", "matched")]
+    rows.append(_row([0.0, 0.1, -0.1], "tokens_per_s", design="tied_kv", arm="equal"))
+    if control_diffs is not None:
+        rows.append(_row(control_diffs, design=CONTROL, arm="equal"))
+        rows.append(_row([0.0, 0.1, -0.1], "tokens_per_s", design=CONTROL, arm="equal"))
+    return pd.DataFrame([{**r, "experiment": experiment, "task": "lm"} for r in rows])
+
+
+def _effects(df: pd.DataFrame) -> dict[tuple[str, str, str], object]:
+    return {(r["design"], r["arm"], r["metric"]): effect(r) for r in df.to_dict("records")}
+
+
+def test_a_verdict_is_decided_only_where_standard_beats_the_control():
+    used = _effects(mark_control(_frame(FAR)))
+    for arm in ("equal", "matched"):
+        e = used[("tied_kv", arm, "val_loss")]
+        assert (e.status, e.raw_status) == (Status.WORSE, None)
+        lo, hi = _ci(FAR)
+        assert e.control_value == pytest.approx(100 * np.expm1(np.mean(FAR)))
+        assert e.control_half == pytest.approx(100 * (np.expm1(hi) - np.expm1(lo)) / 2)
+    for diffs in (NEAR, STRADDLE):
+        unused = _effects(mark_control(_frame(diffs)))
+        for arm in ("equal", "matched"):  # one control serves both arms (standard is shared)
+            e = unused[("tied_kv", arm, "val_loss")]
+            assert (e.status, e.raw_status) == (Status.ATTENTION_UNUSED, Status.WORSE)
+            assert e.value == pytest.approx(100 * np.expm1(np.mean([0.20, 0.21, 0.25])))
+        # throughput is not learned: not gated, and the control has no throughput row; the
+        # control's own row is the gate, not gated
+        assert unused[("tied_kv", "equal", "tokens_per_s")].status is not Status.ATTENTION_UNUSED
+        assert (CONTROL, "equal", "tokens_per_s") not in unused
+        assert unused[(CONTROL, "equal", "val_loss")].raw_status is None
+    # no control rows (an experiment that trains none, or an old store): verdicts as before
+    none = mark_control(_frame(None))
+    assert none.attention_used.isna().all()
+    assert _effects(none)[("tied_kv", "equal", "val_loss")].status is Status.WORSE
+    # a control of another experiment or task does not gate this one's rows
+    other = pd.concat([_frame(None), _frame(NEAR, experiment="lm_gqa")], ignore_index=True)
+    marked = mark_control(other)
+    assert marked[marked.experiment == "lm_tied_kv"].attention_used.isna().all()
+
+
+def test_attention_unused_stays_in_its_holm_family_and_reads_in_words():
+    df = correct(mark_control(_frame(NEAR)))
+    fam = df[df.family == "Q3"]
+    assert sorted(fam.arm) == ["equal", "matched"] and set(fam.family_m) == {2}
+    e = effect(fam[fam.arm == "equal"].iloc[0].to_dict())
+    p = st.ttest_1samp([0.20, 0.21, 0.25], 0.0).pvalue  # its own test still decided "worse"
+    assert e.p == pytest.approx(p, rel=1e-9) and e.p_adj == pytest.approx(2 * p, rel=1e-9)
+    assert e.status is Status.ATTENTION_UNUSED and e.raw_status is Status.WORSE
+    assert WORDS[e.status] == "attention not used at this budget"
+    ctl = f"{e.control_value:+.1f}% ± {e.control_half:.1f}%"
+    assert cell(e) == (f"attention not used at this budget {e.value:+.1f} ± {e.half:.1f}% "
+                       f"(control {ctl} vs standard; own test: worse)")
+    assert said(e) == (f"{e.value:+.1f}% ± {e.half:.1f}% perplexity (attention not used at this "
+                       f"budget: standard does not beat the attention-free control by more than "
+                       f"the margin: the control vs standard is {ctl} perplexity; no verdict; its "
+                       f"own test would read worse at p {p:.2g})")
+
+
+def test_another_metric_quotes_the_control_on_the_tasks_own_metric():
+    """chrF on translate is gated by the control's val loss, and says so in its unit."""
+    df = pd.DataFrame([{**_row([0.0, 0.0, 0.0]), "design": "standard"},
+                       {**_row(NEAR), "design": CONTROL},
+                       {**_row([1.0, 2.0, 1.5], "chrf"), "design": "alt"}]
+                      ).assign(experiment="alt_vs_standard", task="translate", arm="equal")
+    e = effect(mark_control(df).iloc[2].to_dict())
+    assert (e.status, e.raw_status, e.unit) == (Status.ATTENTION_UNUSED, Status.BETTER, " points")
+    assert (e.control_unit, e.control_what) == ("%", "perplexity")
+    assert f"control vs standard is {e.control_value:+.1f}% ± " in said(e)
+
+
+def test_the_control_has_its_row_in_the_comparison_table():
+    df = correct(mark_control(_frame(NEAR)))
+    table = compare_table(df.assign(n=3, mean=2.0, half=0.1), "lm", ("val_loss",))
+    row = next(r for r in table.rows if r[2] == "no attention (uniform)")
+    assert row[-2] == said(effect(df[df.design == CONTROL].iloc[0].to_dict()))
+    assert "(undecided" in row[-2]  # the control vs standard, with its own verdict
+
+
+def _listed(profile: str) -> list[str]:
+    """``"experiment run_id tags"`` of every run the study lists at a profile, the control's
+    left out (standard's rates, which need lr_tune's results, faked at the task's rate)."""
+    p = get_profile(profile)
+    if p.lr_grid:
+        p = dataclasses.replace(p, lrs={(t, d, a): rates.lr_of(t, 1.0, p)
+                                        for t, labels in rates.TUNED.items()
+                                        for d in ("standard", *labels)
+                                        for a in ("equal", "matched")})
+    return sorted(f"{name} {run_id(s.to_dict() if hasattr(s, 'to_dict') else dict(s))} "
+                  f"{canonical(dict(t))}"
+                  for name in ORDER for s, t in EXPERIMENTS[name](p)
+                  if t.get("design") != CONTROL)
+
+
+# sha256 of _listed(profile) before the control was added (commit 1852a1f), and its length
+BEFORE = {"smoke": (89, "f78f9a75f69468fe"), "quick": (175, "b07efcb37ecc2337"),
+          "standard": (770, "f088373806f5a587")}
+
+
+@pytest.mark.parametrize("profile", list(BEFORE))
+def test_adding_the_control_changed_no_existing_run_id(profile):
+    lines = _listed(profile)
+    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+    assert (len(lines), digest) == BEFORE[profile]
+
+
+def test_every_comparison_experiment_trains_the_control_on_its_seeds():
+    p = get_profile("quick")
+    for name in ("alt_vs_standard", "alt_init", "lm_tied_kv", "lm_gqa", "tied_qk_qkv",
+                 "directed_relation", "kv_translate", "bind_vs_dhead"):
+        runs = EXPERIMENTS[name](p)
+        std = {(t["task"], t["seed"], t.get("m"), t.get("d_head")) for _, t in runs
+               if t["design"] == "standard" and t["arm"] == "equal"
+               and t.get("d_head") == t.get("m")}
+        ctl = {(t["task"], t["seed"], t.get("m"), t.get("d_head")) for _, t in runs
+               if t["design"] == CONTROL}
+        assert ctl == std, name
+        assert all(t["arm"] == "equal" for _, t in runs if t["design"] == CONTROL)
+
+
+def test_an_unused_attention_reads_so_from_the_store(tmp_path):
+    """End to end through the real store: the control as good as standard on lm."""
+    std, tied, ctl = [2.00, 2.10, 2.20], [2.20, 2.30, 2.45], [2.01, 2.10, 2.22]
+    with Store(tmp_path / "r.db") as store:
+        for design, vals in (("standard", std), ("tied_kv", tied), (CONTROL, ctl)):
+            for seed, v in enumerate(vals):
+                spec = {"task": "lm", "model": {"design": design}, "seed": seed}
+                tags = {"task": "lm", "design": design, "arm": "equal", "seed": seed}
+                (rid,) = store.add("lm_tied_kv", "smoke", [(spec, tags)])
+                store.claim(rid)
+                store.finish(rid, "done", 10, {"val_loss": v}, {"n_params": 1000})
+        data = results.load(store, "smoke")
+    row = data.compared("lm_tied_kv", design="tied_kv", metric="val_loss").iloc[0].to_dict()
+    e = effect(row, chance=results.row_chance(row, data.profile))
+    assert (e.status, e.raw_status) == (Status.ATTENTION_UNUSED, Status.WORSE)
