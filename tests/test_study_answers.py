@@ -134,3 +134,16 @@ def test_a_published_number_beside_a_task_we_did_not_learn_gets_no_number_of_our
     assert text == ("Published (A et al.): tied K=V costs +3.1% perplexity per subword token at "
                     "300M parameters; ours is not learned at this scale, so there is no number "
                     "to set beside it.")
+
+
+def test_a_task_where_attention_is_not_used_is_named_as_not_answered():
+    from qkvlab.studies.qkv.compute.answers import Answer
+
+    unused = Finding("tied_kv", "lm", "equal", Effect(Status.ATTENTION_UNUSED, value=1.9))
+    a = Answer("q3", 1, (), (), (), (), (unused,), Scale("quick"))
+    text = answer_text(a)
+    assert text.startswith("Nothing is decided yet: no comparison holds after correcting for "
+                           "the 1 this question asks.")
+    assert ("Attention not used at this budget, so not answered: text prediction (lm) "
+            "(standard does not beat the same model with uniform attention by more than the "
+            "margin).") in text

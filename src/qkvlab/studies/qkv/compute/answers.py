@@ -80,6 +80,7 @@ class Published:
 class Answer:
     """One question's answer: ``decided`` (corrected verdicts worse, better or equivalent),
     ``open`` (undecided after correction), ``not_learned`` (neither design learned the task),
+    ``unused`` (standard does not beat the attention-free control: attention not used yet),
     ``not_run`` (the family's tasks this profile runs no comparison of), over ``family_m``
     comparisons corrected together; the ``scale`` and the ``published`` number, if any."""
 
@@ -89,6 +90,7 @@ class Answer:
     open: tuple[Finding, ...]
     not_learned: tuple[Finding, ...]
     not_run: tuple[str, ...]
+    unused: tuple[Finding, ...]
     scale: Scale
     published: Published | None = None
 
@@ -161,7 +163,7 @@ def answer(data: StudyData, question: str) -> Answer:
     fam = FAMILIES[question.upper()]
     found, sources = findings(data, fam)
     by = {s: [f for f in found if f.effect.status in s] for s in
-          (DECIDED, (Status.UNDECIDED,), (Status.NOT_LEARNED,))}
+          (DECIDED, (Status.UNDECIDED,), (Status.NOT_LEARNED,), (Status.ATTENTION_UNUSED,))}
     ran = {f.task for f in found}
     not_run = tuple(dict.fromkeys(h.task for h in fam.members if h.task not in ran))
     cmp = data.comparisons
@@ -169,7 +171,8 @@ def answer(data: StudyData, question: str) -> Answer:
     m = int(max(fam_m, default=0))  # those with a p (a not-learned one too: ``correct``)
     pub = published_kv(data, found) if question.lower() == "q3" else None
     return Answer(question.lower(), m, tuple(by[DECIDED]), tuple(by[(Status.UNDECIDED,)]),
-                  tuple(by[(Status.NOT_LEARNED,)]), not_run, scale(data, sources, found), pub)
+                  tuple(by[(Status.NOT_LEARNED,)]), not_run, tuple(by[(Status.ATTENTION_UNUSED,)]),
+                  scale(data, sources, found), pub)
 
 
 def answers(data: StudyData) -> dict[str, Answer]:

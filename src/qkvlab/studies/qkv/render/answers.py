@@ -145,7 +145,7 @@ def answer_text(a: Answer) -> str:
     if a.decided:
         out = (f"Decided, after correcting for the {a.family_m} comparisons this question asks: "
                f"{'; '.join(_decided(f, task) for f in a.decided)}.")
-    elif a.family_m or a.not_learned or a.open:
+    elif a.family_m or a.not_learned or a.open or a.unused:
         out = (f"Nothing is decided yet: no comparison holds after correcting for the "
                f"{a.family_m} this question asks.")
     else:
@@ -159,6 +159,10 @@ def answer_text(a: Answer) -> str:
         tasks = [task(t) for t in dict.fromkeys(f.task for f in a.not_learned)]
         out += (f" Not learned at this scale, so not answered: {_and(tasks)} (neither design "
                 f"got clearly past guessing).")
+    if a.unused:
+        tasks = [task(t) for t in dict.fromkeys(f.task for f in a.unused)]
+        out += (f" Attention not used at this budget, so not answered: {_and(tasks)} (standard "
+                f"does not beat the same model with uniform attention by more than the margin).")
     if a.not_run:
         out += f" Not run at this profile: {_and([task(t) for t in a.not_run])}."
     return out
