@@ -328,3 +328,21 @@ def test_symmetry_emergence_verdict_uses_the_margin(data):
                       f"3.000, context-free {ch['mlm']:.3f}), so its symmetry says little; the "
                       f"decoder (lm) has not learned its task at this budget (val loss 3.000, "
                       f"context-free {ch['lm']:.3f}), so its symmetry says little.")
+
+
+def test_forest_rows_without_a_verdict_are_grey():
+    """A cell where attention is not used (or the task not learned) is drawn, in grey; a
+    decided one in its design's color."""
+    import pandas as pd
+    from matplotlib.colors import to_hex
+
+    df = pd.DataFrame({"panel": ["loss", "loss"], "design": ["tied_kv", "tied_qk"],
+                       "task": ["lm", "lm"], "arm": ["equal", "equal"], "d_head": [None, None],
+                       "value": [1.0, 2.0], "lo": [0.5, 1.5], "hi": [1.5, 2.5],
+                       "status": ["attention_unused", "worse"], "unit": ["% perplexity"] * 2})
+    fig, ax = plt.subplots()
+    figures._forest_panel(ax, df, "loss", 2)
+    markers = [line for line in ax.lines if line.get_marker() in ("o", "s")]
+    colors = [to_hex(line.get_color()) for line in markers]
+    plt.close(fig)
+    assert colors == [figures.NO_VERDICT_COLOR, DESIGNS["tied_qk"].color.lower()]

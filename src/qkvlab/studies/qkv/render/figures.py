@@ -22,6 +22,7 @@ from matplotlib.ticker import NullFormatter
 
 from qkvlab.report.blocks import Figure
 from qkvlab.studies.qkv.compute import frames
+from qkvlab.studies.qkv.compute.effects import Status
 from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.plan.references import KAYYAM_1B2_KV_PCT, REF_KV_CITE, REF_KV_PPL_PCT
 from qkvlab.studies.qkv.plan.vocab import ARMS, METRICS, SCALED, color, label
@@ -54,6 +55,12 @@ def _row_label(design: str, task: str, d_head) -> str:
     return f"{label(design)} · {t}"
 
 
+# Rows with no verdict: attention not used at this budget (standard does not beat the
+# attention-free control) or not learned; drawn, but in grey
+NO_VERDICT = (Status.ATTENTION_UNUSED.value, Status.NOT_LEARNED.value)
+NO_VERDICT_COLOR = "#b0b0b0"
+
+
 def _forest_panel(ax, df: pd.DataFrame, panel: str, n_rows: int) -> None:
     """One panel: a row per (design, task), a marker ± CI bar per arm, a line at 0; ``n_rows``
     rows of space (the most of any panel, so that rows are spaced alike side by side)."""
@@ -65,8 +72,9 @@ def _forest_panel(ax, df: pd.DataFrame, panel: str, n_rows: int) -> None:
         for r in sub.itertuples():
             dy = 0.0 if len(sub) == 1 else (-0.16 if r.arm == "equal" else 0.16)
             xerr = None if r.lo is None or pd.isna(r.lo) else [[r.value - r.lo], [r.hi - r.value]]
+            c = NO_VERDICT_COLOR if r.status in NO_VERDICT else color(d)
             ax.errorbar(r.value, y + dy, xerr=xerr, fmt="o" if r.arm == "equal" else "s",
-                        color=color(d), mfc=color(d) if r.arm == "equal" else "white",
+                        color=c, mfc=c if r.arm == "equal" else "white",
                         mew=1.5, ms=7, capsize=4, elinewidth=1.6)
     sc = METRICS["accuracy" if panel == "accuracy" else "val_loss"]
     ax.axvspan(sc.show(-sc.raw_margin), sc.show(sc.raw_margin), color="#dddddd", lw=0, zorder=0)
@@ -96,14 +104,17 @@ def fig_forest(data: StudyData, out: Path, question: str) -> Figure | None:
                for a in arms]
     fig.legend(handles, [ARMS[a] for a in arms], frameon=False, ncol=len(arms),
                loc="outside lower center",
-               title="marker: arm · bar: 95% CI over seeds · grey band: practical margin",
+               title="marker: arm · bar: 95% CI over seeds · grey band: practical margin · "
+                     "grey marker: no verdict (attention not used, or not learned)",
                title_fontsize=9)
     name = f"forest_{question}"
     return save(fig, df, out, name, FOREST_TITLES[question],
                  "Paired difference to standard over seeds (same seeds) with its 95% CI; loss "
                  "tasks in % perplexity, accuracy tasks in percentage points; the grey band is "
                  "the practical margin (a 90% CI inside it reads 'equivalent'). Filled: equal "
-                 "width; open: parameter-matched; no bar: one seed.")
+                 "width; open: parameter-matched; no bar: one seed. Grey: no verdict, because "
+                 "standard does not beat the attention-free control by more than the margin "
+                 "(attention not used at this budget) or neither design learned the task.")
 
 
 def fig_forest_q1(data: StudyData, out: Path) -> Figure | None:
