@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -256,9 +257,9 @@ def test_kv_decode_rows_hold_every_layout_with_consistent_bytes_and_bounds(tmp_p
     from qkvlab.bench import kv
     from qkvlab.models.speed import kv_decode_speed
 
-    rows = kv_decode_speed((8, 16), (1, 2), d_model=32, n_heads=4, rounds=1)
+    rows = kv_decode_speed((8, 512), (1, 4), d_model=32, n_heads=4, rounds=1)  # 512 x 4: targets
     assert len(rows) == 6 * 4
-    for (T, B) in [(8, 1), (8, 2), (16, 1), (16, 2)]:
+    for (T, B) in [(8, 1), (8, 4), (512, 1), (512, 4)]:
         at = {r["design"]: r for r in rows if (r["context"], r["batch"]) == (T, B)}
         std = at["standard"]
         assert std["ratio"] == 1.0 and std["cache_bytes"] == 2 * B * T * 4 * 8 * 4
@@ -268,8 +269,19 @@ def test_kv_decode_rows_hold_every_layout_with_consistent_bytes_and_bounds(tmp_p
             assert r["kernel"] in ("sdpa", "blocked") and r["tokens_per_s"] > 0
             assert r["bound_tokens_per_s"] == pytest.approx(
                 B * r["copy_gb_s"] * 1e9 / (r["cache_bytes"] + r["weight_bytes"]))
-    text = bench_tables({"kv_decode": {"rows": rows, "targets": kv.targets(rows)}})
-    assert "When does K = V pay?" in text
+            for key in ("products_gb_s", "products_bound_tokens_per_s"):
+                assert 0 < r[key] < math.inf
+            # the products are part of a step, so their floor sits above it (generous: one
+            # round at a tiny size, where a step is mostly Python, is noisy)
+            assert r["products_bound_tokens_per_s"] >= r["tokens_per_s"] / 3
+    targets = kv.targets(rows)
+    assert len(targets) == 4  # n_heads 4: no gqa_4 (its H/4 is gqa_1)
+    for t in targets:
+        assert 0 < t["products_bound"] < math.inf
+        lower = "memory" if t["bound"] <= t["products_bound"] else "BLAS products ("
+        assert t["bounded_by"].startswith(lower) if not t["met"] else t["bounded_by"] == ""
+    text = bench_tables({"kv_decode": {"rows": rows, "targets": targets}})
+    assert "When does K = V pay?" in text and "| products bound | bounded by |" in text
     assert kv.kv_figure(rows, tmp_path / "kv.png").stat().st_size > 0
 
 
@@ -279,7 +291,8 @@ def test_kv_targets_are_read_where_the_cache_dominates():
     def row(T, design, ratio, share):
         return {"context": T, "batch": 4, "design": design, "ratio": ratio, "cache_share": share,
                 "bound_tokens_per_s": 10.0 * ratio, "attention_cache_gb_s": 8.0,
-                "copy_gb_s": 10.0}
+                "copy_gb_s": 10.0, "products_gb_s": 6.0 if design == "mqa" else 9.0,
+                "products_bound_tokens_per_s": (4.0 if design == "mqa" else 10.0) * ratio}
 
     rows = [row(T, d, r, s) for T, s in [(512, 0.5), (4096, 0.9), (8192, 0.95)]
             for d, r in [("standard", 1.0), ("tied_kv", 1.9), ("gqa_4", 1.5), ("gqa_2", 3.2),
@@ -290,3 +303,15 @@ def test_kv_targets_are_read_where_the_cache_dominates():
     assert {t["context"] for t in got.values()} == {4096}
     assert got["tied_kv"]["met"] and not got["gqa_4"]["met"] and got["gqa_2"]["met"]
     assert not got["mqa"]["met"] and got["standard"]["measured"] == pytest.approx(0.8)
+    # mqa: products bound 4x4/10 = 1.6 < memory bound 4: stopped by the BLAS, below target
+    assert got["mqa"]["bounded_by"] == "BLAS products (6.0 GB/s vs copy 10.0 GB/s)"
+    assert got["mqa"]["products_bound"] == pytest.approx(1.6)
+    # gqa_4: both bounds 1.5 < 1.8; memory where they tie; met targets name no bound
+    assert got["gqa_4"]["bounded_by"] == "memory" and got["tied_kv"]["bounded_by"] == ""
+    # standard's read (0.8, met): products at 9 of copy 10 GB/s beside memory's 1.0
+    assert got["standard"]["products_bound"] == pytest.approx(0.9)
+    assert got["standard"]["bounded_by"] == ""
+    # not met, though both bounds clear the target: the bound is named, and that it is not it
+    slow = kv._target("x", rows[0], 0.7, 0.5, 1.0, 0.9, {**rows[0], "products_gb_s": 9.0})
+    assert slow["bounded_by"] == ("BLAS products (9.0 GB/s vs copy 10.0 GB/s); "
+                                  "bound above the target: the rest of the step")

@@ -60,6 +60,26 @@ def test_decode_attention_equals_float64(layout, B, T, block_bytes):
     assert_close(out.double(), reference(q, k, v, 0.25), **FP32)
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("block_bytes", [kattend.BLOCK_BYTES, 4096, 512])
+def test_decode_products_issue_the_kernels_products(layout, block_bytes, monkeypatch):
+    """decode_products (the bench's products bound) makes the kernel's batched GEMMs: the same
+    operand shapes and strides, in the same order, in each block path."""
+    G, shared = LAYOUTS[layout]
+    q, (k, v) = torch.randn(3, 8, 1, 16), cache(3, G, 200, 16, shared)
+    calls, bmm = [], torch.bmm
+
+    def record(a, b, **kw):
+        calls[-1].append((a.shape, a.stride(), b.shape, b.stride()))
+        return bmm(a, b, **kw)
+
+    monkeypatch.setattr(torch, "bmm", record)
+    for fn in (decode_attention, kattend.decode_products):
+        calls.append([])
+        fn(q, k, v, 0.25, block_bytes=block_bytes)
+    assert calls[0] == calls[1] and len(calls[0]) >= 2
+
+
 def test_decode_attention_refuses_what_it_does_not_compute():
     with pytest.raises(ValueError, match="one query"):
         decode_attention(torch.randn(1, 4, 2, 8), torch.randn(1, 4, 5, 8), torch.randn(1, 4, 5, 8),

@@ -176,19 +176,29 @@ def _kv_tables(kv: dict) -> str:
     rows = [[r["context"], r["batch"], r["design"], int(r["tokens_per_s"]),
              int(r["tokens_per_s_sdpa"]), r["ratio"], f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}",
              r["cache_bytes"] / 1e6, f"{r['cache_share']:.0%}", int(r["bound_tokens_per_s"]),
-             r["attention_cache_gb_s"], r["kernel"]] for r in kv["rows"]]
+             r["attention_cache_gb_s"], r.get("products_gb_s", ""),
+             int(r["products_bound_tokens_per_s"]) if "products_bound_tokens_per_s" in r else "",
+             r["kernel"]] for r in kv["rows"]]
     copy = kv["rows"][0]["copy_gb_s"] if kv["rows"] else 0.0
     text = ("When does K = V pay? One batch decoding step, cache of `context` tokens (random), "
             "one layer d_model 512, 8 heads of 64; ratio = tokens/s / standard's (median of "
             f"interleaved rounds, min-max); bound = batch x copy bandwidth ({copy:.1f} GB/s) / "
-            "(cache + weight bytes); attention GB/s = cache bytes / the attention alone\n\n"
+            "(cache + weight bytes); attention GB/s = cache bytes / the attention alone; "
+            "products GB/s = cache bytes / the blocked kernel's two products alone (scores, "
+            "weighted sum), products bound = batch / their time per step\n\n"
             + markdown_table(["context", "batch", "design", "tokens/s", "tokens/s, SDPA",
                               "ratio", "spread", "cache MB", "cache share", "bound tokens/s",
-                              "attention GB/s", "decode attention"], rows))
+                              "attention GB/s", "products GB/s", "products bound tokens/s",
+                              "decode attention"], rows))
     if kv.get("targets"):
         t = [[x["what"], x["context"], x["batch"], x["target"], x["measured"],
-              "met" if x["met"] else "not met", x["bound"]] for x in kv["targets"]]
+              "met" if x["met"] else "not met", x["bound"],
+              "" if x.get("products_bound") is None else x["products_bound"],
+              x.get("bounded_by", "")] for x in kv["targets"]]
         text += ("\n\nTargets at the longest context where the cache is >= 80% of a step's bytes "
-                 "(bound: the same ratio of the memory bounds)\n\n" + markdown_table(
-                     ["target", "context", "batch", "want", "measured", "", "bound"], t))
+                 "(memory bound / products bound: the same figure were every step at its memory "
+                 "bound / at the floor of its BLAS products; bounded by: the lower of the two, "
+                 "where not met)\n\n" + markdown_table(
+                     ["target", "context", "batch", "want", "measured", "", "memory bound",
+                      "products bound", "bounded by"], t))
     return text

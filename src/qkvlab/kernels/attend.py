@@ -39,7 +39,8 @@ from qkvlab.kernels.choice import KernelChoice
 from qkvlab.timing import interleaved, seconds
 
 __all__ = ["ATTENTION_KERNELS", "BLOCK_BYTES", "attention_probe", "decode_attention",
-           "decode_attention_kernel", "is_active", "set_attention_kernel", "use"]
+           "decode_attention_kernel", "decode_products", "is_active", "set_attention_kernel",
+           "use"]
 
 ATTENTION_KERNELS = ("auto", "sdpa", "blocked")
 # A block of a shared K=V buffer is read twice: 8 MB stays in this EPYC's 32 MB L3 between the
@@ -67,29 +68,66 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     Raises:
         ValueError: more than one query, or G not dividing H.
     """
-    B, H, Tq, dk = q.shape
-    G, T, dv = k.shape[1], k.shape[2], v.shape[-1]
-    if Tq != 1 or H % G:
-        raise ValueError(f"decode_attention: q {tuple(q.shape)} must hold one query and G={G} "
-                         f"must divide H={H}")
-    r, N = H // G, B * G
-    qs = (q.reshape(N, r, dk) * scale).mT  # (N, dk, r): heads of a group stacked, scaled
-    kf, vf = k.flatten(0, 1), v.flatten(0, 1)  # (N, T, dk|dv), views of the cache
-    if not shares_storage(k, v):  # keys and values are separate reads anyway: one pass
+    qs, kf, vf, n, tb = _plan(q, k, v, scale, block_bytes)
+    B, H, dv, N, r = q.shape[0], q.shape[1], v.shape[-1], kf.shape[0], qs.shape[-1]
+    if n is None:  # keys and values are separate reads anyway: one pass
         p = torch.bmm(kf, qs).mT.softmax(dim=-1)  # (N, r, T)
         return torch.bmm(p, vf).view(B, H, 1, dv)
-    per_seq = T * dk * k.element_size()
-    n = max(1, block_bytes // per_seq)  # sequences (b, g) per block
-    tb = T if n > 1 or per_seq <= block_bytes else max(1, block_bytes // (dk * k.element_size()))
     out = q.new_empty(N, r, dv)
     for i in range(0, N, n):
         j = min(N, i + n)
-        if tb == T:  # the block holds whole sequences: plain softmax
+        if tb is None:  # the block holds whole sequences: plain softmax
             p = torch.bmm(kf[i:j], qs[i:j]).mT.softmax(dim=-1)  # (n, r, T)
             torch.bmm(p, vf[i:j], out=out[i:j])
         else:
             out[i:j] = _online(qs[i:j], kf[i:j], tb)
     return out.view(B, H, 1, dv)
+
+
+def _plan(q: Tensor, k: Tensor, v: Tensor, scale: float, block_bytes: int):
+    """:func:`decode_attention`'s operands and blocks: stacked scaled queries (N, dk, r), the
+    cache as (N, T, d) views, sequences per block ``n`` (None: k and v are separate, one
+    pass) and tokens per block ``tb`` (None: whole sequences, else the online softmax)."""
+    B, H, Tq, dk = q.shape
+    G, T = k.shape[1], k.shape[2]
+    if Tq != 1 or H % G:
+        raise ValueError(f"decode_attention: q {tuple(q.shape)} must hold one query and G={G} "
+                         f"must divide H={H}")
+    qs = (q.reshape(B * G, H // G, dk) * scale).mT  # (N, dk, r): heads of a group stacked
+    kf, vf = k.flatten(0, 1), v.flatten(0, 1)  # (N, T, dk|dv), views of the cache
+    if not shares_storage(k, v):
+        return qs, kf, vf, None, None
+    per_seq = T * dk * k.element_size()
+    n = max(1, block_bytes // per_seq)  # sequences (b, g) per block
+    if n > 1 or per_seq <= block_bytes:
+        return qs, kf, vf, n, None
+    return qs, kf, vf, n, max(1, block_bytes // (dk * k.element_size()))
+
+
+def decode_products(q: Tensor, k: Tensor, v: Tensor, scale: float,
+                    block_bytes: int = BLOCK_BYTES) -> None:
+    """The two products of :func:`decode_attention` alone, as it issues them (same operand
+    views, shapes, strides and blocks): scores K·qᵀ and weights × V, with the scores standing
+    in for the weights (a contiguous (N, r, T) buffer as softmax returns; the online path's
+    transposed one) and no softmax. Its time is the floor a decode step with this kernel
+    cannot beat on this BLAS (``models.speed.kv_decode_speed``'s products bound)."""
+    qs, kf, vf, n, tb = _plan(q, k, v, scale, block_bytes)
+    N, T, r = kf.shape[0], kf.shape[1], qs.shape[-1]
+    p = q.new_empty(min(N, n or N), r, T)  # softmax's output layout
+    if n is None:
+        torch.bmm(kf, qs)
+        torch.bmm(p, vf)
+        return
+    out = q.new_empty(N, r, vf.shape[-1])
+    for i in range(0, N, n):
+        j = min(N, i + n)
+        if tb is None:
+            torch.bmm(kf[i:j], qs[i:j])
+            torch.bmm(p[:j - i], vf[i:j], out=out[i:j])
+            continue
+        for t in range(0, T, tb):
+            blk = kf[i:j, t:t + tb]
+            torch.bmm(torch.bmm(blk, qs[i:j]).mT, blk)
 
 
 def _online(qs: Tensor, kv: Tensor, tb: int) -> Tensor:
