@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from qkvlab.data import get_task
+from qkvlab.data.base import Task
 from qkvlab.models import ModelConfig, build_model, save_model
 from qkvlab.progress import bar as progress_bar
 from qkvlab.train.checkpoints import load_checkpoint, save_checkpoint
@@ -120,16 +121,21 @@ def adamw_kernel(device) -> dict[str, bool]:
 def make_task(name: str, options: Mapping[str, Any] | None = None):
     """A prepared task: a registered name (``qkvlab.data.get_task``) or ``module:Class``.
 
-    ``module:Class`` lets a user (or a test) bring a task of their own that follows the same
-    interface without registering it.
+    ``module:Class`` lets a user (or a test) bring a task of their own without registering it;
+    the class must subclass ``qkvlab.data.base.Task``, checked before it is called, so a spec
+    file or a store naming any other callable (``os:system``) is refused, not run.
     """
     options = dict(options or {})
     if ":" in name:
         mod, _, cls = name.partition(":")
         try:
-            task = getattr(importlib.import_module(mod), cls)(**options)
+            found = getattr(importlib.import_module(mod), cls)
         except (ImportError, AttributeError) as e:
             raise ValueError(f"task: cannot import {name!r} ({e})") from None
+        if not (isinstance(found, type) and issubclass(found, Task)):
+            raise ValueError(f"task: {name!r} is not a task class (a module:Class task must "
+                             "subclass qkvlab.data.base.Task)")
+        task = found(**options)
     else:
         task = get_task(name, **options)
     task.prepare()
