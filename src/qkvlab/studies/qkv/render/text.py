@@ -48,7 +48,8 @@ LEGEND = ("worse / better: the paired 95% CI over seeds excludes zero; equivalen
 def splits_text(profile) -> str:
     """Which split each number comes from, with the profile's test batches (``vocab.reported``)."""
     n = getattr(profile, "test_batches", None)
-    size = f"{n} batches per run" if n else "no test batches at this profile"
+    size = (f"{n} batch{'es' if n != 1 else ''} per run" if n
+            else "no test batches at this profile")
     return (f"Rates and every choice on val; reported numbers on the test split ({size}, "
             f"scored once on each finished run's final model: data no choice saw). The per-step "
             f"losses (trained how far, the half-budget gap) and the 'has it learned' caveats "
