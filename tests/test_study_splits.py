@@ -26,13 +26,14 @@ VAL = {"standard": [2.00, 2.10, 2.20], "tied_kv": [2.01, 2.11, 2.21], CONTROL: [
 TEST = {"standard": [2.05, 2.12, 2.30], "tied_kv": [2.40, 2.52, 2.66], CONTROL: [3.5, 3.6, 3.7]}
 
 
-def _fill(store: Store, test: dict | None = None, skip_test=()) -> None:
+def _fill(store: Store, test: dict | None = None, skip_test=(), train=None) -> None:
     """lm_tied_kv runs finished with val loss ``VAL`` and test loss ``test`` (``TEST``); runs
-    (design, seed) in ``skip_test`` finished without a test score."""
+    (design, seed) in ``skip_test`` finished without a test score; ``train``: the spec's."""
     test = TEST if test is None else test
     for design, vals in VAL.items():
         for seed, v in enumerate(vals):
-            spec = {"task": "lm", "model": {"design": design}, "seed": seed}
+            spec = {"task": "lm", "model": {"design": design}, "seed": seed,
+                    **({"train": train} if train is not None else {})}
             tags = {"task": "lm", "design": design, "arm": "equal", "seed": seed}
             (rid,) = store.add("lm_tied_kv", "smoke", [(spec, tags)])
             store.claim(rid)
@@ -75,6 +76,21 @@ def test_a_finished_run_without_a_test_score_enters_as_lost(tmp_path):
     assert (row["n"], row["failed"], row["n_pairs"], row["lost"]) == (3, 1, 3, 1)
     worst = max(max(v) for v in TEST.values())
     assert row["lost_value"] >= worst
+
+
+def test_runs_of_an_earlier_definition_without_test_scores_are_not_read(tmp_path):
+    """A store keeps the runs of an experiment's earlier definition (same tags, no test
+    batches): they neither stand in for the current runs nor count as lost."""
+    old = {d: [v + 5 for v in vals] for d, vals in VAL.items()}
+    with Store(tmp_path / "r.db") as store:
+        _fill(store, test=old, skip_test={(d, s) for d in VAL for s in range(3)},
+              train={"test_batches": 0})
+        _fill(store, train={"test_batches": 2})
+        data = results.load(store, "smoke")
+    df = data.compared("lm_tied_kv", metric="val_loss").set_index("design")
+    for design in VAL:
+        assert df.loc[design, "mean"] == pytest.approx(np.mean(TEST[design]), rel=1e-12)
+        assert (df.loc[design, "n"], df.loc[design, "failed"]) == (3, 0)
 
 
 def test_rates_are_chosen_on_val_and_tuning_runs_never_score_test(tmp_path):

@@ -11,7 +11,13 @@ import pandas as pd
 
 from qkvlab.stats import mean_ci, paired
 from qkvlab.studies.qkv.compute.effects import Effect, effect
-from qkvlab.studies.qkv.compute.results import StudyData, chance, row_chance, select
+from qkvlab.studies.qkv.compute.results import (
+    StudyData,
+    chance,
+    row_chance,
+    scored_on_test,
+    select,
+)
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
 from qkvlab.studies.qkv.plan.rates import choose_lrs
 from qkvlab.studies.qkv.plan.vocab import (
@@ -91,6 +97,7 @@ def paired_row(data: StudyData, a: tuple[str, str], b: tuple[str, str], task: st
     def vals(exp, design):
         g = runs[(runs.experiment == exp) & (runs.design == design) & (runs.task == task)
                  & (runs.arm == "equal") & (runs.status == "done")]
+        g = scored_on_test(g)
         return dict(zip(g.seed, g[col]))
 
     va, vb = vals(*a), vals(*b)

@@ -132,6 +132,7 @@ def comparisons(runs: pd.DataFrame, profile: QKVProfile | None = None) -> pd.Dat
     for exp, df in runs.groupby("experiment", sort=False):
         if exp not in ORDER or exp in ("scale_probe", "lr_tune", "symmetry_emergence"):
             continue
+        df = scored_on_test(df)
         by = [c for c in GROUP_BY if c in df and df[c].notna().any()]
         for task, sub in df.groupby("task", sort=True):
             metrics = [TASK_METRIC.get(task, "val_loss"), *EXTRA_METRICS.get(exp, ())]
@@ -149,6 +150,18 @@ def comparisons(runs: pd.DataFrame, profile: QKVProfile | None = None) -> pd.Dat
                                   failed=at_chance if own else None)
                 parts.append(c.assign(experiment=exp, metric=metric))
     return mark_control(pd.concat(parts, ignore_index=True)) if parts else pd.DataFrame()
+
+
+TEST_BATCHES = "spec.train.test_batches"
+
+
+def scored_on_test(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs whose spec scores test batches (all when no spec says). The others belong to
+    an earlier definition of an experiment (a store keeps its memberships) whose tags a current
+    run repeats, so they would stand in for it in a comparison."""
+    if TEST_BATCHES not in runs:
+        return runs
+    return runs[pd.to_numeric(runs[TEST_BATCHES], errors="coerce").fillna(0) > 0]
 
 
 def unscored(runs: pd.DataFrame, col: str) -> pd.DataFrame:
@@ -227,8 +240,8 @@ def probe(store: Store, runs: pd.DataFrame) -> pd.DataFrame:
     """Scale-probe statistics per run and probed step, and each run's final loss on the test
     split (stat ``val_loss``, the metric's name; ``vocab.reported``)."""
     cols = ["scale", "d_head", "seed", "step", "stat", "value"]
-    pr = runs[(runs.experiment == "scale_probe") & (runs.status == "done")] if not runs.empty \
-        else runs
+    pr = scored_on_test(runs[(runs.experiment == "scale_probe") & (runs.status == "done")]) \
+        if not runs.empty else runs
     if pr.empty:
         return pd.DataFrame(columns=cols)
     tags = pr[["run_id", "scale", "d_head", "seed"]]
