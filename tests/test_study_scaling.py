@@ -6,6 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from conftest import scored
 from qkvlab.env import environment
 from qkvlab.experiments import registry
 from qkvlab.experiments.store import Store
@@ -46,7 +47,7 @@ def test_scaling_figure_reads_perplexity_per_width(tmp_path):
                             "d_model": w}
                     (rid,) = store.add("lm_scaling", "smoke", [(spec, tags)])
                     store.claim(rid)
-                    store.finish(rid, "done", 1, {"val_loss": v},
+                    store.finish(rid, "done", 1, scored({"val_loss": v}),
                                  {"n_params": 1000 * w, **env})
         data = results.load(store, "smoke")
     with plt.rc_context(figures_q.STYLE):
@@ -76,7 +77,7 @@ def test_budget_reads_val_loss_at_half_and_full_budget(tmp_path):
             store.claim(rid)
             for step, v in curve.items():
                 store.log(rid, step, {"val_loss": v})
-            store.finish(rid, "done", 400, {"val_loss": curve[400]}, {"n_params": 1, **env})
+            store.finish(rid, "done", 400, scored({"val_loss": curve[400]}), {"n_params": 1, **env})
         data = results.load(store, "smoke")
     (row,) = data.budget.to_dict("records")
     assert (row["task"], row["design"], row["half_step"], row["steps"], row["seeds"]) == (
