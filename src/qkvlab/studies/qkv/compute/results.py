@@ -91,10 +91,16 @@ def select(df: pd.DataFrame, **where) -> pd.DataFrame:
 def chance(task: str, profile: QKVProfile, **options) -> float | None:
     """The chance level of a task's own metric (``vocab.TASK_METRIC``) at a profile (``options``:
     task options a run sets over the profile's, e.g. bind_codes' m): a synthetic task's
-    guessing accuracy, or a text task's context-free val loss (nats); None if unknown."""
+    guessing accuracy, or a text task's context-free val loss (nats; in bits per character
+    where the task is judged on them); None if unknown."""
     try:
         opts = {**profile.task_options.get(task, {}), **options}
-        return getattr(get_task(task, **opts), "chance", None)
+        t = get_task(task, **opts)
+        level = getattr(t, "chance", None)
+        if level is not None and TASK_METRIC.get(task) == "bits_per_char":
+            meta = t.data.meta  # bits per token × tokens per character of the train split
+            level = level / math.log(2) * meta["tokens"]["train"] / meta["chars"]["train"]
+        return level
     except MissingSourceError:  # a corpus not installed: no chance level, no "not learned"
         return None
 
@@ -124,14 +130,15 @@ def comparisons(runs: pd.DataFrame, profile: QKVProfile | None = None) -> pd.Dat
         for task, sub in df.groupby("task", sort=True):
             metrics = [TASK_METRIC.get(task, "val_loss"), *EXTRA_METRICS.get(exp, ())]
             for metric in dict.fromkeys(metrics):
-                if metric not in sub or sub[metric].isna().all():
+                col = getattr(metric_of(metric), "stored", metric)  # mlm: masked_loss = val_loss
+                if col not in sub or sub[col].isna().all():
                     continue
                 own = metric == TASK_METRIC.get(task, "val_loss") and profile is not None
 
                 def at_chance(tags: dict, task=task) -> float | None:
                     return row_chance({**tags, "task": task}, profile)
 
-                c = compare_frame(sub, metric, by, lower_is_better=lower_is_better(metric),
+                c = compare_frame(sub, col, by, lower_is_better=lower_is_better(metric),
                                   failed=at_chance if own else None)
                 parts.append(c.assign(experiment=exp, metric=metric))
     return mark_control(pd.concat(parts, ignore_index=True)) if parts else pd.DataFrame()

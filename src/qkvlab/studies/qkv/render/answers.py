@@ -14,12 +14,14 @@ from qkvlab.studies.qkv.plan.claims import QUESTIONS
 from qkvlab.studies.qkv.plan.vocab import ARMS, label
 
 # a task in plain words (its name in the tables after it, on first mention)
-TASK_WORDS = {"lm": "text prediction", "mlm": "masked-text prediction",
+TASK_WORDS = {"lm": "text prediction", "lm_char": "text prediction by character",
+              "mlm": "masked-text prediction",
               "translate": "translation", "relation": "induction",
               "mqar": "associative recall", "successor": "an order set by content, encoder",
               "successor_causal": "an order set by content, decoder",
               "bind_codes": "recalling a value bound to a key"}
 UNIT_WORDS = {"pp": "percentage points of"}
+UNIT_AS_WHAT = ("bits/char",)  # a unit its metric's words already name ("bits per character")
 VERDICT = {Status.WORSE: "worse than", Status.BETTER: "better than",
            Status.EQUIVALENT: "as good as"}
 
@@ -43,11 +45,12 @@ def amount(e: Effect) -> str:
     and half its 95% CI in the unit people quote."""
     if e.value is None:
         return "no number"
-    unit = e.unit.strip()
-    tail = f"% {e.what}" if unit == "%" else f" {UNIT_WORDS.get(unit, unit)} {e.what}"
+    unit, n = e.unit.strip(), e.digits
+    tail = f"% {e.what}" if unit == "%" else \
+        f" {e.what}" if unit in UNIT_AS_WHAT else f" {UNIT_WORDS.get(unit, unit)} {e.what}"
     if e.half is None:
-        return f"{e.value:+.1f}{tail}, from one seed"
-    return f"{e.value:+.1f} ± {e.half:.1f}{tail}"
+        return f"{e.value:+.{n}f}{tail}, from one seed"
+    return f"{e.value:+.{n}f} ± {e.half:.{n}f}{tail}"
 
 
 def _arm(arm: str) -> str:

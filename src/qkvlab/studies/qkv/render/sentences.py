@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from qkvlab.stats import decide, mean_ci, paired
-from qkvlab.studies.qkv.compute.effects import LN2, Status, effect, finite
+from qkvlab.studies.qkv.compute.effects import Status, effect, finite
 from qkvlab.studies.qkv.compute.frames import (
     budget_gap,
     emergence_series,
@@ -21,7 +21,7 @@ from qkvlab.studies.qkv.compute.frames import (
 )
 from qkvlab.studies.qkv.compute.results import StudyData, chance
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
-from qkvlab.studies.qkv.plan.vocab import METRICS
+from qkvlab.studies.qkv.plan.vocab import METRICS, TASK_METRIC, metric_of
 from qkvlab.studies.qkv.render.text import ci_text, said
 
 INCONCLUSIVE = "inconclusive at this scale"
@@ -138,7 +138,7 @@ def emergence_sentence(data: StudyData) -> str:
     n_enc, n_dec = max(ser["encoder"]), max(ser["decoder"])  # each at the end of its training
     enc, dec = ser["encoder"][n_enc], ser["decoder"][n_dec]
     s = (f"Trained from the same initial weights, qkvlab's encoder (mlm, {n_enc} steps) "
-         f"reaches symmetry {ci_text(enc, '{:.3f}')} and its decoder (lm, {n_dec} steps) "
+         f"reaches symmetry {ci_text(enc, '{:.3f}')} and its decoder (lm_char, {n_dec} steps) "
          f"{ci_text(dec, '{:.3f}')}")
     if len(enc) == len(dec) and len(enc) >= 2:  # same seeds: paired, encoder − decoder
         d = paired(enc, dec)
@@ -156,22 +156,28 @@ def emergence_sentence(data: StudyData) -> str:
             s += f" ({diff}: undecided, the CI straddles zero and reaches past ±{margin:g}{more})."
     else:
         s += f" ({INCONCLUSIVE}: too few seeds for a CI)."
-    return s + unlearned(data, "symmetry_emergence", (("mlm", "encoder"), ("lm", "decoder")))
+    return s + unlearned(data, "symmetry_emergence", (("mlm", "encoder"),
+                                                         ("lm_char", "decoder")))
 
 
 def unlearned(data: StudyData, experiment: str, tasks) -> str:
     """A caveat naming each kind whose standard runs in ``experiment`` did not halve a
     context-free guess's perplexity (their weights' geometry then says little)."""
     runs = data.runs
-    if runs.empty or "val_loss" not in runs:
+    if runs.empty:
         return ""
     out = []
     for task, kind in tasks:
-        v = runs[(runs.experiment == experiment) & (runs.task == task)].val_loss.dropna()
+        m = metric_of(TASK_METRIC[task])  # chance is in the task's own metric
+        if m.stored not in runs:
+            continue
+        v = runs[(runs.experiment == experiment) & (runs.task == task)][m.stored].dropna()
         ch = chance(task, data.profile)
-        if len(v) and ch is not None and v.mean() > ch - LN2:
-            out.append(f"the {kind} ({task}) has not learned its task at this budget (val loss "
-                       f"{v.mean():.3f}, context-free {ch:.3f}), so its symmetry says little")
+        if len(v) and ch is not None and v.mean() > ch - m.halved:
+            out.append(f"the {kind} ({task}) has not learned its task at this budget "
+                       f"({'bits per character' if m.halved == 1 else 'val loss'} "
+                       f"{v.mean():.3f}, context-free {ch:.3f}), so its symmetry "
+                       f"says little")
     return (" Caveat: " + "; ".join(out) + ".") if out else ""
 
 
