@@ -158,9 +158,13 @@ def _listed(profile: str) -> list[str]:
                   if t.get("design") != CONTROL)
 
 
-# sha256 of _listed(profile) before the control was added (commit 1852a1f), and its length
-BEFORE = {"smoke": (89, "f78f9a75f69468fe"), "quick": (175, "b07efcb37ecc2337"),
-          "standard": (770, "f088373806f5a587")}
+# sha256 of _listed(profile) and its length: first pinned before the control was added
+# (commit 1852a1f: smoke 89, quick 175, standard 770 runs). Re-pinned on purpose when the
+# headline lm moved to byte-level BPE (every lm run id changed: its task options name the
+# tokenizer) and the character-level lm_char row was added (new runs: its comparisons, its
+# tuning, and symmetry_emergence's decoder moved from lm to lm_char).
+BEFORE = {"smoke": (97, "8fead8c8c834bfac"), "quick": (199, "d072a6c68a8741aa"),
+          "standard": (858, "4b0079e0df2d7b1d")}
 
 
 @pytest.mark.parametrize("profile", list(BEFORE))

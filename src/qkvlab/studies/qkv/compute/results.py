@@ -187,7 +187,7 @@ def budget(store: Store, runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty or "arm" not in runs:
         return pd.DataFrame(columns=cols)
     sel = runs[(runs.status == "done") & (runs.arm == "equal")
-               & runs.task.isin(["lm", "mlm", "translate"])
+               & runs.task.isin(["lm", "lm_char", "mlm", "translate"])
                & ~runs.experiment.isin(["lr_tune", "lm_scaling"])].drop_duplicates("run_id")
     if sel.empty:
         return pd.DataFrame(columns=cols)

@@ -164,7 +164,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            "r^(1/c) per character at c characters a token, so ±log2(1.02)/c bits per "
            f"character at lm's c = {LM_CHARS_PER_TOKEN} (±{CHAR_MARGIN_BITS:.4f}); a "
            "character-level effect inside it would be inside the per-token margin",
-           "bits per character", " bits/char", _identity, digits=3),
+           "", " bits/char", _identity, digits=3),
     Metric("masked_loss", True, round(_char_pct(CHAR_MARGIN_NATS), 2),
            "% perplexity per masked character",
            "mlm is scored per masked character: the headline's ±2% per subword token spread "

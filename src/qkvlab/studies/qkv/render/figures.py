@@ -24,8 +24,14 @@ from qkvlab.report.blocks import Figure
 from qkvlab.studies.qkv.compute import frames
 from qkvlab.studies.qkv.compute.effects import Status
 from qkvlab.studies.qkv.compute.results import StudyData
-from qkvlab.studies.qkv.plan.references import KAYYAM_1B2_KV_PCT, REF_KV_CITE, REF_KV_PPL_PCT
-from qkvlab.studies.qkv.plan.vocab import ARMS, METRICS, SCALED, color, label
+from qkvlab.studies.qkv.plan.references import (
+    KAYYAM_1B2_KV_PCT,
+    REF_KV_CHARS_PER_TOKEN,
+    REF_KV_CITE,
+    REF_KV_PPL_PCT,
+    per_char,
+)
+from qkvlab.studies.qkv.plan.vocab import ARMS, LM_CHARS_PER_TOKEN, METRICS, SCALED, color, label
 from qkvlab.studies.qkv.render.figures_q import (
     STYLE,
     fig_q1_convex,
@@ -159,10 +165,16 @@ def fig_scaling(data: StudyData, out: Path) -> Figure | None:
     axes[0][0].set_ylabel("perplexity vs standard (%)")
     return save(fig, df, out, "scaling", "Does the gap grow with size?",
                  "Each design's paired perplexity difference to standard on lm at three widths "
-                 "(same depth and d_head), ± 95% CI over seeds; grey band: the practical margin; "
-                 f"diamonds: tied K=V at 300M (+{REF_KV_PPL_PCT}%) and 1.2B parameters "
+                 "(same depth and d_head), ± 95% CI over seeds, per subword token (byte-level "
+                 f"BPE, ~{LM_CHARS_PER_TOKEN:.1f} characters a token); grey band: the practical "
+                 f"margin; diamonds: tied K=V at 300M (+{REF_KV_PPL_PCT}%) and 1.2B parameters "
                  f"(+{KAYYAM_1B2_KV_PCT}%) as published ({REF_KV_CITE}; per-token perplexity with "
-                 "EOS padding counted, which dilutes gaps), not measured here.")
+                 "EOS padding counted, which dilutes gaps), not measured here. Their tokens "
+                 f"span ~{REF_KV_CHARS_PER_TOKEN:g} characters: a per-token ratio r is r^(1/c) "
+                 "per character at c characters a token, so their +3.1% is "
+                 f"+{per_char(REF_KV_PPL_PCT, REF_KV_CHARS_PER_TOKEN):.2f}% per character, "
+                 f"+{per_char(REF_KV_PPL_PCT, REF_KV_CHARS_PER_TOKEN / LM_CHARS_PER_TOKEN):.1f}% "
+                 "per token of ours.")
 
 
 def fig_lr(data: StudyData, out: Path) -> Figure | None:

@@ -313,7 +313,9 @@ def fig_q3_kv(data: StudyData, out: Path) -> Figure | None:
     df = concat([rows.assign(panel="quality"), perf.assign(panel="cost")])
     return save(fig, df, out, "q3_kv", "K = V: what it costs and what it saves",
                  f"Left: exp(Δ val loss) − 1, ± 95% CI over seeds (filled: equal width, open: "
-                 f"parameter-matched); dash-dot: published reference ({REF_KV_CITE}). Right: one "
+                 f"parameter-matched), per subword token (lm: byte-level BPE; translate: its "
+                 f"own target BPE); dash-dot: published reference ({REF_KV_CITE}), per token of "
+                 f"a decoder LM, so it stands beside the lm points only. Right: one "
                  f"interleaved measurement, batch-1 greedy decoding.")
 
 

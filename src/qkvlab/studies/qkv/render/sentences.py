@@ -21,7 +21,7 @@ from qkvlab.studies.qkv.compute.frames import (
 )
 from qkvlab.studies.qkv.compute.results import StudyData, chance
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
-from qkvlab.studies.qkv.plan.vocab import METRICS, TASK_METRIC, metric_of
+from qkvlab.studies.qkv.plan.vocab import METRICS, TASK_METRIC, label, metric_of
 from qkvlab.studies.qkv.render.text import ci_text, said
 
 INCONCLUSIVE = "inconclusive at this scale"
@@ -249,3 +249,19 @@ def gap_trend(data: StudyData, task: str, design: str) -> str:
         return text + (": still closing, so at this budget the perplexity cost above overstates "
                        "what the tie costs a model trained to the end.")
     return text + "."
+
+
+def char_sentence(data: StudyData, experiments: tuple[str, ...], designs: tuple[str, ...]
+                  ) -> str:
+    """The character-level lm's row (lm_char, equal width) in bits per character: the second
+    reading of a question's lm comparisons, never set beside a per-token published number."""
+    rows = data.compared(experiments, task="lm_char", arm="equal").to_dict("records")
+    parts = []
+    for design in designs:
+        e = task_effects(rows, design, "lm_char", data)[0]
+        if e.status is not Status.MISSING:
+            parts.append(f"{label(design)} {said(e)}")
+    if not parts:
+        return ""
+    return ("By character (lm_char, the character-level lm, in bits per character at equal "
+            "width; its margin is the per-token one per character): " + "; ".join(parts) + ".")

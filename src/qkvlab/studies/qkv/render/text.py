@@ -73,8 +73,8 @@ def said(e: Effect) -> str:
     if e.status is Status.ATTENTION_UNUSED:
         return unused(e)
     if e.half is None:
-        return f"{e.value:+.{e.digits}f}{e.unit} {e.what} from {e.n} seed (undecided: no CI)"
-    text = f"{e.value:+.{e.digits}f}{e.unit} ± {e.half:.{e.digits}f}{e.unit} {e.what}"
+        return f"{e.value:+.{e.digits}f}{e.unit}{_what(e)} from {e.n} seed (undecided: no CI)"
+    text = f"{e.value:+.{e.digits}f}{e.unit} ± {e.half:.{e.digits}f}{e.unit}{_what(e)}"
     holm = (f"; p {_p(e.p_adj)} after Holm over {e.family}'s {e.family_m}"
             if e.family else "")
     lost = f"; {_lost(e)}, counted as worst" if _lost(e) else ""
@@ -95,6 +95,11 @@ def said(e: Effect) -> str:
             f"{more}{lost})")
 
 
+def _what(e: Effect) -> str:
+    """" perplexity" after a value in %; nothing where the unit says it all (bits/char)."""
+    return f" {e.what}" if e.what else ""
+
+
 def _control(e: Effect) -> str:
     """The control vs standard that the gate read, e.g. "+1.2 ± 3.0%"."""
     if e.control_value is None:
@@ -108,14 +113,15 @@ def unused(e: Effect) -> str:
     """An ``ATTENTION_UNUSED`` effect in words: the gate, then what the test alone said."""
     n = e.digits
     text = (f"{e.value:+.{n}f}{e.unit}"
-            + ("" if e.half is None else f" ± {e.half:.{n}f}{e.unit}") + f" {e.what}")
+            + ("" if e.half is None else f" ± {e.half:.{n}f}{e.unit}") + _what(e))
     raw = "" if e.raw_status is None else \
         f"; its own test would read {e.raw_status.value}" + \
         ("" if e.p is None else f" at p {_p(e.p)}")
     lost = f"; {_lost(e)}, counted as worst" if _lost(e) else ""
     return (f"{text} (attention not used at this budget: standard does not beat the "
             f"attention-free control by more than the margin: the control vs standard is "
-            f"{_control(e)} {e.control_what}; no verdict{raw}{lost})")
+            f"{_control(e)}{' ' + e.control_what if e.control_what else ''}; no verdict"
+            f"{raw}{lost})")
 
 
 def cell(e: Effect) -> str:
