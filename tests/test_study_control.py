@@ -124,9 +124,10 @@ def test_attention_unused_stays_in_its_holm_family_and_reads_in_words():
 
 
 def test_another_metric_quotes_the_control_on_the_tasks_own_metric():
-    """chrF on translate is gated by the control's val loss, and says so in its unit."""
-    df = pd.DataFrame([{**_row([0.0, 0.0, 0.0]), "design": "standard"},
-                       {**_row(NEAR), "design": CONTROL},
+    """chrF on translate is gated by the control's loss per target token (translate's own
+    metric, target_loss), and says so in its unit."""
+    df = pd.DataFrame([{**_row([0.0, 0.0, 0.0], "target_loss"), "design": "standard"},
+                       {**_row(NEAR, "target_loss"), "design": CONTROL},
                        {**_row([1.0, 2.0, 1.5], "chrf"), "design": "alt"}]
                       ).assign(experiment="alt_vs_standard", task="translate", arm="equal")
     e = effect(mark_control(df).iloc[2].to_dict())

@@ -292,7 +292,9 @@ def test_q1_loss_holds_val_loss_and_chrf(drawn):
     df = _csv(drawn, "q1_alt_loss")
     chrf = df[df.metric == "chrf"].set_index(["design", "arm"])
     np.testing.assert_allclose(chrf.loc[("alt", "equal"), ["mean", "half"]], _ci(CHRF["alt"]))
-    loss = df[df.metric == "val_loss"].set_index(["design", "task", "arm"])
+    # each task's own loss: lm per subword token (val_loss), translate per target token
+    assert set(df[df.task == "lm"].metric) == {"val_loss"}
+    loss = df[df.metric == "target_loss"].set_index(["design", "task", "arm"])
     np.testing.assert_allclose(loss.loc[("alt", "translate", "matched"), ["mean", "half"]],
                                _ci(ALT[("translate", "matched")]))
 

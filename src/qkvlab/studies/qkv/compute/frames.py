@@ -14,7 +14,14 @@ from qkvlab.studies.qkv.compute.effects import Effect, effect
 from qkvlab.studies.qkv.compute.results import StudyData, chance, row_chance, select
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
 from qkvlab.studies.qkv.plan.rates import choose_lrs
-from qkvlab.studies.qkv.plan.vocab import ARMS, CONTROL, KV_DESIGNS, TASK_METRIC, TIED_QK
+from qkvlab.studies.qkv.plan.vocab import (
+    ARMS,
+    CONTROL,
+    KV_DESIGNS,
+    TASK_METRIC,
+    TIED_QK,
+    metric_of,
+)
 
 def pick(rows: list[dict], **tags) -> dict | None:
     """The first row whose fields equal ``tags``."""
@@ -76,15 +83,17 @@ def q3_lm(data: StudyData) -> pd.DataFrame:
 def paired_row(data: StudyData, a: tuple[str, str], b: tuple[str, str], task: str,
                 metric: str = "val_loss") -> dict | None:
     """A compare-like row of design a − design b (each ``(experiment, design)``), paired by seed
-    at equal width: what ``effect`` reads."""
+    at equal width on ``metric`` (a ``vocab.METRICS`` row, read from the stored metric it
+    names): what ``effect`` reads."""
     runs = data.runs
-    if runs.empty or metric not in runs:
+    col = getattr(metric_of(metric), "stored", metric)
+    if runs.empty or col not in runs:
         return None
 
     def vals(exp, design):
         g = runs[(runs.experiment == exp) & (runs.design == design) & (runs.task == task)
                  & (runs.arm == "equal") & (runs.status == "done")]
-        return dict(zip(g.seed, g[metric]))
+        return dict(zip(g.seed, g[col]))
 
     va, vb = vals(*a), vals(*b)
     seeds = sorted(set(va) & set(vb))

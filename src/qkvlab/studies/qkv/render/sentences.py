@@ -32,12 +32,13 @@ def alt_init_sentence(data: StudyData) -> str:
     at init, or training with the extra matrix. alt_identity starts as standard's function
     with every other weight equal to the random-W_h alt's of the same seed, so alt − alt_identity
     (paired) isolates the init; the rates are each design's own where tuned."""
+    own = TASK_METRIC["translate"]
     rand = effect(pick(rows_of(data, "alt_vs_standard"), design="alt", task="translate",
-                       arm="equal", metric="val_loss"))
+                       arm="equal", metric=own))
     ident = effect(pick(rows_of(data, "alt_init"), design="alt_identity", task="translate",
-                        arm="equal", metric="val_loss"))
+                        arm="equal", metric=own))
     init = effect(paired_row(data, ("alt_init", "alt_identity"), ("alt_vs_standard", "alt"),
-                              "translate"))
+                              "translate", own))
     if Status.MISSING in (rand.status, ident.status, init.status):
         return ""
     rates = ("each design at its own tuned learning rate" if data.profile.lr_grid else
