@@ -112,9 +112,10 @@ class QKVProfile(Profile):
 # plateau (at init a bidirectional head gives the neighbours that predict a masked character
 # 1/64 of its attention). bind and relation are sized so that standard learns them to ~100%,
 # so a tied design's shortfall is a cost of the tie, not of the budget.
-# lm (the headline) is byte-level BPE of LM_VOCAB tokens trained on the train split, so its
-# perplexity is per subword token as in the papers (vocab.LM_VOCAB says why that size); its 64
-# tokens span ~190 characters. lm_char is the old character-level lm, a second row.
+# lm (the headline) is byte-level BPE trained on the train split, so its perplexity is per
+# subword token as in the papers; 1,024 symbols: at d_model 64 the tied embedding (65k) stays
+# below the ~98k non-embedding parameters and a token spans ~3 characters (vocab.LM_VOCAB). Its
+# 64 tokens span ~190 characters. lm_char is the old character-level lm, a second row.
 BPE_LM = {"tokenizer": "bpe", "vocab_size": LM_VOCAB}
 TASK_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
     "smoke": {"lm": {"seq_len": 32, **BPE_LM}, "lm_char": {"seq_len": 32}, "mlm": {"seq_len": 32},
