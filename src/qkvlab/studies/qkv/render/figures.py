@@ -31,7 +31,15 @@ from qkvlab.studies.qkv.plan.references import (
     REF_KV_PPL_PCT,
     per_char,
 )
-from qkvlab.studies.qkv.plan.vocab import ARMS, LM_CHARS_PER_TOKEN, METRICS, SCALED, color, label
+from qkvlab.studies.qkv.plan.vocab import (
+    ARMS,
+    LM_CHARS_PER_TOKEN,
+    METRICS,
+    SCALED,
+    TASK_METRIC,
+    color,
+    label,
+)
 from qkvlab.studies.qkv.render.figures_q import (
     STYLE,
     fig_q1_convex,
@@ -82,8 +90,10 @@ def _forest_panel(ax, df: pd.DataFrame, panel: str, n_rows: int) -> None:
             ax.errorbar(r.value, y + dy, xerr=xerr, fmt="o" if r.arm == "equal" else "s",
                         color=c, mfc=c if r.arm == "equal" else "white",
                         mew=1.5, ms=7, capsize=4, elinewidth=1.6)
-    sc = METRICS["accuracy" if panel == "accuracy" else "val_loss"]
-    ax.axvspan(sc.show(-sc.raw_margin), sc.show(sc.raw_margin), color="#dddddd", lw=0, zorder=0)
+    for y, (_, t) in enumerate(keys):  # each row's own margin (its task's metric and unit)
+        sc = METRICS[TASK_METRIC[t]]
+        ax.fill_betweenx([y - 0.45, y + 0.45], sc.show(-sc.raw_margin), sc.show(sc.raw_margin),
+                         color="#dddddd", lw=0, zorder=0)
     ax.axvline(0, color=color("standard"), lw=1)
     ax.set_yticks(range(len(keys)), labels)
     ax.set_ylim(n_rows - 0.5, -0.5)  # first row on top
@@ -116,8 +126,10 @@ def fig_forest(data: StudyData, out: Path, question: str) -> Figure | None:
     name = f"forest_{question}"
     return save(fig, df, out, name, FOREST_TITLES[question],
                  "Paired difference to standard over seeds (same seeds) with its 95% CI; loss "
-                 "tasks in % perplexity, accuracy tasks in percentage points; the grey band is "
-                 "the practical margin (a 90% CI inside it reads 'equivalent'). Filled: equal "
+                 "tasks in % perplexity (lm per subword token, mlm per masked character, "
+                 "translate per target token), accuracy tasks in percentage points; the grey "
+                 "band is each row's practical margin in its unit (a 90% CI inside it reads "
+                 "'equivalent'). Filled: equal "
                  "width; open: parameter-matched; no bar: one seed. Grey: no verdict, because "
                  "standard does not beat the attention-free control by more than the margin "
                  "(attention not used at this budget) or neither design learned the task.")
