@@ -68,7 +68,8 @@ def summary_table(data: StudyData) -> Table:
                      num(c.get("cache")), num(c.get("decode")), *cells))
     caption = ("Each design relative to standard (× = ratio to standard; quality: paired "
                "difference at equal width, mean ± 95% CI over seeds: % perplexity for losses "
-               "(per subword token on lm and translate, per masked character on mlm), bits per "
+               "(per subword token on lm, per target token of its own BPE on translate, per "
+               "masked character on mlm), bits per "
                "character on lm_char (the character-level lm), percentage points of accuracy) "
                "and its verdict against the stated margin, "
                "corrected by Holm over each question's headline comparisons (raw p beside it).")
