@@ -209,8 +209,8 @@ def test_same_seed_same_batches_other_seed_other_batches(name):
 
 
 def test_registry_and_errors():
-    assert list(TASKS) == ["lm", "mlm", "translate", "mqar", "bind", "bind_codes", "relation",
-                           "successor", "successor_causal"]
+    assert list(TASKS) == ["lm", "lm_char", "mlm", "translate", "mqar", "bind", "bind_codes",
+                           "relation", "successor", "successor_causal"]
     with pytest.raises(ValueError, match=r"task: unknown task 'nope'.*allowed: \['bind'"):
         get_task("nope")
     with pytest.raises(ValueError, match=r"mqar\.n_pair: unknown key.*'n_pairs'"):

@@ -6,6 +6,7 @@ independently (numpy and the t quantile for 2 degrees of freedom) and compared w
 
 from __future__ import annotations
 
+import math
 import re
 
 import matplotlib.image as mpimg
@@ -15,9 +16,10 @@ import pandas as pd
 import pytest
 
 from conftest import scored
+from qkvlab.data import get_task
 from qkvlab.experiments.store import Store
 from qkvlab.studies.qkv.compute import results
-from qkvlab.studies.qkv.plan.vocab import DESIGNS, TASK_METRIC
+from qkvlab.studies.qkv.plan.vocab import DESIGNS, METRICS, TASK_METRIC
 from qkvlab.studies.qkv.render import figures, figures_q
 
 T975_DF2 = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom
@@ -97,7 +99,7 @@ def fill(store: Store) -> None:
     for t in STD:
         if t == "translate":
             continue
-        metric = TASK_METRIC[t]
+        metric = METRICS[TASK_METRIC[t]].stored  # mlm's masked_loss is stored as val_loss
         ids = _arms(store, "tied_qk_qkv", t,
                     {d: {a: v[(t, a)] for a in ("equal", "matched")} for d, v in TIED_QK.items()},
                     metric)
@@ -115,9 +117,10 @@ def fill(store: Store) -> None:
             for seed, v in zip(SEEDS, vals):
                 _run(store, "bind_vs_dhead", "bind_codes", d, seed, {"accuracy": v},
                      tags={"m": BIND_M, "d_head": dh})
-    for kind, task in (("encoder", "mlm"), ("decoder", "lm")):
+    for kind, task in (("encoder", "mlm"), ("decoder", "lm_char")):
         for seed in SEEDS:
-            rid = _run(store, "symmetry_emergence", task, "standard", seed, {"val_loss": 3.0},
+            rid = _run(store, "symmetry_emergence", task, "standard", seed,
+                       {"val_loss": 3.0, "bits_per_char": 3.0 / math.log(2)},
                        arm=None, tags={"kind": kind})
             _measure(store, "symmetry_steps", {"run": rid},
                      [{"step": s, "role": kind, "symmetry": s * (0.05 if kind == "encoder"
@@ -290,7 +293,9 @@ def test_q1_loss_holds_val_loss_and_chrf(drawn):
     df = _csv(drawn, "q1_alt_loss")
     chrf = df[df.metric == "chrf"].set_index(["design", "arm"])
     np.testing.assert_allclose(chrf.loc[("alt", "equal"), ["mean", "half"]], _ci(CHRF["alt"]))
-    loss = df[df.metric == "val_loss"].set_index(["design", "task", "arm"])
+    # each task's own loss: lm per subword token (val_loss), translate per target token
+    assert set(df[df.task == "lm"].metric) == {"val_loss"}
+    loss = df[df.metric == "target_loss"].set_index(["design", "task", "arm"])
     np.testing.assert_allclose(loss.loc[("alt", "translate", "matched"), ["mean", "half"]],
                                _ci(ALT[("translate", "matched")]))
 
@@ -323,12 +328,16 @@ def test_symmetry_emergence_verdict_uses_the_margin(data):
     (s,) = [d for d in verdicts.verdict_q2(data).details if d.startswith("Trained from")]
     verdict, caveat = s.split(" Caveat: ")
     assert verdict.endswith(": the encoder is more symmetric (difference +0.240 ± 0.000).")
-    # fill() gives those runs val loss 3.0, within ln 2 of the text's context-free loss
-    ch = {t: results.chance(t, data.profile) for t in ("mlm", "lm")}
+    # fill() gives those runs val loss 3.0 nats (3.0/ln 2 bits per character), within ln 2
+    # nats (1 bit) of the text's context-free loss; lm_char's is in bits per character
+    ch = {t: results.chance(t, data.profile) for t in ("mlm", "lm_char")}
+    nats = get_task("lm_char", **data.profile.task_options["lm_char"]).chance
+    assert ch["lm_char"] == pytest.approx(nats / math.log(2), rel=1e-12)  # one char a token
     assert caveat == (f"the encoder (mlm) has not learned its task at this budget (val loss "
                       f"3.000, context-free {ch['mlm']:.3f}), so its symmetry says little; the "
-                      f"decoder (lm) has not learned its task at this budget (val loss 3.000, "
-                      f"context-free {ch['lm']:.3f}), so its symmetry says little.")
+                      f"decoder (lm_char) has not learned its task at this budget (bits per "
+                      f"character {3 / math.log(2):.3f}, context-free {ch['lm_char']:.3f}), so "
+                      f"its symmetry says little.")
 
 
 def test_forest_rows_without_a_verdict_are_grey():

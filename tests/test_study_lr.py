@@ -46,7 +46,9 @@ def test_lr_tune_covers_every_tuned_design_rate_and_seed(profile):
     # arm is its equal run), GQA or identity-init alt (equal width only), or a task whose
     # profile runs equal width only
     assert {(t, d) for t, d, a, _, _ in want if a == "matched"} == {
-        (t, d) for t, labels in rates.TUNED.items() for d in labels if d not in rates.EQUAL_ONLY}
+        (t, d) for t, labels in rates.TUNED.items() for d in labels
+        if d not in rates.EQUAL_ONLY and t != "lm_char"}  # lm_char: equal width only
+    assert profile.task_arms["lm_char"] == ("equal",)
     narrow = dataclasses.replace(profile, task_arms={"mlm": ("equal",)})
     assert not {tg["design"] for _, tg in registry.runs_of("lr_tune", narrow)
                 if tg["task"] == "mlm" and tg["arm"] == "matched"}
@@ -166,11 +168,12 @@ def test_task_seeds_and_arms_narrow_only_the_tasks_they_name():
     want = ({("lm", s, a) for s in seeds for a in arms}
             | {("relation", s, a) for s in seeds for a in arms}
             | {("mlm", s, "equal") for s in seeds}
+            | {("lm_char", s, a) for s in seeds for a in arms}  # task_arms replaced: both
             | {("mqar", 5, a) for a in arms})
     assert got == want
     # no seeds leave the task out
     gone = registry.runs_of("tied_qk_qkv", dataclasses.replace(p, task_seeds={"mqar": ()}))
-    assert {tg["task"] for _, tg in gone} == {"lm", "mlm", "relation"}
+    assert {tg["task"] for _, tg in gone} == {"lm", "lm_char", "mlm", "relation"}
     # the experiments that name their own seeds or arms keep them
     assert {tg["seed"] for _, tg in registry.runs_of("lm_scaling", dataclasses.replace(
         p, scale_widths=(16,), scale_seeds=(3,)))} == {3}

@@ -106,7 +106,8 @@ def test_q3_verdict_and_summary_from_store(tmp_path):
         f"tied K=V: {mean:+.1f}% ± {half:.1f}% perplexity (worse; p {adj[0]:.2g} after Holm over "
         f"Q3's 2) on lm at equal width "
         f"(published reference: +3.1% per-token perplexity at 300M parameters, +2.48% at 1.2B, "
-        f"EOS padding counted, Kayyam et al. 2026, arXiv 2606.04032); {mmean:+.1f}% ± "
+        f"EOS padding counted, Kayyam et al. 2026, arXiv 2606.04032; ours is per subword "
+        f"token too, of ~3.0 characters vs their ~4); {mmean:+.1f}% ± "
         f"{mhalf:.1f}% perplexity (undecided: the CI "
         f"straddles zero and reaches past ±2%; ≈{seeds} seeds would give 80% power) "
         f"parameter-matched.")

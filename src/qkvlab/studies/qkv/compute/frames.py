@@ -89,7 +89,8 @@ def q3_lm(data: StudyData) -> pd.DataFrame:
 def paired_row(data: StudyData, a: tuple[str, str], b: tuple[str, str], task: str,
                 metric: str = "val_loss") -> dict | None:
     """A compare-like row of design a − design b (each ``(experiment, design)``), paired by seed
-    at equal width, on the test split (``vocab.reported``): what ``effect`` reads."""
+    at equal width on ``metric`` (a ``vocab.METRICS`` row), on the test split
+    (``vocab.reported``: the stored metric the row names, scored on test): what ``effect`` reads."""
     runs, col = data.runs, reported(metric)
     if runs.empty or col not in runs:
         return None

@@ -101,10 +101,16 @@ def select(df: pd.DataFrame, **where) -> pd.DataFrame:
 def chance(task: str, profile: QKVProfile, **options) -> float | None:
     """The chance level of a task's own metric (``vocab.TASK_METRIC``) at a profile (``options``:
     task options a run sets over the profile's, e.g. bind_codes' m): a synthetic task's
-    guessing accuracy, or a text task's context-free val loss (nats); None if unknown."""
+    guessing accuracy, or a text task's context-free val loss (nats; in bits per character
+    where the task is judged on them); None if unknown."""
     try:
         opts = {**profile.task_options.get(task, {}), **options}
-        return getattr(get_task(task, **opts), "chance", None)
+        t = get_task(task, **opts)
+        level = getattr(t, "chance", None)
+        if level is not None and TASK_METRIC.get(task) == "bits_per_char":
+            meta = t.data.meta  # bits per token × tokens per character of the train split
+            level = level / math.log(2) * meta["tokens"]["train"] / meta["chars"]["train"]
+        return level
     except MissingSourceError:  # a corpus not installed: no chance level, no "not learned"
         return None
 
@@ -137,7 +143,7 @@ def comparisons(runs: pd.DataFrame, profile: QKVProfile | None = None) -> pd.Dat
         for task, sub in df.groupby("task", sort=True):
             metrics = [TASK_METRIC.get(task, "val_loss"), *EXTRA_METRICS.get(exp, ())]
             for metric in dict.fromkeys(metrics):
-                col = reported(metric)
+                col = reported(metric)  # mlm's masked_loss: test_val_loss
                 if col not in sub or sub[col].isna().all():
                     continue
                 own = metric == TASK_METRIC.get(task, "val_loss") and profile is not None
@@ -215,7 +221,7 @@ def budget(store: Store, runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty or "arm" not in runs:
         return pd.DataFrame(columns=cols)
     sel = runs[(runs.status == "done") & (runs.arm == "equal")
-               & runs.task.isin(["lm", "mlm", "translate"])
+               & runs.task.isin(["lm", "lm_char", "mlm", "translate"])
                & ~runs.experiment.isin(["lr_tune", "lm_scaling"])].drop_duplicates("run_id")
     if sel.empty:
         return pd.DataFrame(columns=cols)

@@ -63,7 +63,7 @@ def lr_tune(p: QKVProfile) -> list[Run]:
 @experiment("alt_vs_standard", "Q1: does AttentionAlt's extra per-head matrix and outer scale "
                                "help?")
 def alt_vs_standard(p: QKVProfile) -> list[Run]:
-    return [r for t in ("lm", "translate") for r in arms(t, p, ("alt",))]
+    return [r for t in ("lm", "lm_char", "translate") for r in arms(t, p, ("alt",))]
 
 
 @experiment("scale_probe", "Q1: where must 1/sqrt(d_k) sit? entropy, saturation, grads vs d_k")
@@ -87,7 +87,7 @@ def scale_probe(p: QKVProfile) -> list[Run]:
 
 @experiment("tied_qk_qkv", "Q2: what does one matrix W = W_Q = W_K (= W_V) cost?")
 def tied_qk_qkv(p: QKVProfile) -> list[Run]:
-    return [r for t in ("lm", "mlm", "mqar", "relation") for r in arms(t, p, TIED_QK)]
+    return [r for t in ("lm", "lm_char", "mlm", "mqar", "relation") for r in arms(t, p, TIED_QK)]
 
 
 DIRECTED = ("successor", "successor_causal")
@@ -104,10 +104,11 @@ def directed_relation(p: QKVProfile) -> list[Run]:
 @experiment("symmetry_emergence", "Q2: do encoders learn a more symmetric W_QK than decoders?")
 def symmetry_emergence(p: QKVProfile) -> list[Run]:
     # Same model options and seed -> identical initial weights in both kinds: the build order
-    # is the same and lm and mlm share one tokenizer, hence one d_vocab (checked in the tests).
-    # mlm may train on shorter windows than lm: both models get lm's context (mlm uses the
-    # first positions), so their initial weights stay identical.
-    ctx = {t: get_task(t, **p.task_options.get(t, {})).seq_len for t in ("lm", "mlm")}
+    # is the same and lm_char and mlm share one tokenizer (characters), hence one d_vocab
+    # (checked in the tests); the headline lm's BPE would give the decoder another vocabulary.
+    # mlm may train on shorter windows than lm_char: both models get the longer context (mlm
+    # uses the first positions), so their initial weights stay identical.
+    ctx = {t: get_task(t, **p.task_options.get(t, {})).seq_len for t in ("lm_char", "mlm")}
     model = base_model(p, **({"n_ctx": max(ctx.values())} if len(set(ctx.values())) > 1 else {}))
 
     def keep(task: str) -> list[int]:  # each kind's checkpoints at 0, 1/4, 1/2 and all its steps
@@ -115,7 +116,7 @@ def symmetry_emergence(p: QKVProfile) -> list[Run]:
         return sorted({0, n // 4, n // 2, n})
     return [make_run(t, model, p, seed, {"design": "standard", "kind": task_info(t)[1]},
                      train={"keep_at": keep(t)})
-            for seed in p.seeds for t in ("mlm", "lm")]
+            for seed in p.seeds for t in ("mlm", "lm_char")]
 
 
 def width_grid(m: int) -> tuple[int, ...]:
@@ -180,9 +181,10 @@ def kv_translate(p: QKVProfile) -> list[Run]:
     return arms("translate", p, ("tied_kv_cross",))
 
 
-@experiment("lm_tied_kv", "Q3: the LM loss penalty of tied K = V (cf. ~3.1% ppl at 300M-1.2B)")
+@experiment("lm_tied_kv", "Q3: the LM loss penalty of tied K = V (cf. ~3.1% ppl per token at "
+                          "300M-1.2B)")
 def lm_tied_kv(p: QKVProfile) -> list[Run]:
-    return arms("lm", p, ("tied_kv",))
+    return [r for t in ("lm", "lm_char") for r in arms(t, p, ("tied_kv",))]
 
 
 @experiment("lm_gqa", "Q3: GQA (n_kv_heads = n_heads/2), same KV cache as tied K=V, on lm")

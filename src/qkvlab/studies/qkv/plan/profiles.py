@@ -20,6 +20,7 @@ from typing import Any
 from qkvlab.experiments.registry import Profile, register_profile
 from qkvlab.hf.cost import CostConfig
 from qkvlab.studies.qkv.plan.rates import EQUAL_ONLY, TUNED, RatesPending, chosen_lrs
+from qkvlab.studies.qkv.plan.vocab import LM_VOCAB
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,13 @@ class QKVProfile(Profile):
 # plateau (at init a bidirectional head gives the neighbours that predict a masked character
 # 1/64 of its attention). bind and relation are sized so that standard learns them to ~100%,
 # so a tied design's shortfall is a cost of the tie, not of the budget.
+# lm (the headline) is byte-level BPE trained on the train split, so its perplexity is per
+# subword token as in the papers; 1,024 symbols: at d_model 64 the tied embedding (65k) stays
+# below the ~98k non-embedding parameters and a token spans ~3 characters (vocab.LM_VOCAB). Its
+# 64 tokens span ~190 characters. lm_char is the old character-level lm, a second row.
+BPE_LM = {"tokenizer": "bpe", "vocab_size": LM_VOCAB}
 TASK_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
-    "smoke": {"lm": {"seq_len": 32}, "mlm": {"seq_len": 32},
+    "smoke": {"lm": {"seq_len": 32, **BPE_LM}, "lm_char": {"seq_len": 32}, "mlm": {"seq_len": 32},
               "translate": {"seq_len": 48, "vocab_size": 1000, "n_decode": 8, "decode_batch": 8},
               "mqar": {"seq_len": 32, "vocab": 64, "n_pairs": 4},
               "bind": {"n_keys": 16, "n_values": 8, "group_size": 4, "n_items": 8, "n_queries": 2},
@@ -120,7 +126,8 @@ TASK_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
               "relation": {"vocab": 16, "n_context": 16, "n_queries": 8},
               "successor": {"vocab": 16, "n_items": 6},
               "successor_causal": {"vocab": 16, "n_items": 6}},
-    "quick": {"lm": {"seq_len": 64}, "mlm": {"seq_len": 16, "mask_prob": 0.3},
+    "quick": {"lm": {"seq_len": 64, **BPE_LM}, "lm_char": {"seq_len": 64},
+              "mlm": {"seq_len": 16, "mask_prob": 0.3},
               "translate": {"seq_len": 48, "vocab_size": 1000, "n_decode": 32, "decode_batch": 32},
               "mqar": {"seq_len": 32, "vocab": 64, "n_pairs": 4},
               "bind": {"n_keys": 8, "n_values": 8, "group_size": 2, "n_items": 8, "n_queries": 4},
@@ -128,7 +135,8 @@ TASK_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
               "relation": {"vocab": 32, "n_context": 12, "n_queries": 11},
               "successor": {"vocab": 32, "n_items": 8},
               "successor_causal": {"vocab": 32, "n_items": 8}},
-    "standard": {"lm": {"seq_len": 64}, "mlm": {"seq_len": 16, "mask_prob": 0.3},
+    "standard": {"lm": {"seq_len": 64, **BPE_LM}, "lm_char": {"seq_len": 64},
+                 "mlm": {"seq_len": 16, "mask_prob": 0.3},
                  "translate": {"seq_len": 48, "vocab_size": 1000, "n_decode": 100,
                                "decode_batch": 50},
                  "mqar": {"seq_len": 32, "vocab": 64, "n_pairs": 4},
@@ -138,7 +146,8 @@ TASK_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
                  "relation": {"vocab": 32, "n_context": 12, "n_queries": 11},
                  "successor": {"vocab": 32, "n_items": 8},
                  "successor_causal": {"vocab": 32, "n_items": 8}},
-    "full": {"lm": {"seq_len": 256}, "mlm": {"seq_len": 128}, "translate": {"seq_len": 128},
+    "full": {"lm": {"seq_len": 256, **BPE_LM}, "lm_char": {"seq_len": 256},
+             "mlm": {"seq_len": 128}, "translate": {"seq_len": 128},
              "mqar": {"seq_len": 128, "n_pairs": 16},
              "bind": {"n_keys": 64, "n_items": 32, "n_queries": 8},
              "bind_codes": {"n_queries": 8},
@@ -163,7 +172,9 @@ TASK_TRAIN: dict[str, dict[str, dict[str, Any]]] = {
               "relation": {"steps": 400, "lr": 1e-3, "batch_size": 32},
               "successor": {"steps": 500, "batch_size": 32},
               "successor_causal": {"steps": 500, "batch_size": 32}},
-    "standard": {"lm": {"lr": 6e-3, "eval_every": 250}, "mlm": {"steps": 1500, "eval_every": 375},
+    "standard": {"lm": {"lr": 6e-3, "eval_every": 250},
+                 "lm_char": {"lr": 6e-3, "eval_every": 250},
+                 "mlm": {"steps": 1500, "eval_every": 375},
                  "translate": {"steps": 600, "eval_every": 300},
                  "mqar": {"steps": 600, "lr": 1e-2, "batch_size": 32},
                  "bind": {"steps": 800, "lr": 3e-3, "batch_size": 128},
@@ -176,13 +187,16 @@ TASK_TRAIN: dict[str, dict[str, dict[str, Any]]] = {
              "successor": {"steps": 3000}, "successor_causal": {"steps": 3000}},
 }
 
+# lm_char is a second row beside the headline lm: equal width only (lm carries the matched arm)
+CHAR_ARMS = {"lm_char": ("equal",)}
+
 PROFILES = {p.name: register_profile(p) for p in (
     QKVProfile("smoke", seeds=(0,), d_model=32, n_layers=1, n_heads=2, batch_size=8, steps=6,
                lr=3e-3, eval_batches=1, task_options=TASK_OPTIONS["smoke"],
                task_train=TASK_TRAIN["smoke"], probe_d_heads=(16, 64), probe_steps=4,
                probe_seeds=(0,), bind_bits=(1,), measure_batch=8, rounds=3,
                decode_tokens=16, n_null=32, cka=False, scale_widths=(16, 32),
-               kv_contexts=(64, 256), kv_batches=(1, 2)),
+               kv_contexts=(64, 256), kv_batches=(1, 2), task_arms=CHAR_ARMS),
     QKVProfile("quick", seeds=(0, 1, 2), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=200, lr=3e-3, eval_batches=8, task_options=TASK_OPTIONS["quick"],
                task_train=TASK_TRAIN["quick"], probe_d_heads=(16, 32, 64, 128, 256),
@@ -190,7 +204,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                bind_seeds=(0, 1), measure_batch=16, rounds=5, decode_tokens=48,
                n_null=128, cka=True, task_seeds={"mqar": ()},
                kv_contexts=(512, 2048, 8192), kv_batches=(1, 8),
-               task_arms={"relation": ("equal",), "mlm": ("equal",),
+               task_arms={**CHAR_ARMS, "relation": ("equal",), "mlm": ("equal",),
                           "bind_codes": ("equal",)},
                tie_cost=CostConfig(), tie_cost_models=("smollm2",)),
     QKVProfile("standard", seeds=tuple(range(8)), d_model=64, n_layers=2, n_heads=4,
@@ -204,7 +218,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                scale_seeds=(0, 1, 2),
                task_seeds={"mqar": (), "relation": (0, 1, 2),
                            "successor": tuple(range(4)), "successor_causal": tuple(range(4))},
-               task_arms={"mlm": ("equal",)},
+               task_arms={**CHAR_ARMS, "mlm": ("equal",)},
                tie_cost=CostConfig(), tie_cost_per_layer=("kv",),
                tie_cost_models=("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b")),
     QKVProfile("full", seeds=(0, 1, 2, 3, 4), d_model=384, n_layers=6, n_heads=6, batch_size=64,
@@ -212,6 +226,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                task_train=TASK_TRAIN["full"], probe_d_heads=(16, 32, 64, 128, 256),
                probe_steps=1000, probe_seeds=(0, 1, 2), bind_bits=(2, 4, 8, 16),
                measure_batch=32, rounds=7, decode_tokens=128, n_null=256, cka=True,
+               task_arms=CHAR_ARMS,
                kv_contexts=(512, 2048, 8192, 32768), kv_batches=(1, 4, 16),
                tie_cost=CostConfig(eval_tokens=8192, calib_tokens=8192, heal_steps=64),
                tie_cost_per_layer=("kv", "qk"),

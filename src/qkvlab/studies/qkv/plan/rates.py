@@ -40,6 +40,8 @@ class RatesPending(ResultsPending):
 # standard would "use attention" by the rate alone.
 TUNED = {"lm": ("alt", "tied_qk", "tied_qk_selfmask", "tied_qkv", "tied_kv", "gqa_half",
                 "control"),
+         # the character-level second row, equal width only (profiles' task_arms)
+         "lm_char": ("alt", "tied_qk", "tied_qk_selfmask", "tied_qkv", "tied_kv", "control"),
          "mlm": ("tied_qk", "tied_qk_selfmask", "tied_qkv", "control"),
          "translate": ("alt", "alt_identity", "tied_kv_cross", "control")}
 # designs compared at equal width only (lm_gqa, alt_init, the control): no matched-width rate

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 # ---- tied projections trained from scratch ----------------------------------------------------
 # Kayyam et al. 2026, "Do Transformers Need 3 Projections?", arXiv 2606.04032 (numbers from the
 # authors' slides): 300M parameters, 10B SlimPajama tokens. Their loss counts EOS padding, which
-# dilutes relative gaps; a per-token ratio r is r^c per character at c characters a token.
+# dilutes relative gaps; a per-token ratio r is r^(1/c) per character at c characters a token.
 REF_KV_CITE = "Kayyam et al. 2026, arXiv 2606.04032"
 KAYYAM_UNIT = ("validation perplexity per subword token (SlimPajama, 10B tokens; EOS padding "
                "counted, which dilutes relative gaps)")
@@ -24,6 +24,15 @@ KAYYAM_1B2_KV_PCT = 2.48  # Q–K=V at 1.2B parameters, same unit
 REF_KV_PPL_PCT = KAYYAM_300M_PCT["Q–K=V"]
 REF_KV_UNIT = "subword token"  # what one token of their perplexity is
 REF_KV_SCALE = "300M parameters"
+# Characters per token of their tokenizer (Llama's, on English web text): about 4. Not published
+# by them; used only to set their per-token ratio beside ours per character (``per_char``).
+REF_KV_CHARS_PER_TOKEN = 4.0
+
+
+def per_char(pct: float, chars_per_token: float) -> float:
+    """A per-token perplexity change of ``pct`` % as the change per character, at
+    ``chars_per_token`` characters a token: a per-token ratio r is r^(1/c) per character."""
+    return 100.0 * ((1.0 + pct / 100.0) ** (1.0 / chars_per_token) - 1.0)
 
 # chrF at which a translation comparison compares translators whose output carries meaning.
 TRANSLATE_CHRF_AIM = 30

@@ -11,15 +11,17 @@ from qkvlab.studies.qkv.compute.answers import Answer, Finding, Published, Scale
 from qkvlab.studies.qkv.compute.effects import Effect, Status
 from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.plan.claims import QUESTIONS
-from qkvlab.studies.qkv.plan.vocab import ARMS, label
+from qkvlab.studies.qkv.plan.references import REF_KV_CHARS_PER_TOKEN, per_char
+from qkvlab.studies.qkv.plan.vocab import ARMS, LM_CHARS_PER_TOKEN, label
 
 # a task in plain words (its name in the tables after it, on first mention)
-TASK_WORDS = {"lm": "text prediction", "mlm": "masked-text prediction",
+TASK_WORDS = {"lm": "text prediction", "lm_char": "text prediction by character",
+              "mlm": "masked-text prediction",
               "translate": "translation", "relation": "induction",
               "mqar": "associative recall", "successor": "an order set by content, encoder",
               "successor_causal": "an order set by content, decoder",
               "bind_codes": "recalling a value bound to a key"}
-UNIT_WORDS = {"pp": "percentage points of"}
+UNIT_WORDS = {"pp": "percentage points of", "bits/char": "bits per character"}
 VERDICT = {Status.WORSE: "worse than", Status.BETTER: "better than",
            Status.EQUIVALENT: "as good as"}
 
@@ -43,11 +45,11 @@ def amount(e: Effect) -> str:
     and half its 95% CI in the unit people quote."""
     if e.value is None:
         return "no number"
-    unit = e.unit.strip()
-    tail = f"% {e.what}" if unit == "%" else f" {UNIT_WORDS.get(unit, unit)} {e.what}"
+    unit, n = e.unit.strip(), e.digits
+    tail = f"% {e.what}" if unit == "%" else f" {UNIT_WORDS.get(unit, unit)} {e.what}".rstrip()
     if e.half is None:
-        return f"{e.value:+.1f}{tail}, from one seed"
-    return f"{e.value:+.1f} ± {e.half:.1f}{tail}"
+        return f"{e.value:+.{n}f}{tail}, from one seed"
+    return f"{e.value:+.{n}f} ± {e.half:.{n}f}{tail}"
 
 
 def _arm(arm: str) -> str:
@@ -135,8 +137,20 @@ def published_words(p: Published) -> str:
         return head + "; ours is not learned at this scale, so there is no number to set beside it."
     ours = f"ours, {amount(p.ours.effect)} at equal width, is per {p.our_unit or 'token'}"
     if p.same_unit:
-        return f"{head}; {ours} too, at a far smaller scale."
+        return f"{head}; {ours} too, at a far smaller scale{_per_char(p)}."
     return f"{head}; {ours}, a different unit, so the two numbers are not compared."
+
+
+def _per_char(p: Published) -> str:
+    """Both per-token numbers per character, since their tokens span more characters than
+    ours (a per-token ratio r is r^(1/c) per character at c characters a token)."""
+    e = p.ours.effect
+    if p.unit != "subword token" or e.unit.strip() != "%" or e.value is None:
+        return ""
+    theirs = per_char(p.value, REF_KV_CHARS_PER_TOKEN)
+    return (f" (per character: theirs +{theirs:.2f}% at ~{REF_KV_CHARS_PER_TOKEN:g} characters "
+            f"a token, ours {per_char(e.value, LM_CHARS_PER_TOKEN):+.2f}% at "
+            f"{LM_CHARS_PER_TOKEN:g})")
 
 
 def answer_text(a: Answer) -> str:

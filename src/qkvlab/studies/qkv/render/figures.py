@@ -24,8 +24,22 @@ from qkvlab.report.blocks import Figure
 from qkvlab.studies.qkv.compute import frames
 from qkvlab.studies.qkv.compute.effects import Status
 from qkvlab.studies.qkv.compute.results import StudyData
-from qkvlab.studies.qkv.plan.references import KAYYAM_1B2_KV_PCT, REF_KV_CITE, REF_KV_PPL_PCT
-from qkvlab.studies.qkv.plan.vocab import ARMS, METRICS, SCALED, color, label
+from qkvlab.studies.qkv.plan.references import (
+    KAYYAM_1B2_KV_PCT,
+    REF_KV_CHARS_PER_TOKEN,
+    REF_KV_CITE,
+    REF_KV_PPL_PCT,
+    per_char,
+)
+from qkvlab.studies.qkv.plan.vocab import (
+    ARMS,
+    LM_CHARS_PER_TOKEN,
+    METRICS,
+    SCALED,
+    TASK_METRIC,
+    color,
+    label,
+)
 from qkvlab.studies.qkv.render.figures_q import (
     STYLE,
     fig_q1_convex,
@@ -76,8 +90,10 @@ def _forest_panel(ax, df: pd.DataFrame, panel: str, n_rows: int) -> None:
             ax.errorbar(r.value, y + dy, xerr=xerr, fmt="o" if r.arm == "equal" else "s",
                         color=c, mfc=c if r.arm == "equal" else "white",
                         mew=1.5, ms=7, capsize=4, elinewidth=1.6)
-    sc = METRICS["accuracy" if panel == "accuracy" else "val_loss"]
-    ax.axvspan(sc.show(-sc.raw_margin), sc.show(sc.raw_margin), color="#dddddd", lw=0, zorder=0)
+    for y, (_, t) in enumerate(keys):  # each row's own margin (its task's metric and unit)
+        sc = METRICS[TASK_METRIC[t]]
+        ax.fill_betweenx([y - 0.45, y + 0.45], sc.show(-sc.raw_margin), sc.show(sc.raw_margin),
+                         color="#dddddd", lw=0, zorder=0)
     ax.axvline(0, color=color("standard"), lw=1)
     ax.set_yticks(range(len(keys)), labels)
     ax.set_ylim(n_rows - 0.5, -0.5)  # first row on top
@@ -110,8 +126,10 @@ def fig_forest(data: StudyData, out: Path, question: str) -> Figure | None:
     name = f"forest_{question}"
     return save(fig, df, out, name, FOREST_TITLES[question],
                  "Paired difference to standard over seeds (same seeds) with its 95% CI; loss "
-                 "tasks in % perplexity, accuracy tasks in percentage points; the grey band is "
-                 "the practical margin (a 90% CI inside it reads 'equivalent'). Filled: equal "
+                 "tasks in % perplexity (lm per subword token, mlm per masked character, "
+                 "translate per target token), accuracy tasks in percentage points; the grey "
+                 "band is each row's practical margin in its unit (a 90% CI inside it reads "
+                 "'equivalent'). Filled: equal "
                  "width; open: parameter-matched; no bar: one seed. Grey: no verdict, because "
                  "standard does not beat the attention-free control by more than the margin "
                  "(attention not used at this budget) or neither design learned the task.")
@@ -159,10 +177,16 @@ def fig_scaling(data: StudyData, out: Path) -> Figure | None:
     axes[0][0].set_ylabel("perplexity vs standard (%)")
     return save(fig, df, out, "scaling", "Does the gap grow with size?",
                  "Each design's paired perplexity difference to standard on lm at three widths "
-                 "(same depth and d_head), ± 95% CI over seeds; grey band: the practical margin; "
-                 f"diamonds: tied K=V at 300M (+{REF_KV_PPL_PCT}%) and 1.2B parameters "
+                 "(same depth and d_head), ± 95% CI over seeds, per subword token (byte-level "
+                 f"BPE, ~{LM_CHARS_PER_TOKEN:.1f} characters a token); grey band: the practical "
+                 f"margin; diamonds: tied K=V at 300M (+{REF_KV_PPL_PCT}%) and 1.2B parameters "
                  f"(+{KAYYAM_1B2_KV_PCT}%) as published ({REF_KV_CITE}; per-token perplexity with "
-                 "EOS padding counted, which dilutes gaps), not measured here.")
+                 "EOS padding counted, which dilutes gaps), not measured here. Their tokens "
+                 f"span ~{REF_KV_CHARS_PER_TOKEN:g} characters: a per-token ratio r is r^(1/c) "
+                 "per character at c characters a token, so their +3.1% is "
+                 f"+{per_char(REF_KV_PPL_PCT, REF_KV_CHARS_PER_TOKEN):.2f}% per character, "
+                 f"+{per_char(REF_KV_PPL_PCT, REF_KV_CHARS_PER_TOKEN / LM_CHARS_PER_TOKEN):.1f}% "
+                 "per token of ours.")
 
 
 def fig_lr(data: StudyData, out: Path) -> Figure | None:

@@ -27,7 +27,7 @@ from qkvlab.studies.qkv.compute.frames import (ci_rows, concat, decode_ratios, d
 from qkvlab.studies.qkv.compute.results import StudyData, select
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
 from qkvlab.studies.qkv.plan.references import REF_KV_CITE, REF_KV_PPL_PCT
-from qkvlab.studies.qkv.plan.vocab import ARMS, CONTROL, DESIGNS, TIED_QK, color, label
+from qkvlab.studies.qkv.plan.vocab import ARMS, CONTROL, DESIGNS, TASK_METRIC, TIED_QK, color, label
 
 # The report's style, applied while its figures are drawn (not to matplotlib's global state,
 # which other modules, e.g. the analysis figures with their fixed margins, also use).
@@ -80,7 +80,9 @@ def fig_q1_loss(data: StudyData, out: Path) -> Figure | None:
     seeds, equal width and parameter-matched."""
     cols = ["metric", "task", "arm", "design", "group", "n", "mean", "half"]
     cmp = data.compared("alt_vs_standard")
-    parts = [select(cmp, metric=m) for m in ("val_loss", "chrf")]
+    # lm's and translate's own losses (nats per token of each one's BPE), then chrF
+    parts = [cmp[cmp.metric.isin([TASK_METRIC["lm"], TASK_METRIC["translate"]])]
+             if not cmp.empty else cmp, select(cmp, metric="chrf")]
     parts = [p.dropna(subset=["mean"]) if not p.empty else p for p in parts]
     if parts[0].empty and parts[1].empty:
         return None
@@ -278,7 +280,7 @@ def fig_q3_bind(data: StudyData, out: Path) -> Figure | None:
 def fig_q3_kv(data: StudyData, out: Path) -> Figure | None:
     """K=V quality (perplexity change vs standard) and its payoff (cache bytes, decode speed)."""
     q = concat([diffs(select(q3_lm(data), metric="val_loss")),
-                diffs(select(data.compared("kv_translate"), metric="val_loss"))])
+                diffs(select(data.compared("kv_translate"), metric=TASK_METRIC["translate"]))])
     if not q.empty:  # the control's gap (tens of %) would set the axis; its table row has it
         q = q[q.design != CONTROL]
     perf = decode_ratios(data)
@@ -313,7 +315,9 @@ def fig_q3_kv(data: StudyData, out: Path) -> Figure | None:
     df = concat([rows.assign(panel="quality"), perf.assign(panel="cost")])
     return save(fig, df, out, "q3_kv", "K = V: what it costs and what it saves",
                  f"Left: exp(Δ test loss) − 1, ± 95% CI over seeds (filled: equal width, open: "
-                 f"parameter-matched); dash-dot: published reference ({REF_KV_CITE}). Right: one "
+                 f"parameter-matched), per subword token (lm: byte-level BPE; translate: its "
+                 f"own target BPE); dash-dot: published reference ({REF_KV_CITE}), per token of "
+                 f"a decoder LM, so it stands beside the lm points only. Right: one "
                  f"interleaved measurement, batch-1 greedy decoding.")
 
 

@@ -50,7 +50,7 @@ from qkvlab.studies.qkv.render.tables import (
 )
 from qkvlab.studies.qkv.render.text import num, pm, splits_text
 from qkvlab.studies.qkv.render.verdicts import all_verdicts
-from qkvlab.studies.qkv.plan.vocab import label
+from qkvlab.studies.qkv.plan.vocab import TEXT_LOSSES, label
 
 SECTION_IDS = ("answers", "summary", "q1", "q2", "q3", "setup")
 # comparisons in the summary table: (experiments, design) rows, equal width
@@ -89,7 +89,7 @@ def q1_blocks(data: StudyData) -> list[Block]:
                                       "alt vs standard (tokens/s: training throughput)"),
                         compare_table(data.compared("alt_init"), "alt with W_h = √d_k·I "
                                       "(computes standard's function at step 0) on translate",
-                                      ("val_loss", "chrf", "bleu"))]
+                                      (*TEXT_LOSSES, "chrf", "bleu"))]
     fold = data.measure("fold_alt")
     if not fold.empty:
         out.append(Table("fold_alt on each trained alt lm model (one row per seed)",
@@ -105,7 +105,8 @@ def q1_blocks(data: StudyData) -> list[Block]:
 
 def q2_blocks(data: StudyData) -> list[Block]:
     out: list[Block] = [compare_table(data.compared("tied_qk_qkv"), "tied Q=K, tied Q=K + "
-                                      "self-mask and Q=K=V vs standard", ("val_loss", "accuracy")),
+                                      "self-mask and Q=K=V vs standard",
+                                      (*TEXT_LOSSES, "accuracy")),
                           compare_table(data.compared("directed_relation"), "a relation between "
                                         "contents (successor): tied Q=K and tied Q=K + self-mask "
                                         "vs standard, encoder and decoder", ("accuracy",))]
@@ -148,7 +149,7 @@ def q3_blocks(data: StudyData) -> list[Block]:
     out: list[Block] = [
         compare_table(pd.concat([lm, data.compared("kv_translate")], ignore_index=True),
                       "tied K=V (self) and GQA on lm; tied K=V in cross-attention on translate",
-                      ("val_loss", "chrf", "bleu")),
+                      (*TEXT_LOSSES, "chrf", "bleu")),
         compare_table(data.compared("bind_vs_dhead"), "bind_codes accuracy by m and d_head",
                       ("accuracy",))]
     dec = data.measure("decode_speed")

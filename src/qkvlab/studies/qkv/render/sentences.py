@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from qkvlab.stats import decide, mean_ci, paired
-from qkvlab.studies.qkv.compute.effects import LN2, Status, effect, finite
+from qkvlab.studies.qkv.compute.effects import Status, effect, finite
 from qkvlab.studies.qkv.compute.frames import (
     budget_gap,
     emergence_series,
@@ -21,7 +21,7 @@ from qkvlab.studies.qkv.compute.frames import (
 )
 from qkvlab.studies.qkv.compute.results import StudyData, chance
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
-from qkvlab.studies.qkv.plan.vocab import METRICS
+from qkvlab.studies.qkv.plan.vocab import METRICS, TASK_METRIC, label, metric_of
 from qkvlab.studies.qkv.render.text import ci_text, said
 
 INCONCLUSIVE = "inconclusive at this scale"
@@ -32,12 +32,13 @@ def alt_init_sentence(data: StudyData) -> str:
     at init, or training with the extra matrix. alt_identity starts as standard's function
     with every other weight equal to the random-W_h alt's of the same seed, so alt − alt_identity
     (paired) isolates the init; the rates are each design's own where tuned."""
+    own = TASK_METRIC["translate"]
     rand = effect(pick(rows_of(data, "alt_vs_standard"), design="alt", task="translate",
-                       arm="equal", metric="val_loss"))
+                       arm="equal", metric=own))
     ident = effect(pick(rows_of(data, "alt_init"), design="alt_identity", task="translate",
-                        arm="equal", metric="val_loss"))
+                        arm="equal", metric=own))
     init = effect(paired_row(data, ("alt_init", "alt_identity"), ("alt_vs_standard", "alt"),
-                              "translate"))
+                              "translate", own))
     if Status.MISSING in (rand.status, ident.status, init.status):
         return ""
     rates = ("each design at its own tuned learning rate" if data.profile.lr_grid else
@@ -138,7 +139,7 @@ def emergence_sentence(data: StudyData) -> str:
     n_enc, n_dec = max(ser["encoder"]), max(ser["decoder"])  # each at the end of its training
     enc, dec = ser["encoder"][n_enc], ser["decoder"][n_dec]
     s = (f"Trained from the same initial weights, qkvlab's encoder (mlm, {n_enc} steps) "
-         f"reaches symmetry {ci_text(enc, '{:.3f}')} and its decoder (lm, {n_dec} steps) "
+         f"reaches symmetry {ci_text(enc, '{:.3f}')} and its decoder (lm_char, {n_dec} steps) "
          f"{ci_text(dec, '{:.3f}')}")
     if len(enc) == len(dec) and len(enc) >= 2:  # same seeds: paired, encoder − decoder
         d = paired(enc, dec)
@@ -156,22 +157,28 @@ def emergence_sentence(data: StudyData) -> str:
             s += f" ({diff}: undecided, the CI straddles zero and reaches past ±{margin:g}{more})."
     else:
         s += f" ({INCONCLUSIVE}: too few seeds for a CI)."
-    return s + unlearned(data, "symmetry_emergence", (("mlm", "encoder"), ("lm", "decoder")))
+    return s + unlearned(data, "symmetry_emergence", (("mlm", "encoder"),
+                                                         ("lm_char", "decoder")))
 
 
 def unlearned(data: StudyData, experiment: str, tasks) -> str:
     """A caveat naming each kind whose standard runs in ``experiment`` did not halve a
     context-free guess's perplexity (their weights' geometry then says little)."""
     runs = data.runs
-    if runs.empty or "val_loss" not in runs:
+    if runs.empty:
         return ""
     out = []
     for task, kind in tasks:
-        v = runs[(runs.experiment == experiment) & (runs.task == task)].val_loss.dropna()
+        m = metric_of(TASK_METRIC[task])  # chance is in the task's own metric
+        if m.stored not in runs:
+            continue
+        v = runs[(runs.experiment == experiment) & (runs.task == task)][m.stored].dropna()
         ch = chance(task, data.profile)
-        if len(v) and ch is not None and v.mean() > ch - LN2:
-            out.append(f"the {kind} ({task}) has not learned its task at this budget (val loss "
-                       f"{v.mean():.3f}, context-free {ch:.3f}), so its symmetry says little")
+        if len(v) and ch is not None and v.mean() > ch - m.halved:
+            out.append(f"the {kind} ({task}) has not learned its task at this budget "
+                       f"({'bits per character' if m.halved == 1 else 'val loss'} "
+                       f"{v.mean():.3f}, context-free {ch:.3f}), so its symmetry "
+                       f"says little")
     return (" Caveat: " + "; ".join(out) + ".") if out else ""
 
 
@@ -243,3 +250,19 @@ def gap_trend(data: StudyData, task: str, design: str) -> str:
         return text + (": still closing, so at this budget the perplexity cost above overstates "
                        "what the tie costs a model trained to the end.")
     return text + "."
+
+
+def char_sentence(data: StudyData, experiments: tuple[str, ...], designs: tuple[str, ...]
+                  ) -> str:
+    """The character-level lm's row (lm_char, equal width) in bits per character: the second
+    reading of a question's lm comparisons, never set beside a per-token published number."""
+    rows = data.compared(experiments, task="lm_char", arm="equal").to_dict("records")
+    parts = []
+    for design in designs:
+        e = task_effects(rows, design, "lm_char", data)[0]
+        if e.status is not Status.MISSING:
+            parts.append(f"{label(design)} {said(e)}")
+    if not parts:
+        return ""
+    return ("By character (lm_char, the character-level lm, in bits per character at equal "
+            "width; its margin is the per-token one per character): " + "; ".join(parts) + ".")

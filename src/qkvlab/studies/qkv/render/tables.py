@@ -67,8 +67,11 @@ def summary_table(data: StudyData) -> Table:
         body.append((label(design), num(c.get("params")), num(c.get("time")),
                      num(c.get("cache")), num(c.get("decode")), *cells))
     caption = ("Each design relative to standard (× = ratio to standard; quality: paired "
-               "difference at equal width, mean ± 95% CI over seeds: % perplexity for losses, "
-               "percentage points of accuracy) and its verdict against the stated margin, "
+               "difference at equal width, mean ± 95% CI over seeds: % perplexity for losses "
+               "(per subword token on lm, per target token of its own BPE on translate, per "
+               "masked character on mlm), bits per "
+               "character on lm_char (the character-level lm), percentage points of accuracy) "
+               "and its verdict against the stated margin, "
                "corrected by Holm over each question's headline comparisons (raw p beside it). "
                + splits_text(data.profile))
     return Table(caption, headers, tuple(body), legend=LEGEND)

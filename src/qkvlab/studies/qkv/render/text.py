@@ -77,14 +77,15 @@ def said(e: Effect) -> str:
             return (f"both at chance ({100 * e.mean:.1f}% vs standard "
                     f"{100 * e.baseline_mean:.1f}%, chance {100 * e.chance:.1f}%: not learned, "
                     f"no verdict)")
-        return (f"neither halves a context-free guess's perplexity (test loss {e.mean:.3f} vs "
+        what = "bits per character" if "bits" in e.unit else "test loss"
+        return (f"neither halves a context-free guess's perplexity ({what} {e.mean:.3f} vs "
                 f"standard {e.baseline_mean:.3f}, context-free {e.chance:.3f}: not learned, "
                 f"no verdict)")
     if e.status is Status.ATTENTION_UNUSED:
         return unused(e)
     if e.half is None:
-        return f"{e.value:+.1f}{e.unit} {e.what} from {e.n} seed (undecided: no CI)"
-    text = f"{e.value:+.1f}{e.unit} ± {e.half:.1f}{e.unit} {e.what}"
+        return f"{e.value:+.{e.digits}f}{e.unit}{_what(e)} from {e.n} seed (undecided: no CI)"
+    text = f"{e.value:+.{e.digits}f}{e.unit} ± {e.half:.{e.digits}f}{e.unit}{_what(e)}"
     holm = (f"; p {_p(e.p_adj)} after Holm over {e.family}'s {e.family_m}"
             if e.family else "")
     lost = f"; {_lost(e)}, counted as worst" if _lost(e) else ""
@@ -105,26 +106,33 @@ def said(e: Effect) -> str:
             f"{more}{lost})")
 
 
+def _what(e: Effect) -> str:
+    """" perplexity" after a value in %; nothing where the unit says it all (bits/char)."""
+    return f" {e.what}" if e.what else ""
+
+
 def _control(e: Effect) -> str:
     """The control vs standard that the gate read, e.g. "+1.2 ± 3.0%"."""
     if e.control_value is None:
         return "no CI"
     u = e.control_unit
-    half = "" if e.control_half is None else f" ± {e.control_half:.1f}{u}"
-    return f"{e.control_value:+.1f}{u}{half}"
+    half = "" if e.control_half is None else f" ± {e.control_half:.{e.digits}f}{u}"
+    return f"{e.control_value:+.{e.digits}f}{u}{half}"
 
 
 def unused(e: Effect) -> str:
     """An ``ATTENTION_UNUSED`` effect in words: the gate, then what the test alone said."""
-    text = (f"{e.value:+.1f}{e.unit}" + ("" if e.half is None else f" ± {e.half:.1f}{e.unit}")
-            + f" {e.what}")
+    n = e.digits
+    text = (f"{e.value:+.{n}f}{e.unit}"
+            + ("" if e.half is None else f" ± {e.half:.{n}f}{e.unit}") + _what(e))
     raw = "" if e.raw_status is None else \
         f"; its own test would read {e.raw_status.value}" + \
         ("" if e.p is None else f" at p {_p(e.p)}")
     lost = f"; {_lost(e)}, counted as worst" if _lost(e) else ""
     return (f"{text} (attention not used at this budget: standard does not beat the "
             f"attention-free control by more than the margin: the control vs standard is "
-            f"{_control(e)} {e.control_what}; no verdict{raw}{lost})")
+            f"{_control(e)}{' ' + e.control_what if e.control_what else ''}; no verdict"
+            f"{raw}{lost})")
 
 
 def cell(e: Effect) -> str:
@@ -134,7 +142,7 @@ def cell(e: Effect) -> str:
     if e.value is None:
         return WORDS[e.status]
     unit = e.unit.strip()
-    val = f" {e.value:+.1f}" + ("" if e.half is None else f" ± {e.half:.1f}") + \
+    val = f" {e.value:+.{e.digits}f}" + ("" if e.half is None else f" ± {e.half:.{e.digits}f}") + \
         (unit if unit == "%" else f" {unit}")
     out = WORDS[e.status] + val + (f" · n≈{e.seeds}" if e.seeds else "")
     out += f" · {_lost(e)}" if _lost(e) else ""

@@ -25,6 +25,7 @@ from qkvlab.studies.qkv.compute.results import StudyData, chance
 from qkvlab.studies.qkv.compute.zoo import zoo_table
 from qkvlab.studies.qkv.plan.references import (
     KAYYAM_1B2_KV_PCT,
+    REF_KV_CHARS_PER_TOKEN,
     REF_KV_CITE,
     REF_KV_PPL_PCT,
     SAPONATI_CITE,
@@ -35,7 +36,9 @@ from qkvlab.studies.qkv.render.pretrained import (
     large_heads,
     published_text,
 )
+from qkvlab.studies.qkv.plan.vocab import LM_CHARS_PER_TOKEN, TIED_QK
 from qkvlab.studies.qkv.render.sentences import (
+    char_sentence,
     alt_init_sentence,
     directed_sentence,
     emergence_sentence,
@@ -68,7 +71,7 @@ def verdict_q1(data: StudyData) -> Verdict:
     headline = (f"alt (4th matrix, outer 1/√d_k) vs standard: {said(eq)} on lm at equal width, "
                 f"{said(mt)} parameter-matched; on translate {said(teq)} at equal width, "
                 f"{said(tmt)} parameter-matched.")
-    details = []
+    details = [c for c in (char_sentence(data, ("alt_vs_standard",), ("alt",)),) if c]
     fold = records(data.measure("fold_alt"))
     if fold:
         d64 = max(f["max_abs_diff_fp64"] for f in fold)
@@ -132,6 +135,9 @@ def verdict_q2(data: StudyData) -> Verdict:
     headline = ("; ".join(head) + "." if head else "No tied Q=K runs finished.") + \
         (" Standard reaches " + "; ".join(base) + "." if base and head else "")
     details = ["; ".join(parts) + "."] if parts else []
+    char = char_sentence(data, ("tied_qk_qkv",), TIED_QK)
+    if char:
+        details.append(char)
     if "mqar" in data.profile.task_seeds and not data.profile.task_seeds["mqar"]:
         details.append(MQAR_LEFT_OUT)
     own = records(data.measure("own_position"))
@@ -187,9 +193,11 @@ def verdict_q3(data: StudyData) -> Verdict:
     eq, mt = task_effects(lm, "tied_kv", "lm")
     headline = (f"tied K=V: {said(eq)} on lm at equal width (published reference: "
                 f"+{REF_KV_PPL_PCT}% per-token perplexity at 300M parameters, "
-                f"+{KAYYAM_1B2_KV_PCT}% at 1.2B, EOS padding counted, {REF_KV_CITE}); "
+                f"+{KAYYAM_1B2_KV_PCT}% at 1.2B, EOS padding counted, {REF_KV_CITE}; ours is "
+                f"per subword token too, of ~{LM_CHARS_PER_TOKEN:.1f} characters vs their "
+                f"~{REF_KV_CHARS_PER_TOKEN:g}); "
                 f"{said(mt)} parameter-matched.")
-    details = []
+    details = [c for c in (char_sentence(data, ("lm_tied_kv",), ("tied_kv",)),) if c]
     trend = gap_trend(data, "lm", "tied_kv")
     if trend:
         details.append(trend)
