@@ -194,7 +194,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                probe_steps=60, probe_seeds=(0,), bind_bits=(3,),
                bind_seeds=(0, 1), measure_batch=16, rounds=5, decode_tokens=48,
                n_null=128, cka=True, task_seeds={"mqar": ()},
-               # ~130 s on 2 workers (docs/study-profiles.md)
+               # ~160 s on 2 idle workers (docs/study-profiles.md)
                scale_train_d_heads=(16, 64, 256), scale_train_seeds=(0, 1, 2),
                kv_contexts=(512, 2048, 8192), kv_batches=(1, 8),
                task_arms={"relation": ("equal",), "mlm": ("equal",),
@@ -209,7 +209,9 @@ PROFILES = {p.name: register_profile(p) for p in (
                kv_contexts=(512, 2048, 8192, 32768), kv_batches=(1, 4, 16),
                lr_grid=(1 / 3, 1.0, 3.0, 9.0), lr_seeds=(100,), scale_widths=(32, 64, 96),
                scale_seeds=(0, 1, 2),
-               scale_train_d_heads=(16, 64, 256), scale_train_seeds=tuple(range(8)),
+               # ~8,700 CPU-s with its tuning (docs/study-profiles.md); 6 seeds: an
+               # equivalent cell then survives Holm over Q1's family at a paired sd of ~1%
+               scale_train_d_heads=(16, 64, 256), scale_train_seeds=tuple(range(6)),
                task_seeds={"mqar": (), "relation": (0, 1, 2),
                            "successor": tuple(range(4)), "successor_causal": tuple(range(4))},
                task_arms={"mlm": ("equal",)},
