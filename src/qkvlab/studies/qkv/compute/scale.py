@@ -24,9 +24,15 @@ EFFECT_COLUMNS = ["design", "d_head", "value", "lo", "hi", "status", "raw_status
                   "baseline_lost", "p", "p_adj", "family_m", "mean", "baseline_mean", "unit"]
 
 
+def reported() -> str:
+    """The metric scale_train's verdicts, table and figure report: lm's own (the one place
+    that names it; the tuning grid reads val loss, where rates are chosen)."""
+    return TASK_METRIC["lm"]
+
+
 def placement_rows(data: StudyData) -> list[dict]:
-    """scale_train's comparison rows (placement vs inside) on lm's own metric."""
-    c = diffs(data.compared("scale_train", metric=TASK_METRIC["lm"]))
+    """scale_train's comparison rows (placement vs inside) on the ``reported`` metric."""
+    c = diffs(data.compared("scale_train", metric=reported()))
     return c[c.design.isin(PLACED)].to_dict("records") if not c.empty else []
 
 

@@ -17,10 +17,11 @@ from qkvlab.studies.qkv.compute.scale import (
     PLACED,
     ScaleAnswer,
     placement_effects,
+    reported,
     trained_rates,
 )
 from qkvlab.studies.qkv.plan.placements import PLACEMENTS
-from qkvlab.studies.qkv.plan.vocab import CONTROL, METRICS, TASK_METRIC, color, label
+from qkvlab.studies.qkv.plan.vocab import CONTROL, METRICS, color, label
 from qkvlab.studies.qkv.render.answers import amount
 from qkvlab.studies.qkv.render.figures_q import save
 from qkvlab.studies.qkv.render.text import LEGEND, WORDS, cell, num, pm
@@ -35,7 +36,7 @@ def fig_q1_scale_train(data: StudyData, out: Path) -> Figure | None:
     df = df[df.value.notna()]
     if df.empty:
         return None
-    m = METRICS[TASK_METRIC["lm"]]
+    m = METRICS[reported()]
     widths = sorted(df.d_head.unique())
     fig, ax = plt.subplots(figsize=(7.5, 4.0))
     for i, tag in enumerate(t for t in PLACED if t in set(df.design)):
@@ -80,7 +81,7 @@ def _rate(rates: pd.DataFrame, design: str, d_head: int, tuned: bool) -> str:
 def scale_table(data: StudyData) -> list[Table]:
     """The verdict table: per d_head, inside, every placement and the control: rate, seeds,
     lm's metric (mean ± 95% CI) and the verdict vs inside."""
-    metric = TASK_METRIC["lm"]
+    metric = reported()
     df = data.compared("scale_train", metric=metric)
     if df.empty:
         return []
