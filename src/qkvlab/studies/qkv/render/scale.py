@@ -161,6 +161,11 @@ def scale_words(a: ScaleAnswer) -> str:
     s = (f"Where 1/√d_k sits, trained on lm from the usual initialization, {rate}; vs "
          f"inside: " + "; ".join(f"{label(t)}: {_by_status(found)}"
                                  for t, found in a.effects.items()) + ". " + conclusion(a))
+    decided = any(e.status in DECIDED for found in a.effects.values() for _, e in found)
+    if decided and not a.tuned:
+        s += (" Every width here trains at one rate: a placement whose best rate moves with "
+              "d_head may read otherwise at its own rate, which the standard profile tunes per "
+              "width.")
     if a.edges:
         s += (" Rates chosen at the grid's edge (the best may lie beyond): "
               + ", ".join(f"{label(t)} at d_head {d}" for t, d in a.edges) + ".")
