@@ -221,3 +221,15 @@ def test_the_figure_draws_the_verdict_rows_and_the_words_answer_from_them(data, 
     table = scale_table(data)[0]
     assert len(table.rows) == len(data.profile.scale_train_d_heads) * (len(SCALES) + 1)
     assert {r[2] for r in table.rows} == {f"{rates.task_lr('lm', data.profile):g} (lm's)"}
+
+
+def test_q1s_answer_opens_with_the_trained_verdicts_and_words_only_the_rest_after(data):
+    from qkvlab.studies.qkv.render.answers import answer_blocks
+
+    lead = scale_words(scale_answer(data))
+    q1 = answer_blocks(data, {"q1": lead})[1].text
+    n = (len(SCALES) - 1) * len(data.profile.scale_train_d_heads)
+    assert q1.startswith(f"Q1 — the 4th matrix and the scale. {lead} None of the other "
+                         f"comparisons is decided after correcting for the {n} this question "
+                         f"asks. Scale: the smoke profile")
+    assert "d_head 16" not in q1[len(lead):]  # the per-width cells are worded once, in the lead

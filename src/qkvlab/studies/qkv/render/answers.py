@@ -142,12 +142,17 @@ def published_words(p: Published) -> str:
     return f"{head}; {ours}, a different unit, so the two numbers are not compared."
 
 
-def answer_text(a: Answer) -> str:
-    """One question's answer as a paragraph."""
+def answer_text(a: Answer, others: bool = False) -> str:
+    """One question's answer as a paragraph; ``others``: after a lead that worded some of its
+    comparisons (``without_widths``), so the rest are "the other" ones."""
     task = _Tasks()
     if a.decided:
-        out = (f"Decided, after correcting for the {a.family_m} comparisons this question asks: "
+        out = (f"Decided{' besides' if others else ''}, after correcting for the {a.family_m} "
+               f"comparisons this question asks: "
                f"{'; '.join(_decided(f, task) for f in a.decided)}.")
+    elif others:
+        out = (f"None of the other comparisons is decided after correcting for the "
+               f"{a.family_m} this question asks.")
     elif a.family_m or a.not_learned or a.open or a.unused:
         out = (f"Nothing is decided yet: no comparison holds after correcting for the "
                f"{a.family_m} this question asks.")
@@ -187,6 +192,6 @@ def answer_blocks(data: StudyData, lead: dict[str, str] | None = None) -> list[B
     out: list[Block] = [Section("answers", "The answers")]
     for q, a in answers(data).items():
         first = (lead or {}).get(q)
-        text = f"{first} {answer_text(without_widths(a))}" if first else answer_text(a)
+        text = f"{first} {answer_text(without_widths(a), True)}" if first else answer_text(a)
         out.append(Para(f"{QUESTIONS[q][0]}. {text}"))
     return out
