@@ -89,6 +89,13 @@ def test_each_placement_and_width_trains_at_its_own_tuned_rate(tmp_path):
                     store.finish(rid, "done", 1, {"val_loss": loss(t)}, {"n_params": 1})
         runs = registry.runs_of("scale_train", p, store)
         data = results.load(store, p)
+        chosen = rates.chosen_lrs(p, store)
+    # the placements keyed by width beside the designs' own keys, which keep their form
+    assert {k for k in chosen if len(k) == 4} == {
+        ("lm", d, "equal", w) for d in SCALES for w in p.scale_train_d_heads}
+    assert {k for k in chosen if len(k) == 3} == {
+        (t, d, a) for t, labels in rates.TUNED.items() for d in ("standard", *labels)
+        for a in p.tuned_arms(t, d)}
     base = rates.task_lr("lm", p)
     for spec, t in runs:
         want = 2.0 * base if (t["design"], t["d_head"]) == ("none", widest) else base
@@ -98,10 +105,6 @@ def test_each_placement_and_width_trains_at_its_own_tuned_rate(tmp_path):
     assert len(chosen) == len(SCALES) * len(p.scale_train_d_heads)
     assert set(chosen[chosen.edge].itertuples(index=False, name=None)) == {
         ("none", widest, float(f"{2 * base:.3g}"), 2.0, 1, True, True)}
-    # the design grid's keys are untouched: lr_tune's choice keyed (task, design, arm)
-    assert all(len(k) == 3 for k, _ in rates.chosen_lrs(p, Store(tmp_path / "r.db",
-                                                                  readonly=True)).items()
-               if k[1] in rates.TUNED["lm"] and len(k) == 3)
 
 
 def _lm(scale: str, init: InitConfig | None, seed: int = 3, d_head: int = 24):
