@@ -136,15 +136,17 @@ def test_every_experiment_builds_at_every_profile_with_matched_arms():
     assert set(experiment_names()) == {"alt_vs_standard", "scale_probe", "tied_qk_qkv",
                                        "symmetry_emergence", "bind_vs_dhead", "kv_translate",
                                        "lm_tied_kv", "lm_gqa", "lr_tune", "lm_scaling",
-                                       "alt_init", "directed_relation"}
+                                       "alt_init", "directed_relation", "scale_tune",
+                                       "scale_train"}
     assert profile_names() == ["smoke", "quick", "standard", "full"]
-    optional = {"lr_tune", "lm_scaling"}  # empty where a profile has no grid / no widths
+    optional = {"lr_tune", "lm_scaling", "scale_tune"}  # empty where a profile has no grid
     tuned = {"alt_vs_standard", "tied_qk_qkv", "kv_translate", "lm_tied_kv", "lm_gqa",
              "lm_scaling", "alt_init"}  # these wait for lr_tune where a profile tunes rates
     for prof in profile_names():
         for name in experiment_names():
-            if get_profile(prof).lr_grid and name in tuned:
-                with pytest.raises(ValueError, match="run `qkvlab sweep lr_tune"):
+            if get_profile(prof).lr_grid and name in (*tuned, "scale_train"):
+                first = "scale_tune" if name == "scale_train" else "lr_tune"
+                with pytest.raises(ValueError, match=f"run `qkvlab sweep {first}"):
                     runs_of(name, prof)
                 continue
             runs = runs_of(name, prof)

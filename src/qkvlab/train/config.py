@@ -29,7 +29,7 @@ from qkvlab.models import ModelConfig
 # "bf16" falls back to fp32 (with a warning) where bf16 is slow, "bf16_force" does not:
 # see qkvlab.train.precision
 PRECISIONS = ("fp32", "bf16", "bf16_force")
-INITS = ("gpt2", "unit")
+INITS = ("gpt2", "unit", "t5")
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,8 @@ class ProbeConfig:
 class InitConfig:
     """Re-initialization of the attention input projections (``apply_init``): ``qk="unit"``
     draws them from N(0, 1/d_model), the regime of the 1/√d_k argument; ``gpt2`` keeps the
-    model's own init (std 0.02)."""
+    model's own init (std 0.02); ``t5`` keeps it and multiplies the query block by
+    d_head^-1/2 (T5 folds 1/√d_k into W_Q's init instead of scaling the scores)."""
 
     qk: str = "gpt2"
 

@@ -328,8 +328,28 @@ def apply_init(model: nn.Module, init: InitConfig | None, seed: int = 0) -> None
     query/key entry then has unit variance and a raw score q·k has variance d_k, the regime
     in which the 1/√d_k argument is made (Vaswani et al. 2017, footnote 4). The default
     (``gpt2``, std 0.02) keeps scores near 0 at init whatever d_k.
+
+    ``qk="t5"`` keeps the model's init and multiplies each query block (W_Q, b_Q) by
+    d_head^-1/2: T5 (Raffel et al. 2020) folds 1/√d_k into W_Q's init, so with
+    ``scale="none"`` a model starts from the scores the same seed gives with it inside.
+
+    Raises:
+        ValueError: ``t5`` on a design without a query block of its own (tied Q=K: it would
+            scale K too; uniform: no queries).
     """
     if init is None or init.qk == "gpt2":
+        return
+    if init.qk == "t5":
+        for name, _, att in model.attention_layers():
+            if att.segment_of("q") != "q":
+                raise ValueError(f"init.qk: 't5' scales W_Q's init by 1/sqrt(d_head), so it "
+                                 f"needs a design with a query block of its own; {name} is "
+                                 f"{att.cfg.design!r} (query segment {att.segment_of('q')!r})")
+            rows, inner = att._slices["q"], 1.0 / math.sqrt(att.cfg.d_head)  # inner_scale's
+            with torch.no_grad():
+                att.W_in[rows] *= inner
+                if att.b_in is not None:
+                    att.b_in[rows] *= inner
         return
     gen = torch.Generator().manual_seed(seed + 1)  # a function of the run seed only
     for _, _, att in model.attention_layers():

@@ -35,13 +35,15 @@ TOKEN_UNIT = {"char": "character", "bpe": "subword token"}
 @dataclass(frozen=True)
 class Finding:
     """One headline comparison: ``design`` vs standard on ``task`` in ``arm``, its corrected
-    ``effect``; ``m``: bind_codes' key and value bits where the headline reads one width."""
+    ``effect``; ``m``: bind_codes' key and value bits where the headline reads one width;
+    ``d_head``: the head width of a headline at one width (scale_train's)."""
 
     design: str
     task: str
     arm: str
     effect: Effect
     m: int | None = None
+    d_head: int | None = None
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,8 @@ def findings(data: StudyData, fam: Family) -> tuple[list[Finding], list[tuple[st
             if e.status is Status.MISSING:
                 continue
             m = row.get("m") if h.widest_m else None
-            out.append(Finding(h.design, h.task, h.arm, e, None if m is None else int(m)))
+            out.append(Finding(h.design, h.task, h.arm, e, None if m is None else int(m),
+                               h.d_head))
             sources.append((h.experiment, h.task))
     return out, list(dict.fromkeys(sources))
 

@@ -136,7 +136,8 @@ def comparisons(runs: pd.DataFrame, profile: QKVProfile | None = None) -> pd.Dat
     if runs.empty:
         return pd.DataFrame()
     for exp, df in runs.groupby("experiment", sort=False):
-        if exp not in ORDER or exp in ("scale_probe", "lr_tune", "symmetry_emergence"):
+        if exp not in ORDER or exp in ("scale_probe", "lr_tune", "scale_tune",
+                                       "symmetry_emergence"):
             continue
         df = scored_on_test(df)
         by = [c for c in GROUP_BY if c in df and df[c].notna().any()]
@@ -222,7 +223,8 @@ def budget(store: Store, runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     sel = runs[(runs.status == "done") & (runs.arm == "equal")
                & runs.task.isin(["lm", "lm_char", "mlm", "translate"])
-               & ~runs.experiment.isin(["lr_tune", "lm_scaling"])].drop_duplicates("run_id")
+               & ~runs.experiment.isin(["lr_tune", "lm_scaling", "scale_tune", "scale_train"])
+               ].drop_duplicates("run_id")
     if sel.empty:
         return pd.DataFrame(columns=cols)
     m = metrics_frame(store, sel.run_id)

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qkvlab.studies.qkv.plan.placements import PLACEMENTS
+from qkvlab.studies.qkv.plan.profiles import PROFILES
 from qkvlab.studies.qkv.plan.vocab import TASK_METRIC, TIED_QK
 
 ALPHA = 0.05  # the family-wise error rate each question's headline verdicts keep
@@ -49,13 +51,15 @@ REASON = ("each headline verdict is quoted as a claim on its own, so the family-
 class Headline:
     """One headline comparison: ``design`` vs standard in ``experiment`` on ``task``'s own
     metric, in ``arm``. ``widest_m``: bind_codes at its largest m and d_head = m, where standard
-    has just the width the task needs (the summary table's point)."""
+    has just the width the task needs (the summary table's point). ``d_head``: the comparison
+    at that head width only (scale_train: one cell per placement and width)."""
 
     experiment: str
     design: str
     task: str
     arm: str = "equal"
     widest_m: bool = False
+    d_head: int | None = None
 
     @property
     def metric(self) -> str:
@@ -73,12 +77,16 @@ class Family:
 
 
 BOTH = ("equal", "matched")
+# Q1's trained scale: each placement vs inside (standard) at every head width a profile trains
+SCALE_D_HEADS = tuple(sorted({d for p in PROFILES.values() for d in p.scale_train_d_heads}))
 
 FAMILIES: dict[str, Family] = {f.question: f for f in (
     Family("Q1", "holm", (
         *(Headline("alt_vs_standard", "alt", t, a) for t in ("lm", "translate") for a in BOTH),
         Headline("alt_vs_standard", "alt", "lm_char"),
         Headline("alt_init", "alt_identity", "translate"),
+        *(Headline("scale_train", tag, "lm", d_head=d) for tag in PLACEMENTS
+          if tag != "standard" for d in SCALE_D_HEADS),
     )),
     Family("Q2", "holm", (
         *(Headline("tied_qk_qkv", d, t, a) for d in TIED_QK

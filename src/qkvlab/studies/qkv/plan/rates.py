@@ -7,6 +7,9 @@ experiment ``lr_tune`` trains each design of ``TUNED`` in each arm its compariso
 comparisons train each (design, arm) at the rate with the lowest mean validation loss there.
 The rates are chosen on the ``val`` split; the tuning runs are not scored on ``test`` at all,
 and the comparisons report their ``test`` numbers (``vocab.reported``).
+Experiment ``scale_tune`` does the same for each placement of 1/√d_k at each head width
+(``placement_tuning_runs``), keyed (task, placement, arm, d_head): a placement's best rate may
+move with d_head, which is the axis of that comparison.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from qkvlab.experiments.registry import (
     task_info,
 )
 from qkvlab.experiments.store import canonical
+from qkvlab.studies.qkv.plan.placements import PLACEMENTS, placement_run
 from qkvlab.studies.qkv.plan.vocab import DESIGNS
 
 if TYPE_CHECKING:  # profiles imports this module
@@ -82,18 +86,28 @@ def tuning_runs(p: QKVProfile) -> list[Run]:
     return runs
 
 
-def choose_lrs(p: QKVProfile, rows) -> dict[tuple[str, str, str], float]:
+def placement_tuning_runs(p: QKVProfile) -> list[Run]:
+    """``scale_tune``'s runs: every placement of 1/√d_k (``placements.PLACEMENTS``) at every
+    head width of ``scale_train_d_heads``, at every grid point, on the tuning seeds (none
+    without a grid)."""
+    return [placement_run(p, tag, d_head, seed, {"lr": lr}, lr=lr)
+            for mult in p.lr_grid for lr in (lr_of("lm", mult, p),) for seed in p.lr_seeds
+            for d_head in p.scale_train_d_heads for tag in PLACEMENTS]
+
+
+def choose_lrs(p: QKVProfile, rows) -> dict[tuple, float]:
     """The rate with the lowest mean val loss over ``lr_seeds`` per (task, design, arm), from
-    rows ``(task, design, arm, lr, status, val_loss)``; only designs whose whole grid has
-    finished. A diverged run (or one without a loss) counts as infinite loss; ties go to the
-    smaller rate."""
-    scores: dict[tuple[str, str, str], dict[float, list[float]]] = {}
-    for task, design, arm, lr, status, loss in rows:
+    rows ``(task, design, arm, lr, status, val_loss)``, or per (task, design, arm, d_head)
+    from rows with a 7th item ``d_head`` (None: no width key); only designs whose whole grid
+    has finished. A diverged run (or one without a loss) counts as infinite loss; ties go to
+    the smaller rate."""
+    scores: dict[tuple, dict[float, list[float]]] = {}
+    for task, design, arm, lr, status, loss, *width in rows:
         if status not in ("done", "diverged"):
             continue
         ok = status == "done" and loss is not None and math.isfinite(loss)
-        scores.setdefault((task, design, arm), {}).setdefault(float(lr), []).append(
-            loss if ok else math.inf)
+        key = (task, design, arm) + tuple(int(w) for w in width if w is not None)
+        scores.setdefault(key, {}).setdefault(float(lr), []).append(loss if ok else math.inf)
     out = {}
     for key, by_lr in scores.items():
         grid = {lr_of(key[0], m, p) for m in p.lr_grid}
@@ -105,11 +119,16 @@ def choose_lrs(p: QKVProfile, rows) -> dict[tuple[str, str, str], float]:
     return out
 
 
-def chosen_lrs(p: QKVProfile, store) -> dict[tuple[str, str, str], float]:
-    """``{(task, design, arm): rate}`` chosen from ``lr_tune``'s finished runs in ``store``
-    (only the runs the profile's grid lists now: a store keeps those of earlier grids)."""
-    listed = member_keys(tuning_runs(p))
-    return choose_lrs(p, ((r["tags"]["task"], r["tags"]["design"], r["tags"]["arm"],
-                           r["tags"]["lr"], r["status"], r["final"].get("val_loss"))
-                          for r in store.runs("lr_tune", p.name)
-                          if (r["id"], canonical(r["tags"])) in listed))
+def chosen_lrs(p: QKVProfile, store) -> dict[tuple, float]:
+    """``{(task, design, arm): rate}`` chosen from ``lr_tune``'s finished runs in ``store``,
+    and ``{(task, placement, arm, d_head): rate}`` from ``scale_tune``'s (only the runs the
+    profile's grid lists now: a store keeps those of earlier grids)."""
+    out = {}
+    for name, runs in (("lr_tune", tuning_runs(p)), ("scale_tune", placement_tuning_runs(p))):
+        listed = member_keys(runs)
+        out.update(choose_lrs(p, ((r["tags"]["task"], r["tags"]["design"], r["tags"]["arm"],
+                                   r["tags"]["lr"], r["status"], r["final"].get("val_loss"),
+                                   r["tags"].get("d_head") if name == "scale_tune" else None)
+                                  for r in store.runs(name, p.name)
+                                  if (r["id"], canonical(r["tags"])) in listed)))
+    return out

@@ -53,8 +53,11 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
 )}
 # Colors of what the figures draw besides designs: where 1/√d_k sits, and attention roles.
 OTHER_COLORS = {"inside": "#0072B2", "outside": "#D55E00", "both": "#009E73",
-                 "none": "#CC79A7", "encoder": "#0072B2", "decoder": "#D55E00",
-                 "cross": "#009E73"}
+                 "none": "#CC79A7", "none_t5": "#E69F00", "encoder": "#0072B2",
+                 "decoder": "#D55E00", "cross": "#009E73"}
+# Where 1/√d_k sits in scale_train, in words (inside is standard: ``plan.placements``)
+PLACEMENT_LABELS = {"outside": "1/√d_k outside", "both": "1/√d_k inside and outside",
+                    "none": "no 1/√d_k", "none_t5": "no 1/√d_k, T5 init (W_Q/√d_k)"}
 ARMS = {"equal": "equal width", "matched": "parameter-matched"}
 
 # The design groups the experiments, tables and figures share.
@@ -73,7 +76,7 @@ def color(key: str) -> str:
 
 def label(design: str) -> str:
     d = DESIGNS.get(design)
-    return d.label if d is not None else design
+    return d.label if d is not None else PLACEMENT_LABELS.get(design, design)
 
 
 def _identity(x: float) -> float:

@@ -6,6 +6,8 @@ number, and what is still open. Formats records; computes nothing.
 
 from __future__ import annotations
 
+import dataclasses
+
 from qkvlab.report.blocks import Block, Para, Section
 from qkvlab.studies.qkv.compute.answers import Answer, Finding, Published, Scale, answers
 from qkvlab.studies.qkv.compute.effects import Effect, Status
@@ -57,7 +59,8 @@ def _arm(arm: str) -> str:
 
 
 def _where(f: Finding, task) -> str:
-    width = f" at m = d_head = {f.m}" if f.m is not None else ""
+    width = f" at m = d_head = {f.m}" if f.m is not None else \
+        f" at d_head {f.d_head}" if f.d_head is not None else ""
     return f"on {task(f.task)}{width} {_arm(f.arm)}"
 
 
@@ -153,12 +156,17 @@ def _per_char(p: Published) -> str:
             f"{LM_CHARS_PER_TOKEN:g})")
 
 
-def answer_text(a: Answer) -> str:
-    """One question's answer as a paragraph."""
+def answer_text(a: Answer, others: bool = False) -> str:
+    """One question's answer as a paragraph; ``others``: after a lead that worded some of its
+    comparisons (``without_widths``), so the rest are "the other" ones."""
     task = _Tasks()
     if a.decided:
-        out = (f"Decided, after correcting for the {a.family_m} comparisons this question asks: "
+        out = (f"Decided{' besides' if others else ''}, after correcting for the {a.family_m} "
+               f"comparisons this question asks: "
                f"{'; '.join(_decided(f, task) for f in a.decided)}.")
+    elif others:
+        out = (f"None of the other comparisons is decided after correcting for the "
+               f"{a.family_m} this question asks.")
     elif a.family_m or a.not_learned or a.open or a.unused:
         out = (f"Nothing is decided yet: no comparison holds after correcting for the "
                f"{a.family_m} this question asks.")
@@ -182,9 +190,22 @@ def answer_text(a: Answer) -> str:
     return out
 
 
-def answer_blocks(data: StudyData) -> list[Block]:
-    """The section that opens the report: a paragraph per question, titled as its section."""
+def without_widths(a: Answer) -> Answer:
+    """``a`` without its findings at one head width (scale_train's cells), for a paragraph
+    that a lead sentence words them in; the correction still counts them (``family_m``)."""
+    def keep(fs: tuple[Finding, ...]) -> tuple[Finding, ...]:
+        return tuple(f for f in fs if f.d_head is None)
+    return dataclasses.replace(a, decided=keep(a.decided), open=keep(a.open),
+                               not_learned=keep(a.not_learned), unused=keep(a.unused))
+
+
+def answer_blocks(data: StudyData, lead: dict[str, str] | None = None) -> list[Block]:
+    """The section that opens the report: a paragraph per question, titled as its section;
+    ``lead``: a question's opening words (Q1: where 1/√d_k sits, from ``render.scale``), which
+    word its per-width findings."""
     out: list[Block] = [Section("answers", "The answers")]
     for q, a in answers(data).items():
-        out.append(Para(f"{QUESTIONS[q][0]}. {answer_text(a)}"))
+        first = (lead or {}).get(q)
+        text = f"{first} {answer_text(without_widths(a), True)}" if first else answer_text(a)
+        out.append(Para(f"{QUESTIONS[q][0]}. {text}"))
     return out

@@ -127,9 +127,11 @@ def fig_q1_scale(data: StudyData, out: Path) -> Figure | None:
         if stat == "grad_WQ" and (df[df.stat == stat]["mean"] > 0).all():
             ax.set_yscale("log")
     axes[0].legend(title="1/√d_k placed", frameon=False, fontsize=8)
-    return save(fig, df, out, "q1_scale_probe", "Where must 1/√d_k sit?",
-                 "Unit-variance q, k at init (the regime of the 1/√d_k argument). Bands: 95% CI "
-                 "over probe seeds (none with one seed).")
+    return save(fig, df, out, "q1_scale_probe", "Mechanism: 1/√d_k at a unit-variance init",
+                 "Unit-variance q, k at init (the regime of the 1/√d_k argument), not the "
+                 "initialization trained from: the mechanism beside the trained verdicts "
+                 "(figure: where 1/√d_k sits, trained on lm). Bands: 95% CI over probe seeds "
+                 "(none with one seed).")
 
 
 def fig_q1_convex(data: StudyData, out: Path) -> Figure | None:

@@ -32,12 +32,14 @@ from qkvlab.report.blocks import (
 )
 from qkvlab.report.blocks import Heading as H
 from qkvlab.studies.qkv.compute.results import StudyData
+from qkvlab.studies.qkv.compute.scale import scale_answer
 from qkvlab.studies.qkv.compute.zoo import zoo_table
 from qkvlab.studies.qkv.plan import claims as C
 from qkvlab.studies.qkv.plan.references import SAPONATI_CITE, SAPONATI_MEASURE
 from qkvlab.studies.qkv.render import figures as F
 from qkvlab.studies.qkv.render.answers import answer_blocks
 from qkvlab.studies.qkv.render.pretrained import published_text
+from qkvlab.studies.qkv.render.scale import scale_table, scale_words
 from qkvlab.studies.qkv.render.tables import (
     budget_table,
     compare_table,
@@ -89,7 +91,8 @@ def q1_blocks(data: StudyData) -> list[Block]:
                                       "alt vs standard (tokens/s: training throughput)"),
                         compare_table(data.compared("alt_init"), "alt with W_h = √d_k·I "
                                       "(computes standard's function at step 0) on translate",
-                                      (*TEXT_LOSSES, "chrf", "bleu"))]
+                                      (*TEXT_LOSSES, "chrf", "bleu")),
+                        *scale_table(data)]
     fold = data.measure("fold_alt")
     if not fold.empty:
         out.append(Table("fold_alt on each trained alt lm model (one row per seed)",
@@ -176,7 +179,7 @@ def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Ve
              f"(runs reused from the store are not re-run). Every number below is read from the "
              f"results store {m.get('db')}; published numbers appear only as labelled reference "
              f"values."),
-        *answer_blocks(data),
+        *answer_blocks(data, {"q1": scale_words(scale_answer(data))}),
         Section("summary", "Summary: each design against standard"), summary_table(data),
         margins_table(p)]
     forest = {q: [f for f in figs.get(q, []) if f.name.startswith("forest_")] for q in figs}

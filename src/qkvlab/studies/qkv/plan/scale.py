@@ -1,0 +1,71 @@
+"""Q1's scale in training: where 1/√d_k must sit, decided on lm's loss, not on statistics at
+init (experiment ``scale_probe``, the mechanism).
+
+``scale_train`` trains lm with the scale at each placement of ``placements.PLACEMENTS`` (inside,
+the baseline tagged ``standard``; outside; both; none; none with T5's init) at each head width
+of ``scale_train_d_heads``, from the usual initialization, on ``scale_train_seeds``, and the
+attention-free control at each width (the gate of ``compute.effects``). At a profile with a
+learning-rate grid each (placement, d_head) trains at its own rate, chosen by ``scale_tune``
+(``rates.placement_tuning_runs``) on the tuning seeds' val loss; the control at the rate
+``lr_tune`` chose for lm's control (it has no Q or K, so no scale to tune for). Without a grid
+every run trains at lm's rate. The verdicts (each placement vs inside at each d_head, on lm's
+own metric) are Q1's headline cells (``families``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from qkvlab.experiments.registry import Run, experiment
+from qkvlab.studies.qkv.plan.placements import PLACEMENTS, control_run, placement_run
+from qkvlab.studies.qkv.plan.rates import RatesPending, placement_tuning_runs
+from qkvlab.studies.qkv.plan.vocab import CONTROL
+
+if TYPE_CHECKING:
+    from qkvlab.studies.qkv.plan.profiles import QKVProfile
+
+
+def placement_lr(p: QKVProfile, tag: str, d_head: int) -> float | None:
+    """The rate a placement trains at, at one width: ``scale_tune``'s choice with a grid, else
+    None (lm's rate).
+
+    Raises:
+        RatesPending: the profile tunes rates and ``scale_tune`` has not chosen this one yet.
+    """
+    if not p.lr_grid:
+        return None
+    key = ("lm", tag, "equal", d_head)
+    if key not in (p.lrs or {}):
+        raise RatesPending(
+            f"profile {p.name}: scale_train trains each placement of 1/sqrt(d_k) at the rate "
+            f"experiment scale_tune chose at its d_head, and it has not finished for {tag} at "
+            f"d_head {d_head}; run `qkvlab sweep scale_tune --profile {p.name}` first (qkvlab "
+            f"study does)")
+    return p.lrs[key]
+
+
+def control_lr(p: QKVProfile) -> float | None:
+    """lm's control rate (``lr_tune``'s choice with a grid, else None: lm's rate)."""
+    if not p.lr_grid:
+        return None
+    return p.design_lrs("lm", (CONTROL,), ("equal",))[(CONTROL, "equal")]
+
+
+@experiment("scale_tune", "Q1: each placement of 1/sqrt(d_k) at its own learning rate, per "
+                          "d_head")
+def scale_tune(p: QKVProfile) -> list[Run]:
+    return placement_tuning_runs(p)
+
+
+@experiment("scale_train", "Q1: does 1/sqrt(d_k) need to sit inside the softmax? lm loss per "
+                           "placement and d_head, each at its own rate")
+def scale_train(p: QKVProfile) -> list[Run]:
+    rates = {(tag, d): placement_lr(p, tag, d) for d in p.scale_train_d_heads for tag in PLACEMENTS}
+    ctl = control_lr(p) if p.scale_train_d_heads else None
+    runs = []
+    for seed in p.scale_train_seeds:
+        for d_head in p.scale_train_d_heads:
+            runs += [placement_run(p, tag, d_head, seed, {}, rates[(tag, d_head)])
+                     for tag in PLACEMENTS]
+            runs.append(control_run(p, d_head, seed, {}, ctl))
+    return runs
