@@ -30,6 +30,7 @@ from qkvlab.studies.qkv.render import figures_q
 from qkvlab.studies.qkv.render.scale import fig_q1_scale_train, scale_table, scale_words
 from qkvlab.train import InitConfig
 from qkvlab.train.trainer import apply_init, build_seeded
+from conftest import scored
 from reference import HeadView
 
 SCALES = {"standard": ("inside", None), "outside": ("outside", None), "both": ("both", None),
@@ -178,8 +179,8 @@ def data(tmp_path):
             assert store.claim(rid)
             noise = 0.0 if t["design"] == "standard" else NOISE[t["seed"]]
             store.finish(rid, "done", 1,
-                         {"val_loss": 1.5 + 0.01 * t["seed"] + _shift(t["design"], t["d_head"])
-                          + noise}, {"n_params": 1})
+                         scored({"val_loss": 1.5 + 0.01 * t["seed"]
+                                 + _shift(t["design"], t["d_head"]) + noise}), {"n_params": 1})
         yield results.load(store, p)
 
 

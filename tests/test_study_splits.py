@@ -16,6 +16,7 @@ from qkvlab.experiments import registry
 from qkvlab.experiments.store import Store
 from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.compute.effects import Status, effect
+from qkvlab.studies.qkv.plan.placements import PLACEMENTS
 from qkvlab.studies.qkv.plan import profiles, rates
 from qkvlab.studies.qkv.plan.experiments import ORDER
 from qkvlab.studies.qkv.plan.vocab import CONTROL, reported
@@ -116,8 +117,10 @@ def test_every_reported_run_is_scored_on_test(name):
         p = dataclasses.replace(p, lrs={(t, d, a): rates.lr_of(t, 1.0, p)
                                         for t, labels in rates.TUNED.items()
                                         for d in ("standard", *labels)
-                                        for a in ("equal", "matched")})
-    got = {(e, s.train.test_batches) for e in ORDER if e != "lr_tune"
+                                        for a in ("equal", "matched")}
+                                    | {("lm", tag, "equal", d): rates.lr_of("lm", 1.0, p)
+                                       for tag in PLACEMENTS for d in p.scale_train_d_heads})
+    got = {(e, s.train.test_batches) for e in ORDER if e not in ("lr_tune", "scale_tune")
            for s, _ in registry.runs_of(e, p)}
     assert got == {(e, p.eval_batches) for e, _ in got}
     assert p.test_batches == p.eval_batches > 0

@@ -40,15 +40,17 @@ SCALE_HEADS = 2  # heads at every d_head (the scale probe's)
 
 
 def placement_run(p: Profile, tag: str, d_head: int, seed: int, tags: dict[str, Any],
-                  lr: float | None = None) -> Run:
-    """One lm run of placement ``tag`` at ``d_head`` (its rate ``lr``, else the task's)."""
+                  lr: float | None = None, train: dict[str, Any] | None = None) -> Run:
+    """One lm run of placement ``tag`` at ``d_head`` (its rate ``lr``, else the task's;
+    ``train``: other TrainConfig overrides)."""
     pl = PLACEMENTS[tag]
     model = base_model(p, n_heads=SCALE_HEADS, d_head=d_head, scale=pl.scale)
     init = InitConfig(qk=pl.init) if pl.init != "gpt2" else None
     return make_run("lm", model, p, seed,
                     {"design": tag, "arm": "equal", "d_head": d_head, "scale": pl.scale,
                      "init": pl.init, **tags},
-                    train=None if lr is None else {"lr": lr}, init=init)
+                    train={**(train or {}), **({} if lr is None else {"lr": lr})} or None,
+                    init=init)
 
 
 def control_run(p: Profile, d_head: int, seed: int, tags: dict[str, Any],

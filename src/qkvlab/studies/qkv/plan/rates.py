@@ -89,8 +89,8 @@ def tuning_runs(p: QKVProfile) -> list[Run]:
 def placement_tuning_runs(p: QKVProfile) -> list[Run]:
     """``scale_tune``'s runs: every placement of 1/√d_k (``placements.PLACEMENTS``) at every
     head width of ``scale_train_d_heads``, at every grid point, on the tuning seeds (none
-    without a grid)."""
-    return [placement_run(p, tag, d_head, seed, {"lr": lr}, lr=lr)
+    without a grid); like lr_tune's, they score no test batches."""
+    return [placement_run(p, tag, d_head, seed, {"lr": lr}, lr=lr, train={"test_batches": 0})
             for mult in p.lr_grid for lr in (lr_of("lm", mult, p),) for seed in p.lr_seeds
             for d_head in p.scale_train_d_heads for tag in PLACEMENTS]
 
