@@ -40,6 +40,7 @@ from qkvlab.studies.qkv.compute.measures import MEASURE_VERSION
 from qkvlab.studies.qkv.compute.multiplicity import correct
 from qkvlab.studies.qkv.plan.experiments import ORDER
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
+from qkvlab.studies.qkv.plan.scaling import EXPERIMENTS as SCALING
 from qkvlab.studies.qkv.plan.vocab import CONTROL, TASK_METRIC, lower_is_better, metric_of
 
 # extra metrics compared per experiment, besides each task's own
@@ -118,7 +119,8 @@ def comparisons(runs: pd.DataFrame, profile: QKVProfile | None = None) -> pd.Dat
     if runs.empty:
         return pd.DataFrame()
     for exp, df in runs.groupby("experiment", sort=False):
-        if exp not in ORDER or exp in ("scale_probe", "lr_tune", "symmetry_emergence"):
+        if exp not in ORDER or exp in ("scale_probe", "lr_tune", "symmetry_emergence") \
+                or exp in SCALING:  # compared per cell by compute.scaling
             continue
         by = [c for c in GROUP_BY if c in df and df[c].notna().any()]
         for task, sub in df.groupby("task", sort=True):

@@ -12,6 +12,7 @@ from qkvlab.studies.qkv.compute.effects import Effect, Status
 from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.plan.claims import QUESTIONS
 from qkvlab.studies.qkv.plan.vocab import ARMS, label
+from qkvlab.studies.qkv.render.figures_scaling import answer_sentence
 
 # a task in plain words (its name in the tables after it, on first mention)
 TASK_WORDS = {"lm": "text prediction", "mlm": "masked-text prediction",
@@ -173,4 +174,7 @@ def answer_blocks(data: StudyData) -> list[Block]:
     out: list[Block] = [Section("answers", "The answers")]
     for q, a in answers(data).items():
         out.append(Para(f"{QUESTIONS[q][0]}. {answer_text(a)}"))
+    at_scale = answer_sentence(data)
+    if at_scale:
+        out.append(Para(at_scale))
     return out
