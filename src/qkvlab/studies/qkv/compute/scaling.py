@@ -156,8 +156,8 @@ def fit(summary: pd.DataFrame) -> pd.DataFrame:
     cols = ["design", "a", "b", "s", "k", "xbar", "sxx", "n_min", "n_max"]
     s = summary[summary.cell == "size"] if not summary.empty else summary
     rows = []
-    for design, sub in (s.groupby("design", sort=False) if not s.empty else []):
-        sub = sub[sub["mean"].map(math.isfinite)]
+    for design in [d for d in DESIGNS if not s.empty and d in set(s.design)]:
+        sub = s[(s.design == design) & s["mean"].map(math.isfinite)]
         x = [math.log10(float(n)) for n in sub.cell_params]
         y = [float(v) for v in sub["mean"]]
         k = len(x)
