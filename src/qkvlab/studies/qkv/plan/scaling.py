@@ -48,6 +48,9 @@ BASELINE = "standard"
 DESIGNS = ("tied_kv", "tied_qk", "tied_qkv", "gqa_half", "mqa")
 EXPERIMENTS = ("scaling_tune", "scaling_tune_edge", "scaling_budget", "scaling_size")
 MIN_STEPS = 4  # a size cell never trains fewer steps
+# evaluated at the end only: the budget axis is separate runs, not one run's curve, and five
+# evaluations cost a short run ~15% of its time
+EVAL_EVERY = 0
 
 
 class ScalingPending(ResultsPending):
@@ -132,7 +135,7 @@ def beyond(p: QKVProfile, lr: float) -> float | None:
 def tune_run(p: QKVProfile, cell: Cell, design: str, lr: float, seed: int) -> Run:
     return make_run(TASK, model_of(cell, design, p), p, seed,
                     {"design": design, **cell.tags(), "lr": lr}, steps=cell.steps,
-                    train={"lr": lr})
+                    train={"lr": lr, "eval_every": EVAL_EVERY})
 
 
 def pick(by_lr: dict[float, list[float]]) -> float | None:
@@ -221,7 +224,7 @@ def main_runs(p: QKVProfile, kind: str, seeds: tuple[int, ...]) -> list[Run]:
         for seed in seeds:
             out.append(make_run(TASK, model_of(c, d, p), p, seed,
                                 {"design": d, **c.tags(), "lr": lr}, steps=c.steps,
-                                train={"lr": lr}))
+                                train={"lr": lr, "eval_every": EVAL_EVERY}))
     return out
 
 
