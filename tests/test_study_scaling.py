@@ -4,6 +4,7 @@ and the prediction read from the store before it is set beside the published tab
 import dataclasses
 import math
 
+import matplotlib.image as mpimg
 import pandas as pd
 import pytest
 
@@ -137,7 +138,9 @@ def test_comparison_reads_only_the_stored_prediction(tmp_path):
     stored.loc[(stored.design == "tied_kv") & (stored.target == 3e8),
                ["gap_pct", "lo", "hi"]] = [3.0, 2.0, 4.0]  # what the store says wins
     data = study_data(runs, {S.PREDICTION: stored})
-    assert R.fig_size(data, tmp_path) is not None
+    fig = R.fig_size(data, tmp_path)
+    h, w = mpimg.imread(tmp_path / fig.png).shape[:2]
+    assert h > 200 and 500 < w < 1500  # legible, and not wider than a laptop screen
     table = [b for b in R.tables(data) if "Predicted" in b.caption][0]
     kv = [r for r in table.rows if r[0] == "tied K=V" and r[1] == "300M"][0]
     assert kv[2:] == ("+3.0 (+2.0 to +4.0)", "+3.1", "yes", "-0.1")

@@ -61,7 +61,7 @@ def fig_budget(data: StudyData, out: Path) -> Figure | None:
         return None
     trend = S.budget_trend(g).set_index("design")
     fig, axes = plt.subplots(1, len(designs), squeeze=False, sharey=True,
-                             figsize=(2.5 * len(designs) + 1.0, 3.3))
+                             figsize=(2.4 * len(designs) + 1.0, 3.3))
     for ax, d in zip(axes[0], designs):
         sub = b[b.design == d].sort_values("steps")
         ax.errorbar(sub.steps, sub["mean"], yerr=sub.half.fillna(0), fmt="o-", color=color(d),
@@ -97,7 +97,7 @@ def fig_size(data: StudyData, out: Path) -> Figure | None:
     if not designs:
         return None
     fig, axes = plt.subplots(1, len(designs), squeeze=False, sharey=True,
-                             figsize=(2.7 * len(designs) + 1.0, 3.5))
+                             figsize=(2.4 * len(designs) + 1.0, 3.6))
     for ax, d in zip(axes[0], designs):
         sub = sz[sz.design == d]
         for depth, m in zip(sorted(set(sub.n_layers)), "os^D"):
