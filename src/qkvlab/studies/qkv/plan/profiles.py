@@ -204,7 +204,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                decode_tokens=16, n_null=32, cka=False, scale_widths=(16, 32),
                kv_contexts=(64, 256), kv_batches=(1, 2),
                scaling_budgets=(4, 8), scaling_seeds=(0, 1), size_widths=(16, 32),
-               size_depths=(1,), tokens_per_param=0.02, size_seeds=(0, 1),
+               size_depths=(1,), tokens_per_param=0.02, size_seeds=(0,),
                scaling_lr_grid=(1.0, 3.0), scaling_lr_seeds=(100,)),
     QKVProfile("quick", seeds=(0, 1, 2), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=200, lr=3e-3, eval_batches=8, task_options=TASK_OPTIONS["quick"],
