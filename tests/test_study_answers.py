@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from conftest import scored
 from qkvlab.env import environment
 from qkvlab.experiments.store import Store
 from qkvlab.report.blocks import Para, Section, Table, Title
@@ -40,7 +41,7 @@ def _fill(store: Store, experiment: str, task: str, values: dict[tuple[str, str]
             tags = {"task": task, "design": design, "arm": arm, "seed": seed}
             (rid,) = store.add(experiment, "smoke", [(spec, tags)])
             if store.claim(rid):
-                store.finish(rid, "done", 200, {metric: v},
+                store.finish(rid, "done", 200, scored({metric: v}),
                              {"n_params": 1000 if design == "standard" else 900, **env})
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import scored
 from qkvlab.experiments.store import Store
 from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.plan.vocab import DESIGNS, TASK_METRIC
@@ -55,7 +56,7 @@ def _run(store: Store, experiment: str, task: str, design: str, seed: int, final
     if store.claim(rid):
         for step, metrics in (log or {}).items():
             store.log(rid, step, metrics)
-        store.finish(rid, "done", 10, final, {"n_params": 1000, "tokens_per_s": 1.0,
+        store.finish(rid, "done", 10, scored(final), {"n_params": 1000, "tokens_per_s": 1.0,
                                               "params": {"attention": 100}})
     return rid
 

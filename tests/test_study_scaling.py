@@ -1,202 +1,88 @@
-"""The scaling experiments: the plan's cells and rate stages, the budget rule, the size fit,
-and the prediction read from the store before it is set beside the published table."""
+"""lm_scaling: its runs (same depth and d_head at each width) and its figure's numbers."""
 
-import dataclasses
-import math
+from __future__ import annotations
 
-import matplotlib.image as mpimg
+import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
-import pytest
 
-from qkvlab.experiments.registry import get_profile, runs_of
-from qkvlab.experiments.store import run_id
-from qkvlab.stats import holm
-from qkvlab.studies.qkv.compute import scaling as S
-from qkvlab.studies.qkv.compute.results import StudyData
-from qkvlab.studies.qkv.plan import scaling as P
-from qkvlab.studies.qkv.render import figures_scaling as R
+from conftest import scored
+from qkvlab.env import environment
+from qkvlab.experiments import registry
+from qkvlab.experiments.store import Store
+from qkvlab.studies.qkv.plan import profiles
+from qkvlab.studies.qkv.compute import results
+from qkvlab.studies.qkv.plan import vocab
+from qkvlab.studies.qkv.render import figures, figures_q, tables
 
-
-def run_row(exp, cell, steps, n, design, seed, loss, status="done", width=64, depth=2):
-    """A stored run as runs_frame shows it: the validation loss differs from the test loss,
-    so a reader of the wrong split is caught."""
-    return {"experiment": exp, "run_id": f"{cell}-{steps}-{n}-{design}-{seed}",
-            "status": status, "cell": cell, "d_model": width, "n_layers": depth,
-            "steps": steps, "cell_params": n, "design": design, "seed": seed,
-            "test_val_loss": loss if status == "done" else None,
-            "val_loss": (loss - 0.5) if status == "done" else None}
+T975_DF2 = 4.302652729911275
 
 
-def gap_loss(base: float, gap_pct: float) -> float:
-    return base + math.log1p(gap_pct / 100)
+def test_scaling_runs_keep_depth_and_d_head_and_tag_the_width():
+    p = profiles.PROFILES["smoke"]
+    runs = registry.runs_of("lm_scaling", p)
+    d_head = p.d_model // p.n_heads
+    assert {t["d_model"] for _, t in runs} == set(p.scale_widths)
+    for spec, tags in runs:
+        m = spec.model
+        assert (m["d_model"], m["n_heads"], m["n_layers"]) == (
+            tags["d_model"], max(1, tags["d_model"] // d_head), p.n_layers)
+        assert tags["arm"] == "equal"
+        assert tags["design"] in ("standard", *vocab.SCALED, vocab.CONTROL)
+        if tags["design"] == "gqa_half":
+            assert m["n_kv_heads"] == max(1, m["n_heads"] // 2)
+    assert len(runs) == len(p.scale_widths) * (2 + len(vocab.SCALED)) * len(p.seeds)  # + control
 
 
-def budget_runs(gap_of) -> pd.DataFrame:
-    """Budget cells at 100..800 steps, 4 seeds; gap_of(design, steps, seed) -> gap %."""
-    rows = []
-    for steps in (100, 200, 400, 800):
-        for seed in range(4):
-            base = 3.0 + 0.01 * seed
-            rows.append(run_row("scaling_budget", "budget", steps, 1000, "standard", seed, base))
-            for d in P.DESIGNS:
-                rows.append(run_row("scaling_budget", "budget", steps, 1000, d, seed,
-                                    gap_loss(base, gap_of(d, steps, seed))))
-    return pd.DataFrame(rows)
+def test_scaling_figure_reads_perplexity_per_width(tmp_path):
+    std = {16: [2.0, 2.1, 2.2], 32: [1.8, 1.85, 1.9]}
+    kv = {16: [2.05, 2.12, 2.26], 32: [1.9, 1.97, 2.0]}
+    env = environment()
+    with Store(tmp_path / "r.db") as store:
+        for w in std:
+            for design, vals in (("standard", std[w]), ("tied_kv", kv[w])):
+                for seed, v in enumerate(vals):
+                    spec = {"task": "lm", "model": {"design": design, "d_model": w}, "seed": seed}
+                    tags = {"task": "lm", "design": design, "arm": "equal", "seed": seed,
+                            "d_model": w}
+                    (rid,) = store.add("lm_scaling", "smoke", [(spec, tags)])
+                    store.claim(rid)
+                    store.finish(rid, "done", 1, scored({"val_loss": v}),
+                                 {"n_params": 1000 * w, **env})
+        data = results.load(store, "smoke")
+    with plt.rc_context(figures_q.STYLE):
+        fig = figures.fig_scaling(data, tmp_path / "figs")
+    df = pd.read_csv(tmp_path / "figs" / fig.csv)
+    want = []
+    for w in (16, 32):
+        d = np.subtract(kv[w], std[w])
+        m, h = d.mean(), T975_DF2 * d.std(ddof=1) / np.sqrt(3)
+        want.append([w, 1000 * w, *(100 * np.expm1([m, m - h, m + h]))])
+    np.testing.assert_allclose(df[["d_model", "params", "value", "lo", "hi"]].to_numpy(), want,
+                               rtol=1e-9)
+    table = tables.scaling_blocks(data)[0]
+    assert [r[1] for r in table.rows] == ["16", "32"]
+    assert table.rows[1][4].startswith("worse")
 
 
-def test_run_loss_reads_the_test_split_only():
-    assert S.run_loss({"val_loss": 2.0, "test_val_loss": 2.5}) == 2.5
-    assert S.run_loss({"val_loss": 2.0}) is None
-
-
-def test_budget_rule_reads_shrinks_grows_and_flat():
-    noise = (0.1, -0.1, 0.05, -0.05)
-
-    def gap(d, steps, seed):
-        if d == "tied_kv":  # 20% at 100 steps down to 5% at 800
-            return {100: 20, 200: 15, 400: 10, 800: 5}[steps] + noise[seed]
-        if d == "tied_qkv":  # grows
-            return {100: 5, 200: 10, 400: 15, 800: 30}[steps] + noise[seed]
-        return 3.0 + 2 * noise[seed] * (1 if steps == 100 else -1)  # flat within noise
-
-    g = S.gaps(S.losses(budget_runs(gap)))
-    t = S.budget_trend(g).set_index("design")
-    assert list(t.index) == list(P.DESIGNS)
-    assert t.loc["tied_kv", "verdict"] == S.SHRINKS
-    assert t.loc["tied_qkv", "verdict"] == S.GROWS
-    assert t.loc["tied_qk", "verdict"] == S.FLAT
-    assert (t.small == 100).all() and (t.large == 800).all() and (t.n == 4).all()
-    assert t.loc["tied_kv", "diff"] == pytest.approx(15.0, abs=1e-9)
-    assert t.loc["tied_qkv", "diff"] == pytest.approx(-25.0, abs=1e-9)
-    assert list(t.p_adj) == pytest.approx(holm(list(t.p)), nan_ok=True)
-
-
-def test_a_lost_run_enters_at_the_worst_value_and_is_counted():
-    df = budget_runs(lambda d, s, seed: 10.0)
-    i = df.index[(df.design == "tied_kv") & (df.steps == 100) & (df.seed == 0)][0]
-    df.loc[i, ["status", "test_val_loss", "val_loss"]] = ["diverged", None, None]
-    loss = S.losses(df, chance=3.5)
-    row = loss[(loss.design == "tied_kv") & (loss.steps == 100) & (loss.seed == 0)].iloc[0]
-    assert bool(row.lost) and row.loss == 3.5  # chance is worse than any finished run
-    loss = S.losses(df, chance=1.0)
-    row = loss[(loss.design == "tied_kv") & (loss.steps == 100) & (loss.seed == 0)].iloc[0]
-    worst = df[(df.steps == 100) & (df.status == "done")].test_val_loss.max()
-    assert row.loss == worst
-    summ = S.cell_summary(S.gaps(loss))
-    cell = summ[(summ.design == "tied_kv") & (summ.steps == 100)].iloc[0]
-    assert (cell.lost, cell.baseline_lost, cell.n) == (1, 0, 4)
-
-
-def size_runs(a: float, b: float, seeds=(0, 1, 2)) -> pd.DataFrame:
-    """Size cells whose every seed's gap is exactly a + b·log10 N."""
-    rows = []
-    for n, width, depth in ((1e4, 32, 1), (3e4, 48, 1), (1e5, 64, 2), (4e5, 96, 2)):
-        for seed in seeds:
-            base = 3.0 - 0.1 * seed
-            rows.append(run_row("scaling_size", "size", 10, n, "standard", seed, base,
-                                width=width, depth=depth))
-            for d in P.DESIGNS:
-                rows.append(run_row("scaling_size", "size", 10, n, d, seed,
-                                    gap_loss(base, a + b * math.log10(n)),
-                                    width=width, depth=depth))
-    return pd.DataFrame(rows)
-
-
-def test_fit_recovers_an_exact_line_and_predicts_with_a_zero_interval():
-    fits = S.fit(S.cell_summary(S.gaps(S.losses(size_runs(12.0, -2.0))))).set_index("design")
-    assert list(fits.index) == list(P.DESIGNS)
-    assert list(fits.a) == pytest.approx([12.0] * 5, abs=1e-9)
-    assert list(fits.b) == pytest.approx([-2.0] * 5, abs=1e-9)
-    assert list(fits.k) == [4] * 5
-    pred = pd.DataFrame(S.prediction_records(size_runs(12.0, -2.0)))
-    kv = pred[pred.design == "tied_kv"].set_index("target")
-    want = [12.0 - 2.0 * math.log10(n) for n in S.TARGETS]
-    assert list(kv.gap_pct) == pytest.approx(want, abs=1e-9)
-    assert list(kv.hi - kv.lo) == pytest.approx([0.0, 0.0], abs=1e-9)
-
-
-def test_interval_widens_away_from_the_measured_sizes():
-    df = size_runs(12.0, -2.0)
-    bump = (df.design == "tied_kv") & (df.cell_params == 3e4)  # one cell off the line
-    df.loc[bump, "test_val_loss"] += 0.02
-    f = S.fit(S.cell_summary(S.gaps(S.losses(df)))).set_index("design").loc["tied_kv"]
-    near, far = S.line(f.to_dict(), 3e4)[1], S.line(f.to_dict(), 1.2e9)[1]
-    assert 0 < near < far
-
-
-def study_data(runs: pd.DataFrame, measures: dict) -> StudyData:
-    return StudyData(profile=get_profile("smoke"), runs=runs, comparisons=pd.DataFrame(),
-                     probe=pd.DataFrame(), measures=measures)
-
-
-def test_comparison_reads_only_the_stored_prediction(tmp_path):
-    runs = size_runs(12.0, -2.0)
-    assert R.fig_size(study_data(runs, {}), tmp_path) is None  # nothing stored: not drawn
-    assert not any("Predicted" in getattr(b, "caption", "") for b in R.tables(
-        study_data(runs, {})))
-    stored = pd.DataFrame(S.prediction_records(runs))
-    stored.loc[(stored.design == "tied_kv") & (stored.target == 3e8),
-               ["gap_pct", "lo", "hi"]] = [3.0, 2.0, 4.0]  # what the store says wins
-    data = study_data(runs, {S.PREDICTION: stored})
-    fig = R.fig_size(data, tmp_path)
-    h, w = mpimg.imread(tmp_path / fig.png).shape[:2]
-    assert h > 200 and 500 < w < 1500  # legible, and not wider than a laptop screen
-    table = [b for b in R.tables(data) if "Predicted" in b.caption][0]
-    kv = [r for r in table.rows if r[0] == "tied K=V" and r[1] == "300M"][0]
-    assert kv[2:] == ("+3.0 (+2.0 to +4.0)", "+3.1", "yes", "-0.1")
-    cmp = S.compare_published(stored)  # five designs at 300M and tied K=V at 1.2B
-    assert list(zip(cmp.design, cmp.target)) == [
-        ("tied_kv", 3e8), ("tied_kv", 1.2e9), ("tied_qk", 3e8), ("tied_qkv", 3e8),
-        ("gqa_half", 3e8), ("mqa", 3e8)]
-    assert cmp.published.tolist() == [3.1, 2.48, 4.8, 25.4, 0.7, 1.5]
-    # the exact line predicts a gap below 0 with no width: every other published value misses
-    assert cmp.inside.tolist() == [True, False, False, False, False, False]
-
-
-def test_profiles_without_these_sizes_list_no_scaling_runs():
-    for name in ("quick", "standard"):
-        for exp in P.EXPERIMENTS:
-            assert runs_of(exp, name) == []
-
-
-def test_size_cells_train_tokens_proportional_to_parameters():
-    p = get_profile("scaling")
-    size = [c for c in P.cells(p) if c.kind == "size"]
-    assert sorted({c.d_model for c in size}) == [32, 48, 64, 96]
-    assert sorted({c.n_layers for c in size}) == [1, 2]
-    assert max(c.n_params for c in size) / min(c.n_params for c in size) >= 4
-    for c in size:
-        assert c.steps == round(20.0 * c.n_params / (16 * 64))
-    budget = [c.steps for c in P.cells(p) if c.kind == "budget"]
-    assert budget == [250, 500, 1000, 2000]
-    assert p.task_options["lm"] == {"tokenizer": "bpe", "vocab_size": 1024, "seq_len": 64}
-
-
-def tuned(p, losses: dict[float, float]):
-    """The profile with every grid run finished at ``losses[lr]`` (inf: diverged)."""
-    status = {}
-    for spec, tags in P.grid_runs(p):
-        loss = losses[tags["lr"]]
-        status[run_id(spec.to_dict())] = ("diverged", None) if math.isinf(loss) else \
-            ("done", loss)
-    return dataclasses.replace(p, scaling_tuned=status)
-
-
-def test_rate_stages_wait_then_extend_the_edge_then_choose():
-    p = dataclasses.replace(get_profile("smoke"), scaling_tuned={})
-    with pytest.raises(P.ScalingPending):
-        P.edge_runs(p)
-    with pytest.raises(P.ScalingPending):
-        P.main_runs(p, "budget", p.scaling_seeds)
-    grid = P.lr_grid(p)  # smoke: 3e-3 and 9e-3
-    q = tuned(p, {grid[0]: 2.0, grid[1]: 1.0})  # best at the top edge
-    edge = P.edge_runs(q)
-    assert {t["lr"] for _, t in edge} == {P.beyond(p, grid[1])} == {0.027}
-    with pytest.raises(P.ScalingPending):  # the edge points have not run
-        P.chosen(q)
-    status = dict(q.scaling_tuned)
-    status.update({run_id(s.to_dict()): ("done", 1.5) for s, _ in edge})
-    rates = P.chosen(dataclasses.replace(q, scaling_tuned=status))
-    assert set(rates.values()) == {grid[1]}  # the edge point was worse
-    r = tuned(p, {grid[0]: float("inf"), grid[1]: 1.0})  # a diverged rate counts as inf
-    assert {t["lr"] for _, t in P.edge_runs(r)} == {0.027}
+def test_budget_reads_val_loss_at_half_and_full_budget(tmp_path):
+    curves = {0: {100: 2.4, 200: 2.2, 300: 2.1, 400: 2.0}, 1: {100: 2.5, 200: 2.3, 300: 2.2,
+                                                                400: 2.1}}
+    env = environment()
+    with Store(tmp_path / "r.db") as store:
+        for seed, curve in curves.items():
+            spec = {"task": "lm", "model": {}, "seed": seed}
+            tags = {"task": "lm", "design": "standard", "arm": "equal", "seed": seed}
+            (rid,) = store.add("lm_tied_kv", "smoke", [(spec, tags)])
+            store.claim(rid)
+            for step, v in curve.items():
+                store.log(rid, step, {"val_loss": v})
+            store.finish(rid, "done", 400, scored({"val_loss": curve[400]}), {"n_params": 1, **env})
+        data = results.load(store, "smoke")
+    (row,) = data.budget.to_dict("records")
+    assert (row["task"], row["design"], row["half_step"], row["steps"], row["seeds"]) == (
+        "lm", "standard", 200, 400, 2)
+    np.testing.assert_allclose([row["half"], row["full"], row["change_pct"]],
+                               [2.25, 2.05, 100 * (2.05 / 2.25 - 1)], rtol=1e-12)
+    assert tables.budget_table(data)[0].rows == (("lm", "standard", "2", "2.25 (step 200)",
+                                                "2.05 (step 400)", "-8.9%"),)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
+from conftest import scored
 from qkvlab.env import environment
 from qkvlab.experiments.store import Store
 from qkvlab.studies.qkv import study
@@ -36,7 +37,7 @@ def _fill(store: Store, experiment: str, task: str, values: dict[tuple[str, str]
             tags = {"task": task, "design": design, "arm": arm, "seed": seed, **(extra_tags or {})}
             (rid,) = store.add(experiment, "smoke", [(spec, tags)])
             if store.claim(rid):
-                store.finish(rid, "done", 10, {metric: v},
+                store.finish(rid, "done", 10, scored({metric: v}),
                              {"n_params": 1000, "params": {"attention": 100 if design == "standard" else 75},
                               "tokens_per_s": 1.0, **env})
 
@@ -348,7 +349,7 @@ def test_a_diverged_run_counts_at_chance_and_the_cell_says_so(tmp_path):
             (rid,) = store.add("tied_qk_qkv", "smoke", [({"model": tags, "seed": seed}, tags)])
             store.claim(rid)
             store.finish(rid, "done" if v is not None else "diverged", 10,
-                         {} if v is None else {"accuracy": v},
+                         {} if v is None else scored({"accuracy": v}),
                          {"n_params": 1000, **environment()})
         data = results.load(store, "smoke")
     ch = get_task("relation", **results.get_profile("smoke").task_options["relation"]).chance

@@ -18,7 +18,7 @@ from qkvlab.train.distributed import shard
 TESTS = Path(__file__).resolve().parent
 SPEC = {"task": "test_train_trainer:ToyTask", "model": {"d_model": 16, "n_layers": 1, "n_heads": 2},
         "train": {"steps": 6, "batch_size": 8, "log_every": 1, "eval_batches": 1,
-                  "eval_batch_size": 4, "seed": 5}}
+                  "eval_batch_size": 4, "test_batches": 2, "seed": 5}}
 
 
 def _torchrun(tmp_path: Path, nproc: int) -> dict:
@@ -43,6 +43,10 @@ def test_two_process_ddp_matches_one_process_same_global_batch(tmp_path):
     # same batches, gradients averaged over halves = gradient of the mean: equal up to fp32 sums
     torch.testing.assert_close(l2, l1, rtol=1e-5, atol=1e-6)
     assert two["final"]["val_loss"] == pytest.approx(one["final"]["val_loss"], rel=1e-5)
+    # the test split is scored on every rank, like val; rank 0's numbers are the run's
+    assert two["final"]["test_val_loss"] == pytest.approx(one["final"]["test_val_loss"],
+                                                          rel=1e-5)
+    assert two["final"]["test_val_loss"] != two["final"]["val_loss"]
     assert one["tokens"] == two["tokens"] == 6 * 8 * 12
 
 

@@ -140,6 +140,15 @@ def test_malformed_spec_gives_clear_error(bad, match):
         run_from_spec({**spec(), **bad}, progress=False)
 
 
+def test_a_spec_naming_a_callable_that_is_not_a_task_is_refused_before_it_runs(tmp_path):
+    """A spec file or a store is data: ``os:system`` must not become a shell command."""
+    target = tmp_path / "ran"
+    bad = {**spec(), "task": "os:system", "task_options": {"command": f"touch {target}"}}
+    with pytest.raises(ValueError, match="'os:system' is not a task class"):
+        run_from_spec(bad, progress=False)
+    assert not target.exists()
+
+
 def test_row_stats_on_known_weights():
     # causal (1 query row per key count): row 0 dropped; row 1 uniform over 2; row 2 one-hot
     w = torch.tensor([[1.0, 0, 0], [0.5, 0.5, 0], [0.0, 0.0, 1.0]])[None, None]

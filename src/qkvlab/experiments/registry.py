@@ -38,7 +38,9 @@ class Profile:
     """Sizes of one profile. ``steps``/``lr``/``batch_size`` are every task's defaults;
     ``task_options[task]`` are the task's options and ``task_train[task]`` its ``TrainConfig``
     overrides (synthetic tasks need other step counts, rates and batches to be learned at all).
-    Studies subclass it to add sizes of their own."""
+    ``test_batches``: batches of the held-out test split that score every run once at its end
+    (``TrainConfig.test_batches``; None: as many as ``eval_batches``; 0: none). Studies
+    subclass it to add sizes of their own."""
 
     name: str
     seeds: tuple[int, ...]
@@ -51,6 +53,11 @@ class Profile:
     eval_batches: int
     task_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     task_train: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    test_batches: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.test_batches is None:
+            object.__setattr__(self, "test_batches", self.eval_batches)
 
     def prepared(self, store: Any) -> "Profile":
         """This profile completed from stored results (e.g. learning rates a tuning experiment
@@ -224,7 +231,8 @@ def make_run(task: str, model: dict[str, Any], p: Profile, seed: int, tags: dict
     n = steps or per_task.pop("steps", p.steps)
     per_task.pop("steps", None)
     opts = dict(steps=n, batch_size=p.batch_size, lr=p.lr, warmup=max(1, n // 10),
-                eval_batches=p.eval_batches, eval_every=n // 5 if n >= 50 else 0,
+                eval_batches=p.eval_batches, test_batches=p.test_batches,
+                eval_every=n // 5 if n >= 50 else 0,
                 log_every=max(1, n // 25), checkpoint_every=max(2, n // 4), seed=seed)
     opts.update(per_task)
     tc = TrainConfig.from_dict({**opts, **(train or {})})

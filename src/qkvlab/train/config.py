@@ -38,7 +38,10 @@ class TrainConfig:
 
     ``eval_every=0`` evaluates only at the end; ``checkpoint_every=0`` never checkpoints;
     ``keep_at`` lists steps whose model weights are kept as ``model_step{N}.safetensors``
-    (for analyses of how weights evolve). ``lr`` is the peak after ``warmup`` linear steps;
+    (for analyses of how weights evolve). ``test_batches`` batches (of ``eval_batch_size``) of
+    the held-out ``test`` split score the final model once, at the end of a run that finished,
+    into ``TrainResult.final`` as ``test_<metric>`` (0: not scored): the numbers a study reports,
+    on data that no choice made on ``val`` saw. ``lr`` is the peak after ``warmup`` linear steps;
     it then follows a cosine down to ``min_lr_ratio * lr`` at ``steps``. ``precision`` is
     ``fp32``, ``bf16`` (autocast where the hardware has native bf16, else fp32 with a warning)
     or ``bf16_force`` (bf16 autocast even where it is slow); the precision a run actually used
@@ -60,6 +63,7 @@ class TrainConfig:
     eval_every: int = 0
     eval_batches: int = 4
     eval_batch_size: int = 32
+    test_batches: int = 0
     log_every: int = 10
     checkpoint_every: int = 0
     keep_at: tuple[int, ...] = ()
@@ -72,7 +76,7 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"train.{name}: {v!r} must be a positive integer")
-        for name in ("warmup", "eval_every", "checkpoint_every", "seed"):
+        for name in ("warmup", "eval_every", "checkpoint_every", "test_batches", "seed"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"train.{name}: {v!r} must be a non-negative integer")

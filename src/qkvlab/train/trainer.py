@@ -6,7 +6,9 @@ One function, :func:`train`, takes a built model and a task (``qkvlab.data`` int
 from one ``torch.Generator`` seeded by the run seed, evaluation always redraws the same
 validation batches from a second one, and both generators plus torch's global RNG (dropout) are
 checkpointed, so a killed and resumed run reproduces the uninterrupted one bit for bit on CPU.
-A non-finite loss or gradient ends the run as ``diverged`` at that step.
+A non-finite loss or gradient ends the run as ``diverged`` at that step. A run that finished
+is scored once more on the held-out ``test`` split (``TrainConfig.test_batches``, from a third
+generator), after the last step, so it cannot change training.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from qkvlab.data import get_task
+from qkvlab.data.base import Task
 from qkvlab.models import ModelConfig, build_model, save_model
 from qkvlab.progress import bar as progress_bar
 from qkvlab.train.checkpoints import load_checkpoint, save_checkpoint
@@ -34,6 +37,9 @@ from qkvlab.train.precision import autocast, resolve_precision
 CHECKPOINT = "checkpoint.safetensors"
 FINAL_MODEL = "model.safetensors"
 EVAL_SEED_OFFSET = 1_000_003  # the validation generator's seed, apart from the training seed
+# The test generator's: apart from both, so a synthetic task (whose split only names its
+# stream) draws test samples other than the validation ones.
+TEST_SEED_OFFSET = 2_000_029
 # Where a run's time goes (TrainResult.timings, seconds): ``data`` draws batches, ``step`` is
 # forward + backward + clipping + the optimizer step, ``eval`` the evaluations, ``checkpoint``
 # the resumable checkpoints and kept/final models, ``log`` on_log, the probe callback and the
@@ -120,16 +126,21 @@ def adamw_kernel(device) -> dict[str, bool]:
 def make_task(name: str, options: Mapping[str, Any] | None = None):
     """A prepared task: a registered name (``qkvlab.data.get_task``) or ``module:Class``.
 
-    ``module:Class`` lets a user (or a test) bring a task of their own that follows the same
-    interface without registering it.
+    ``module:Class`` lets a user (or a test) bring a task of their own without registering it;
+    the class must subclass ``qkvlab.data.base.Task``, checked before it is called, so a spec
+    file or a store naming any other callable (``os:system``) is refused, not run.
     """
     options = dict(options or {})
     if ":" in name:
         mod, _, cls = name.partition(":")
         try:
-            task = getattr(importlib.import_module(mod), cls)(**options)
+            found = getattr(importlib.import_module(mod), cls)
         except (ImportError, AttributeError) as e:
             raise ValueError(f"task: cannot import {name!r} ({e})") from None
+        if not (isinstance(found, type) and issubclass(found, Task)):
+            raise ValueError(f"task: {name!r} is not a task class (a module:Class task must "
+                             "subclass qkvlab.data.base.Task)")
+        task = found(**options)
     else:
         task = get_task(name, **options)
     task.prepare()
@@ -143,16 +154,25 @@ def _count_tokens(batch: Mapping[str, Tensor]) -> int:
     return max(sizes, default=0)
 
 
-def evaluate(model: nn.Module, task, cfg: TrainConfig, device: str = "cpu") -> dict[str, float]:
-    """The task's metrics on the same validation batches every time, in the precision training
-    uses (``resolve_precision(cfg.precision, device)``)."""
-    gen = torch.Generator().manual_seed(cfg.seed + EVAL_SEED_OFFSET)
+def evaluate(model: nn.Module, task, cfg: TrainConfig, device: str = "cpu", *,
+             split: str = "val") -> dict[str, float]:
+    """The task's metrics on the same batches of ``split`` every time, in the precision training
+    uses (``resolve_precision(cfg.precision, device)``): ``val``, ``cfg.eval_batches`` batches
+    from the seed ``cfg.seed + EVAL_SEED_OFFSET``; ``test``, ``cfg.test_batches`` batches from
+    ``cfg.seed + TEST_SEED_OFFSET``; ``eval_batch_size`` sequences each."""
+    if split not in ("val", "test"):
+        raise ValueError(f"split: {split!r} is not one of ['val', 'test']")
+    offset, n = ((EVAL_SEED_OFFSET, cfg.eval_batches) if split == "val"
+                 else (TEST_SEED_OFFSET, cfg.test_batches))
+    gen = torch.Generator().manual_seed(cfg.seed + offset)
     used = resolve_precision(cfg.precision, device)
     was = model.training
     model.eval()
     try:
         with torch.no_grad(), autocast(used, device):
-            out = task.evaluate(model, gen, cfg.eval_batches, cfg.eval_batch_size)
+            # a user's own task may know no split argument: val is every task's default
+            kw = {} if split == "val" else {"split": split}
+            out = task.evaluate(model, gen, n, cfg.eval_batch_size, **kw)
     finally:
         model.train(was)
     return {k: float(v) for k, v in out.items()}
@@ -175,6 +195,8 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
 
     Returns:
         TrainResult; ``status == "diverged"`` if a loss or gradient norm became NaN/inf.
+        ``final`` holds the last logged value of each metric, and for a finished run with
+        ``cfg.test_batches`` its test split's metrics as ``test_<metric>``.
         ``precision_used``: bf16 falls back to fp32, with a warning, on a CPU without native
         bf16 (``qkvlab.train.precision.resolve_precision``).
     """
@@ -283,6 +305,10 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
         # probe series stay in the per-step metrics; final holds the run's outcome only
         final = {k: v for k, v in last.items()
                  if k not in ("lr", "grad_norm") and not k.startswith("probe/")}
+        if cfg.test_batches:  # on every rank, like the validation evaluations
+            test = evaluate(model, task, cfg, device, split="test")
+            final.update({f"test_{k}": v for k, v in test.items()})
+            watch.lap("eval")
     return TrainResult(status=status, step=step, final=final, history=history, tokens=tokens,
                        train_s=train_s, precision_used=used, timings=watch.s)
 

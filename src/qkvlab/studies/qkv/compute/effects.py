@@ -1,6 +1,6 @@
 """One comparison row vs standard -> its effect in the unit people quote and its verdict.
 
-Units: losses as % perplexity (exp(Δ val loss) − 1: val losses are mean token cross-entropies),
+Units: losses as % perplexity (exp(Δ test loss) − 1: test losses are mean token cross-entropies),
 accuracies in percentage points, chrF in points, throughput in % (``plan.vocab.METRICS``). The
 verdict applies ``qkvlab.stats.decide`` with the metric's practical margin, written down before
 the runs: worse / better (the paired 95% CI excludes 0), equivalent (the 90% CI lies inside

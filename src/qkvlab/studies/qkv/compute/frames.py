@@ -11,10 +11,23 @@ import pandas as pd
 
 from qkvlab.stats import mean_ci, paired
 from qkvlab.studies.qkv.compute.effects import Effect, effect
-from qkvlab.studies.qkv.compute.results import StudyData, chance, row_chance, select
+from qkvlab.studies.qkv.compute.results import (
+    StudyData,
+    chance,
+    row_chance,
+    scored_on_test,
+    select,
+)
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
 from qkvlab.studies.qkv.plan.rates import choose_lrs
-from qkvlab.studies.qkv.plan.vocab import ARMS, CONTROL, KV_DESIGNS, TASK_METRIC, TIED_QK
+from qkvlab.studies.qkv.plan.vocab import (
+    ARMS,
+    CONTROL,
+    KV_DESIGNS,
+    TASK_METRIC,
+    TIED_QK,
+    reported,
+)
 
 def pick(rows: list[dict], **tags) -> dict | None:
     """The first row whose fields equal ``tags``."""
@@ -76,15 +89,16 @@ def q3_lm(data: StudyData) -> pd.DataFrame:
 def paired_row(data: StudyData, a: tuple[str, str], b: tuple[str, str], task: str,
                 metric: str = "val_loss") -> dict | None:
     """A compare-like row of design a − design b (each ``(experiment, design)``), paired by seed
-    at equal width: what ``effect`` reads."""
-    runs = data.runs
-    if runs.empty or metric not in runs:
+    at equal width, on the test split (``vocab.reported``): what ``effect`` reads."""
+    runs, col = data.runs, reported(metric)
+    if runs.empty or col not in runs:
         return None
 
     def vals(exp, design):
         g = runs[(runs.experiment == exp) & (runs.design == design) & (runs.task == task)
                  & (runs.arm == "equal") & (runs.status == "done")]
-        return dict(zip(g.seed, g[metric]))
+        g = scored_on_test(g)
+        return dict(zip(g.seed, g[col]))
 
     va, vb = vals(*a), vals(*b)
     seeds = sorted(set(va) & set(vb))

@@ -6,17 +6,21 @@ Figures, verdicts and the page select columns of these frames; none of them pars
 ``StudyData`` holds:
     runs         ``qkvlab.experiments.frames.runs_frame`` of the study's experiments
     comparisons  one row per (experiment, task, arm, d_head, design, metric): mean ± 95% CI over
-                 seeds and the paired difference to ``standard`` (``stats.compare`` columns; a
-                 diverged or failed run enters at its task's chance level or the worst
-                 finished value, whichever is worse), whether standard beats the
+                 seeds and the paired difference to ``standard`` on the test split
+                 (``vocab.reported``: ``metric`` names the metric, its values are the runs'
+                 ``test_<metric>``; ``stats.compare`` columns; a diverged or failed run, or a
+                 finished one without a test score, enters at its task's chance level or the
+                 worst finished value, whichever is worse), whether standard beats the
                  attention-free control there (``mark_control``: attention_used,
                  control_value, control_half) and each headline family's correction
                  (``multiplicity.correct``: family, family_m, p_decided, p_adj)
-    probe        the scale probe's statistics: scale, d_head, seed, step, stat, value
+    probe        the scale probe's statistics: scale, d_head, seed, step, stat, value (its
+                 ``val_loss`` stat: each run's final loss on the test split)
     measures     per measure name, its records joined with the tags of the run it read
                  (design, task, seed, ...), see ``measures.py`` for each one's columns
     published    published symmetry values (reference only) and their citation
     budget       val loss at half and full training budget per real-text task and design
+                 (the per-step history: the val split)
     meta         profile, sizes, hardware, versions, timings and notes
 """
 
@@ -41,7 +45,13 @@ from qkvlab.studies.qkv.compute.multiplicity import correct
 from qkvlab.studies.qkv.plan.experiments import ORDER
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
 from qkvlab.studies.qkv.plan.scaling import EXPERIMENTS as SCALING
-from qkvlab.studies.qkv.plan.vocab import CONTROL, TASK_METRIC, lower_is_better, metric_of
+from qkvlab.studies.qkv.plan.vocab import (
+    CONTROL,
+    TASK_METRIC,
+    lower_is_better,
+    metric_of,
+    reported,
+)
 
 # extra metrics compared per experiment, besides each task's own
 EXTRA_METRICS = {"alt_vs_standard": ("tokens_per_s", "chrf", "bleu"),
@@ -111,9 +121,11 @@ def row_chance(row, profile: QKVProfile) -> float | None:
 def comparisons(runs: pd.DataFrame, profile: QKVProfile | None = None) -> pd.DataFrame:
     """``stats.compare_frame`` per experiment and task, for the task's metric and the extras.
 
-    A diverged or failed run counts (``plan.families``' rule): on its task's own metric at the
-    worse of the task's chance level at ``profile`` (``row_chance``) and the worst finished
-    run of its comparison; on the other metrics at the worst finished run.
+    Values are the runs' scores on the test split (``vocab.reported``); the rows' ``metric``
+    names the metric. A diverged or failed run counts (``plan.families``' rule): on its task's
+    own metric at the worse of the task's chance level at ``profile`` (``row_chance``) and the
+    worst finished run of its comparison; on the other metrics at the worst finished run. A
+    finished run without a finite test score enters the same way, as failed (``unscored``).
     """
     parts = []
     if runs.empty:
@@ -122,21 +134,44 @@ def comparisons(runs: pd.DataFrame, profile: QKVProfile | None = None) -> pd.Dat
         if exp not in ORDER or exp in ("scale_probe", "lr_tune", "symmetry_emergence") \
                 or exp in SCALING:  # compared per cell by compute.scaling
             continue
+        df = scored_on_test(df)
         by = [c for c in GROUP_BY if c in df and df[c].notna().any()]
         for task, sub in df.groupby("task", sort=True):
             metrics = [TASK_METRIC.get(task, "val_loss"), *EXTRA_METRICS.get(exp, ())]
             for metric in dict.fromkeys(metrics):
-                if metric not in sub or sub[metric].isna().all():
+                col = reported(metric)
+                if col not in sub or sub[col].isna().all():
                     continue
                 own = metric == TASK_METRIC.get(task, "val_loss") and profile is not None
 
                 def at_chance(tags: dict, task=task) -> float | None:
                     return row_chance({**tags, "task": task}, profile)
 
-                c = compare_frame(sub, metric, by, lower_is_better=lower_is_better(metric),
+                c = compare_frame(unscored(sub, col), col, by,
+                                  lower_is_better=lower_is_better(metric),
                                   failed=at_chance if own else None)
                 parts.append(c.assign(experiment=exp, metric=metric))
     return mark_control(pd.concat(parts, ignore_index=True)) if parts else pd.DataFrame()
+
+
+TEST_BATCHES = "spec.train.test_batches"
+
+
+def scored_on_test(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs whose spec scores test batches (all when no spec says). The others belong to
+    an earlier definition of an experiment (a store keeps its memberships) whose tags a current
+    run repeats, so they would stand in for it in a comparison."""
+    if TEST_BATCHES not in runs:
+        return runs
+    return runs[pd.to_numeric(runs[TEST_BATCHES], errors="coerce").fillna(0) > 0]
+
+
+def unscored(runs: pd.DataFrame, col: str) -> pd.DataFrame:
+    """``runs`` with each finished run that lacks a finite ``col`` marked ``failed``: it then
+    enters its comparison as a lost run does, never dropped."""
+    vals = pd.to_numeric(runs[col], errors="coerce")
+    bad = (runs.status == "done") & ~vals.map(math.isfinite)
+    return runs.assign(status=runs.status.where(~bad, "failed")) if bad.any() else runs
 
 
 CONTROL_KEYS = ("experiment", "task", "m", "d_head", "d_model")  # what one control serves
@@ -204,18 +239,20 @@ def budget(store: Store, runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def probe(store: Store, runs: pd.DataFrame) -> pd.DataFrame:
-    """Scale-probe statistics per run and probed step, and each run's final val loss."""
+    """Scale-probe statistics per run and probed step, and each run's final loss on the test
+    split (stat ``val_loss``, the metric's name; ``vocab.reported``)."""
     cols = ["scale", "d_head", "seed", "step", "stat", "value"]
-    pr = runs[(runs.experiment == "scale_probe") & (runs.status == "done")] if not runs.empty \
-        else runs
+    pr = scored_on_test(runs[(runs.experiment == "scale_probe") & (runs.status == "done")]) \
+        if not runs.empty else runs
     if pr.empty:
         return pd.DataFrame(columns=cols)
     tags = pr[["run_id", "scale", "d_head", "seed"]]
     m = metrics_frame(store, pr.run_id)
     m = m[m.name.isin([f"probe/{s}" for s in PROBE_STATS])]
     m = m.assign(stat=m.name.str.removeprefix("probe/")).merge(tags, on="run_id")
-    end = pr.assign(stat="val_loss", value=pr.val_loss)[["scale", "d_head", "seed", "step",
-                                                           "stat", "value"]]
+    loss = pr[reported("val_loss")] if reported("val_loss") in pr else float("nan")
+    end = pr.assign(stat="val_loss", value=loss)[["scale", "d_head", "seed", "step", "stat",
+                                                  "value"]]
     out = pd.concat([m[cols], end], ignore_index=True)
     return out.astype({"d_head": int, "seed": int, "step": int})
 

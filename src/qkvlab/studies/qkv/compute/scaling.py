@@ -33,9 +33,11 @@ import pandas as pd
 from scipy import stats as _st
 
 from qkvlab.stats import holm, mean_ci, t_p
+from qkvlab.studies.qkv.compute.results import scored_on_test
 from qkvlab.studies.qkv.plan.families import ALPHA
 from qkvlab.studies.qkv.plan.references import KAYYAM_1B2_KV_PCT, KAYYAM_300M_PCT
 from qkvlab.studies.qkv.plan.scaling import BASELINE, DESIGNS, TASK
+from qkvlab.studies.qkv.plan.vocab import reported
 
 __all__ = ["TASK", "run_loss", "losses", "gaps", "cell_summary", "budget_trend", "fit", "line",
            "prediction_records", "compare_published"]
@@ -53,27 +55,28 @@ CELL_COLS = ["cell", "d_model", "n_layers", "steps", "cell_params"]
 
 
 def run_loss(final: Mapping) -> float | None:
-    """A run's reported loss: its final loss on the test split (None where it has none)."""
-    v = final.get("test_val_loss")
+    """A run's reported loss: its final loss on the test split, ``test_val_loss`` (None where
+    it has none)."""
+    v = final.get(reported("val_loss"))
     return float(v) if v is not None and math.isfinite(float(v)) else None
 
 
 def losses(runs: pd.DataFrame, chance: float | None = None) -> pd.DataFrame:
     """One row per finished or lost run of the scaling experiments: the ``CELL_COLS``,
     ``design``, ``seed``, ``status``, ``lost`` (bool) and ``loss`` (a lost run at the rule's
-    value; a finished run without a test loss is left out)."""
+    value). A finished run without a test loss is lost too, as in the other comparisons
+    (``results.unscored``); a run of an earlier definition, whose spec scores no test batches,
+    is not read (``results.scored_on_test``)."""
     cols = [*CELL_COLS, "design", "seed", "status", "lost", "loss"]
     if runs.empty or "experiment" not in runs:
         return pd.DataFrame(columns=cols)
-    sel = runs[runs.experiment.isin(RUN_EXPERIMENTS.values())
-               & runs.status.isin(("done", *LOST))].drop_duplicates(
+    sel = scored_on_test(runs[runs.experiment.isin(RUN_EXPERIMENTS.values())
+                              & runs.status.isin(("done", *LOST))]).drop_duplicates(
         ["experiment", "run_id", "design"])
     rows = []
     for r in sel.to_dict("records"):
-        lost = r["status"] in LOST
-        loss = None if lost else run_loss(r)
-        if loss is None and not lost:
-            continue
+        loss = None if r["status"] in LOST else run_loss(r)
+        lost = loss is None
         rows.append({**{k: r[k] for k in CELL_COLS}, "design": r["design"],
                      "seed": int(r["seed"]), "status": r["status"], "lost": lost, "loss": loss})
     df = pd.DataFrame(rows, columns=cols)

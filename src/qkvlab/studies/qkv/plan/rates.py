@@ -5,6 +5,8 @@ With an empty ``lr_grid`` a profile trains every design at its task's rate. Othe
 experiment ``lr_tune`` trains each design of ``TUNED`` in each arm its comparisons run at
 ``lr_grid`` × the task's rate on ``lr_seeds`` (disjoint from the reported seeds), and the
 comparisons train each (design, arm) at the rate with the lowest mean validation loss there.
+The rates are chosen on the ``val`` split; the tuning runs are not scored on ``test`` at all,
+and the comparisons report their ``test`` numbers (``vocab.reported``).
 """
 
 from __future__ import annotations
@@ -71,9 +73,10 @@ def tuning_runs(p: QKVProfile) -> list[Run]:
                         m = {**base, **DESIGNS[d].model_options(p)}
                         if arm == "matched":
                             m = matched(m, base, kind)
+                        # scored on val only: a tuning run never sees the test split
                         runs.append(make_run(task, m, p, seed,
                                              {"design": d, "arm": arm, "lr": lr},
-                                             train={"lr": lr}))
+                                             train={"lr": lr, "test_batches": 0}))
     return runs
 
 

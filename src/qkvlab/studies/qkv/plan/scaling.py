@@ -133,9 +133,10 @@ def beyond(p: QKVProfile, lr: float) -> float | None:
 
 
 def tune_run(p: QKVProfile, cell: Cell, design: str, lr: float, seed: int) -> Run:
+    # chosen on validation: a tuning run is never scored on the test split
     return make_run(TASK, model_of(cell, design, p), p, seed,
                     {"design": design, **cell.tags(), "lr": lr}, steps=cell.steps,
-                    train={"lr": lr, "eval_every": EVAL_EVERY})
+                    train={"lr": lr, "eval_every": EVAL_EVERY, "test_batches": 0})
 
 
 def pick(by_lr: dict[float, list[float]]) -> float | None:

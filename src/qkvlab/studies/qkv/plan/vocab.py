@@ -153,6 +153,21 @@ TASK_METRIC = {"lm": "val_loss", "mlm": "val_loss", "translate": "val_loss",
                "bind_codes": "accuracy", "successor": "accuracy", "successor_causal": "accuracy"}
 
 
+# Which split each number comes from: the learning rates and every other choice (the rate grid,
+# the "trained how far" budget) read ``val``; every reported comparison reads the run's
+# ``test`` metrics, which the trainer scores once on the final model (``test_<metric>``, data
+# no choice saw). Throughput is a property of the run, not scored on a split.
+CHOICE_SPLIT, REPORTED_SPLIT = "val", "test"
+UNSPLIT = frozenset({"tokens_per_s"})
+
+
+def reported(metric: str) -> str:
+    """The stored final-metric key a reported comparison reads for ``metric``: its score on
+    the test split (``test_val_loss`` for ``val_loss``); a run property such as throughput is
+    itself."""
+    return metric if metric in UNSPLIT else f"{REPORTED_SPLIT}_{metric}"
+
+
 def metric_of(name: str) -> Metric | None:
     """The row of a compared metric; any other loss is read as val loss; None if unknown."""
     if name in METRICS:

@@ -188,7 +188,7 @@ def fig_lr(data: StudyData, out: Path) -> Figure | None:
         ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short spans
         ax.set_title(task)
         ax.set_xlabel("learning rate")
-    axes[0][0].set_ylabel("val loss (mean over tuning seeds)")
+    axes[0][0].set_ylabel("val loss (val split, mean over tuning seeds)")
     h, lab = axes[0][0].get_legend_handles_labels()
     fig.legend(h, lab, loc="outside right center", frameon=False, fontsize=8)
     return save(fig, df, out, "lr_grid", "Learning rate per design",

@@ -76,7 +76,7 @@ def _band(ax, x, mean, half, key: str, lbl: str, fmt: str = "o-", clip=None) -> 
 
 # ---- Q1 --------------------------------------------------------------------------------------
 def fig_q1_loss(data: StudyData, out: Path) -> Figure | None:
-    """alt vs standard: val loss on lm and translate and chrF on translate, mean ± CI over
+    """alt vs standard: test loss on lm and translate and chrF on translate, mean ± CI over
     seeds, equal width and parameter-matched."""
     cols = ["metric", "task", "arm", "design", "group", "n", "mean", "half"]
     cmp = data.compared("alt_vs_standard")
@@ -85,7 +85,7 @@ def fig_q1_loss(data: StudyData, out: Path) -> Figure | None:
     if parts[0].empty and parts[1].empty:
         return None
     loss, chrf = (p.assign(group=p.task + " · " + p.arm) if not p.empty else p for p in parts)
-    panels = [(p, y) for p, y in ((loss, "validation loss (nats/token)"),
+    panels = [(p, y) for p, y in ((loss, "test loss (nats/token)"),
                                   (chrf, "translate chrF (0–100)")) if not p.empty]
     fig, axes = plt.subplots(1, len(panels), figsize=(9, 3.6), squeeze=False,
                              width_ratios=[max(1, p.group.nunique()) for p, _ in panels])
@@ -96,13 +96,13 @@ def fig_q1_loss(data: StudyData, out: Path) -> Figure | None:
             ax.set_ylim(max(0, lo * 0.9), None)
     axes[0][0].legend(frameon=False, fontsize=8)
     df = concat([p[cols] for p, _ in panels])
-    return save(fig, df, out, "q1_alt_loss", "alt vs standard: validation loss and chrF",
+    return save(fig, df, out, "q1_alt_loss", "alt vs standard: test loss and chrF",
                  "Mean ± 95% CI over seeds. 'matched': alt narrowed to standard's parameter "
-                 "count. chrF: greedy translations of the validation set.")
+                 "count; test split. chrF: greedy translations of test pairs.")
 
 
 def fig_q1_scale(data: StudyData, out: Path) -> Figure | None:
-    """Scale probe: saturation, entropy and ‖∇W_Q‖ at init and the final val loss vs d_k, per
+    """Scale probe: saturation, entropy and ‖∇W_Q‖ at init and the final test loss vs d_k, per
     placement of 1/√d_k."""
     pr = data.probe
     if pr.empty:
@@ -112,7 +112,7 @@ def fig_q1_scale(data: StudyData, out: Path) -> Figure | None:
     df = ci_rows(concat([init, end]), ["when", "stat", "scale", "d_head"], "value")
     panels = [("saturated", "saturated rows at init (share)"),
               ("norm_entropy", "softmax entropy / log(#keys) at init"),
-              ("grad_WQ", "‖∇W_Q‖ at init (Frobenius)"), ("val_loss", "final val loss (nats)")]
+              ("grad_WQ", "‖∇W_Q‖ at init (Frobenius)"), ("val_loss", "final test loss (nats)")]
     fig, axes = plt.subplots(1, 4, figsize=(12, 3.4))
     for ax, (stat, ylabel) in zip(axes, panels):
         for scale in ("inside", "outside", "both", "none"):
@@ -312,7 +312,7 @@ def fig_q3_kv(data: StudyData, out: Path) -> Figure | None:
     axes[1].set_title("solid: KV-cache bytes/token · hatched: decode tokens/s", fontsize=9)
     df = concat([rows.assign(panel="quality"), perf.assign(panel="cost")])
     return save(fig, df, out, "q3_kv", "K = V: what it costs and what it saves",
-                 f"Left: exp(Δ val loss) − 1, ± 95% CI over seeds (filled: equal width, open: "
+                 f"Left: exp(Δ test loss) − 1, ± 95% CI over seeds (filled: equal width, open: "
                  f"parameter-matched); dash-dot: published reference ({REF_KV_CITE}). Right: one "
                  f"interleaved measurement, batch-1 greedy decoding.")
 

@@ -49,7 +49,7 @@ from qkvlab.studies.qkv.render.tables import (
     tie_cost_blocks,
     weight_similarity_table,
 )
-from qkvlab.studies.qkv.render.text import num, pm
+from qkvlab.studies.qkv.render.text import num, pm, splits_text
 from qkvlab.studies.qkv.render.verdicts import all_verdicts
 from qkvlab.studies.qkv.plan.vocab import label
 
@@ -69,7 +69,7 @@ def meta_items(data: StudyData) -> tuple[tuple[str, str], ...]:
                                           wall_s=st["wall_s"], workers=st["workers"]
                                           ).splitlines()[0]
     sizes = {k: getattr(p, k) for k in ("d_model", "n_layers", "n_heads", "batch_size", "steps",
-                                        "lr", "eval_batches")}
+                                        "lr", "eval_batches", "test_batches")}
     return (("profile", p.name), ("seeds", ", ".join(map(str, p.seeds))),
             ("scale-probe seeds", ", ".join(map(str, p.probe_seeds))),
             ("model sizes", json.dumps(sizes)),
@@ -178,7 +178,7 @@ def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Ve
              f"values."),
         *answer_blocks(data),
         Section("summary", "Summary: each design against standard"), summary_table(data),
-        margins_table()]
+        margins_table(p)]
     forest = {q: [f for f in figs.get(q, []) if f.name.startswith("forest_")] for q in figs}
     blocks += [f for q in ("q1", "q2", "q3") for f in forest.get(q, [])]
     blocks += [*figs.get("scaling", []), *scaling_blocks(data)]
@@ -198,7 +198,7 @@ def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Ve
             blocks += figures_scaling.q_blocks(data, figs.get("scaling_gap", []))
     blocks += [Section("setup", "Set-up: profile, seeds, learning rates, hardware, versions, "
                                 "time"), Meta(meta_items(data)), *lr_blocks(data, figs),
-               *budget_table(data),
+               *budget_table(data), Para(splits_text(p)),
                Para(claims_note)]
     blocks += [Para(n, note=True) for n in m.get("notes", [])]
     return blocks

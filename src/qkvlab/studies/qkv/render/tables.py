@@ -16,7 +16,7 @@ from qkvlab.studies.qkv.compute.results import StudyData, row_chance
 from qkvlab.studies.qkv.compute.ties import tie_costs
 from qkvlab.studies.qkv.plan.rates import TUNED, lr_of, task_lr
 from qkvlab.studies.qkv.plan.vocab import METRICS, TASK_METRIC, label
-from qkvlab.studies.qkv.render.text import LEGEND, cell, ci_text, num, pm, said
+from qkvlab.studies.qkv.render.text import LEGEND, cell, ci_text, num, pm, said, splits_text
 from qkvlab.studies.qkv.render.ties import TIE_LABELS, ppl_change, ppl_text, why_refused
 
 
@@ -69,7 +69,8 @@ def summary_table(data: StudyData) -> Table:
     caption = ("Each design relative to standard (× = ratio to standard; quality: paired "
                "difference at equal width, mean ± 95% CI over seeds: % perplexity for losses, "
                "percentage points of accuracy) and its verdict against the stated margin, "
-               "corrected by Holm over each question's headline comparisons (raw p beside it).")
+               "corrected by Holm over each question's headline comparisons (raw p beside it). "
+               + splits_text(data.profile))
     return Table(caption, headers, tuple(body), legend=LEGEND)
 
 
@@ -89,7 +90,7 @@ def lr_blocks(data: StudyData, figs: dict[str, list[Figure]]) -> list[Block]:
                       for t in TUNED)
     return [Para(f"Learning rates: each design of {', '.join(TUNED)} trains, in each arm "
                  f"(equal width, and parameter-matched: another width, so its own rate), at "
-                 f"the rate of its task's grid ({grids}) with the lowest mean validation loss "
+                 f"the rate of its task's grid ({grids}) with the lowest mean val-split loss "
                  f"over tuning seeds {', '.join(map(str, p.lr_seeds))} (not the reported "
                  f"seeds)."),
             *figs.get("setup", []),
@@ -121,16 +122,20 @@ def budget_table(data: StudyData) -> list[Block]:
     body = tuple((r.task, label(r.design), str(r.seeds),
                   f"{num(r.half, 4)} (step {r.half_step})", f"{num(r.full, 4)} (step {r.steps})",
                   f"{r.change_pct:+.1f}%") for r in df.itertuples())
-    return [Table("Trained how far? Mean val loss over seeds at half and at the full budget "
+    return [Table("Trained how far? Mean loss on the val split (the per-step evaluations) "
+                  "over seeds at half and at the full budget "
                   "(equal width). A change much larger than the differences between designs "
                   "means the comparison is of models still learning.",
                   ("task", "design", "seeds", "half budget", "full budget", "change"), body)]
 
 
-def margins_table() -> Table:
-    """The practical margins of the verdicts, with their reasons (fixed before the runs)."""
+def margins_table(profile=None) -> Table:
+    """The practical margins of the verdicts, with their reasons (fixed before the runs), and
+    the split the differences are read on (with ``profile``)."""
+    split = "" if profile is None else " " + splits_text(profile)
     return Table("Practical margins, written down before the runs: a 90% CI of the paired "
-                 "difference inside ±margin reads 'equivalent'.", ("metric", "margin", "why"),
+                 "difference inside ±margin reads 'equivalent'." + split,
+                 ("metric", "margin", "why"),
                  tuple((k, f"±{m.margin:g} {m.margin_unit}", m.reason)
                        for k, m in METRICS.items()))
 

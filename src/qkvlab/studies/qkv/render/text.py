@@ -45,6 +45,17 @@ LEGEND = ("worse / better: the paired 95% CI over seeds excludes zero; equivalen
           "it; such a comparison still counts in its Holm family. Throughput is not gated.")
 
 
+def splits_text(profile) -> str:
+    """Which split each number comes from, with the profile's test batches (``vocab.reported``)."""
+    n = getattr(profile, "test_batches", None)
+    size = (f"{n} batch{'es' if n != 1 else ''} per run" if n
+            else "no test batches at this profile")
+    return (f"Rates and every choice on val; reported numbers on the test split ({size}, "
+            f"scored once on each finished run's final model: data no choice saw). The per-step "
+            f"losses (trained how far, the half-budget gap) and the 'has it learned' caveats "
+            f"read val.")
+
+
 def _p(x: float | None) -> str:
     return "—" if x is None else f"{x:.2g}"
 
@@ -66,7 +77,7 @@ def said(e: Effect) -> str:
             return (f"both at chance ({100 * e.mean:.1f}% vs standard "
                     f"{100 * e.baseline_mean:.1f}%, chance {100 * e.chance:.1f}%: not learned, "
                     f"no verdict)")
-        return (f"neither halves a context-free guess's perplexity (val loss {e.mean:.3f} vs "
+        return (f"neither halves a context-free guess's perplexity (test loss {e.mean:.3f} vs "
                 f"standard {e.baseline_mean:.3f}, context-free {e.chance:.3f}: not learned, "
                 f"no verdict)")
     if e.status is Status.ATTENTION_UNUSED:
