@@ -68,7 +68,7 @@ def fig_budget(data: StudyData, out: Path) -> Figure | None:
                     capsize=3)
         ax.axhline(0, color=color("standard"), lw=1)
         ax.set_xscale("log")
-        ax.set_xticks(list(sub.steps), [f"{s:,}" for s in sub.steps])
+        ax.set_xticks(list(sub.steps), [f"{int(s):,}" for s in sub.steps])
         ax.minorticks_off()
         v = trend.loc[d, "verdict"] if d in trend.index else "—"
         ax.set_title(f"{label(d)}\n{v}", fontsize=9)
@@ -161,7 +161,8 @@ def tables(data: StudyData) -> list[Block]:
              "predicted − published"),
             tuple((label(r.design), f"{r.target / 1e6:,.0f}M",
                    f"{r.gap_pct:+.1f} ({r.lo:+.1f} to {r.hi:+.1f})" if r.inside is not None
-                   else f"{r.gap_pct:+.1f} (no interval: 2 sizes)", f"+{r.published:g}",
+                   else f"{r.gap_pct:+.1f} (no interval: too few sizes)",
+                   f"+{r.published:g}",
                    {True: "yes", False: "no"}.get(r.inside, "no interval"), f"{r.miss:+.1f}")
                   for r in cmp.itertuples()),
             legend=f"What differs: {differs(data, frames(data)[1])}."))
@@ -180,7 +181,7 @@ def answer_sentence(data: StudyData) -> str | None:
     if not cmp.empty:
         miss = [r for r in cmp.itertuples() if r.inside is False]
         inside = sum(r.inside is True for r in cmp.itertuples())
-        sizes = ", ".join(f"{n / 1e6:,.0f}M" for n in sorted(set(cmp.target)))
+        sizes = " and ".join(f"{n / 1e6:,.0f}M" for n in sorted(set(cmp.target)))
         if inside or miss:
             parts.append(f"extrapolated to {sizes} parameters, {inside} of {len(cmp)} "
                          f"published gaps lie inside our prediction's 95% interval" +
