@@ -214,3 +214,30 @@ def test_a_finished_run_without_a_test_loss_is_lost_and_an_earlier_definition_is
     row = loss[(loss.design == "mqa") & (loss.steps == 800) & (loss.seed == 1)].iloc[0]
     assert bool(row.lost) and row.loss == df[df.steps == 800].test_val_loss.max()
     assert len(loss) == len(df)
+
+
+def test_attention_used_reads_the_control_against_the_margin():
+    def gap(d, steps, seed):  # the control: +1% at 100 steps (inside ±2%), +30% later
+        return (1.0 if steps == 100 else 30.0) + 0.1 * seed if d == "control" else 5.0
+
+    rows = budget_runs(gap)
+    extra = []
+    for steps in (100, 200, 400, 800):
+        for seed in range(4):
+            base = 3.0 + 0.01 * seed
+            extra.append(run_row("scaling_budget", "budget", steps, 1000, "control", seed,
+                                 gap_loss(base, gap("control", steps, seed))))
+    summ = S.cell_summary(S.gaps(S.losses(pd.concat([rows, pd.DataFrame(extra)]))))
+    used = S.attention_by_budget(summ)
+    assert used.steps.tolist() == [100, 200, 400, 800]
+    assert used.used.tolist() == [False, True, True, True]
+    assert used["mean"].tolist() == pytest.approx([1.15, 30.15, 30.15, 30.15], abs=1e-9)
+    assert "control" not in set(S.budget_trend(S.gaps(S.losses(pd.concat(
+        [rows, pd.DataFrame(extra)])))).design)
+
+
+def test_budget_cells_train_the_control_and_size_cells_do_not():
+    p = dataclasses.replace(get_profile("smoke"), scaling_tuned={})
+    tags = [t for _, t in P.grid_runs(p)]
+    assert {t["cell"] for t in tags if t["design"] == "control"} == {"budget"}
+    assert {t["design"] for t in tags} == {"standard", *P.DESIGNS, "control"}

@@ -37,7 +37,7 @@ from qkvlab.studies.qkv.compute.results import scored_on_test
 from qkvlab.studies.qkv.plan.families import ALPHA
 from qkvlab.studies.qkv.plan.references import KAYYAM_1B2_KV_PCT, KAYYAM_300M_PCT
 from qkvlab.studies.qkv.plan.scaling import BASELINE, DESIGNS, TASK
-from qkvlab.studies.qkv.plan.vocab import reported
+from qkvlab.studies.qkv.plan.vocab import CONTROL, METRICS, reported
 
 __all__ = ["TASK", "run_loss", "losses", "gaps", "cell_summary", "budget_trend", "fit", "line",
            "prediction_records", "compare_published"]
@@ -144,6 +144,20 @@ def budget_trend(g: pd.DataFrame) -> pd.DataFrame:
     df["p_adj"] = holm(df.p.tolist()) if len(df) else []
     df["verdict"] = [verdict(r.diff, r.p_adj) for r in df.itertuples()]
     return df[cols]
+
+
+def attention_by_budget(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per budget: the control's gap to standard (``mean`` ± ``half``, % perplexity) and
+    ``used``: its 95% CI lies wholly above the val-loss margin (``vocab.METRICS``), the gate
+    the study's comparisons use (``effects.attention_used``); False with fewer than 2 seeds."""
+    cols = ["steps", "n", "mean", "half", "used"]
+    b = summary[(summary.cell == "budget") & (summary.design == CONTROL)] \
+        if not summary.empty else summary
+    margin = METRICS["val_loss"].margin
+    rows = [{"steps": int(r.steps), "n": int(r.n), "mean": r.mean, "half": r.half,
+             "used": bool(math.isfinite(r.half) and r.mean - r.half > margin)}
+            for r in b.sort_values("steps").itertuples()]
+    return pd.DataFrame(rows, columns=cols)
 
 
 def verdict(diff: float, p_adj: float) -> str:

@@ -5,7 +5,7 @@ standard trained in it from scratch with its own full schedule (warm-up and cosi
 the cell's steps), on lm:
 
 - **budget** cells: the profile's model (``d_model``, ``n_layers``, ``n_heads``) at each of
-  ``scaling_budgets`` steps, on ``scaling_seeds``;
+  ``scaling_budgets`` steps, on ``scaling_seeds``, with the attention-free control (``GATED``);
 - **size** cells: each of ``size_widths`` × ``size_depths`` (``d_head`` the profile's, so
   ``n_heads`` grows with the width), trained on ``tokens_per_param`` tokens per non-embedding
   parameter of the standard model (Kaplan et al.'s count; the steps follow from the batch and
@@ -37,6 +37,7 @@ from qkvlab.experiments.registry import ResultsPending, Run, experiment, make_ru
 from qkvlab.experiments.store import run_id
 from qkvlab.models import ModelConfig, config_params
 from qkvlab.studies.qkv.plan.rates import lr_of
+from qkvlab.studies.qkv.plan.vocab import CONTROL
 from qkvlab.studies.qkv.plan.vocab import DESIGNS as DESIGN_ROWS
 
 if TYPE_CHECKING:  # profiles imports this module
@@ -46,6 +47,11 @@ TASK = "lm"
 BASELINE = "standard"
 # The tied designs, and GQA/MQA as the references of the same KV-cache saving.
 DESIGNS = ("tied_kv", "tied_qk", "tied_qkv", "gqa_half", "mqa")
+# The attention-free control (uniform scores) trains beside the budget cells: a budget where
+# standard does not beat it by more than the margin is one where attention is not yet used, so
+# a gap there says little about the ties (``compute.scaling.attention_by_budget``). The size
+# cells train none: it would add a sixth of their cost.
+GATED = (CONTROL,)
 EXPERIMENTS = ("scaling_tune", "scaling_tune_edge", "scaling_budget", "scaling_size")
 MIN_STEPS = 4  # a size cell never trains fewer steps
 # evaluated at the end only: the budget axis is separate runs, not one run's curve, and five
@@ -165,7 +171,7 @@ def _scores(p: QKVProfile, runs: list[Run]) -> dict[tuple, dict[float, list[floa
 
 def _cell_design(p: QKVProfile):
     for cell in cells(p):
-        for design in (BASELINE, *DESIGNS):
+        for design in (BASELINE, *DESIGNS, *(GATED if cell.kind == "budget" else ())):
             yield cell, design
 
 

@@ -19,7 +19,7 @@ from qkvlab.report.blocks import Block, Figure, Para, Table
 from qkvlab.studies.qkv.compute import scaling as S
 from qkvlab.studies.qkv.compute.results import StudyData, chance
 from qkvlab.studies.qkv.plan.references import REF_KV_CITE
-from qkvlab.studies.qkv.plan.vocab import color, label
+from qkvlab.studies.qkv.plan.vocab import METRICS, color, label
 from qkvlab.studies.qkv.render.figures_q import save
 from qkvlab.studies.qkv.render.text import num
 
@@ -59,6 +59,7 @@ def fig_budget(data: StudyData, out: Path) -> Figure | None:
     designs = _designs(b)
     if not designs:
         return None
+    b = b[b.design.isin(designs)]  # the control is a table of its own (tables)
     trend = S.budget_trend(g).set_index("design")
     fig, axes = plt.subplots(1, len(designs), squeeze=False, sharey=True,
                              figsize=(2.4 * len(designs) + 1.0, 3.3))
@@ -152,6 +153,17 @@ def tables(data: StudyData) -> list[Block]:
             tuple((label(r.design), f"{r.small:,} → {r.large:,}", str(r.n),
                    f"{r.diff:+.1f} ± {r.half:.1f}" if math.isfinite(r.half) else f"{r.diff:+.1f}",
                    num(r.p), num(r.p_adj), r.verdict) for r in t.itertuples())))
+    used = S.attention_by_budget(frames(data)[1])
+    if not used.empty:
+        out.append(Table(
+            "Is attention used at each budget? The attention-free control (uniform scores) vs "
+            f"standard, % perplexity; used: its 95% CI lies above the "
+            f"{METRICS['val_loss'].margin_text} margin",
+            ("steps", "seeds", "control vs standard", "attention used"),
+            tuple((f"{r.steps:,}", str(r.n), f"{r.mean:+.1f} ± {r.half:.1f}"
+                   if math.isfinite(r.half) else f"{r.mean:+.1f}",
+                   "yes" if r.used else "no: a tie's gap here says little")
+                  for r in used.itertuples())))
     cmp = S.compare_published(_stored(data))
     if not cmp.empty:
         out.append(Table(
@@ -176,8 +188,12 @@ def answer_sentence(data: StudyData) -> str | None:
     cmp = S.compare_published(_stored(data))
     parts = []
     if not t.empty:
+        used = S.attention_by_budget(frames(data)[1])
+        unused = [f"{s:,}" for s, u in zip(used.steps, used.used) if not u]
         parts.append("against training budget (" + "; ".join(
-            f"{label(r.design)} {r.verdict}" for r in t.itertuples()) + ")")
+            f"{label(r.design)} {r.verdict}" for r in t.itertuples()) + ")" +
+            (f", though attention is not yet used at {' and '.join(unused)} steps"
+             if unused else ""))
     if not cmp.empty:
         miss = [r for r in cmp.itertuples() if r.inside is False]
         inside = sum(r.inside is True for r in cmp.itertuples())
