@@ -208,7 +208,7 @@ def answer_sentence(data: StudyData) -> str | None:
                          f"interval (too few sizes), so not set against the published gaps")
     if not parts:
         return None
-    return ("At scale: each tie's per-token gap to standard " + " and ".join(parts) +
+    return ("At scale: each tie's per-token gap to standard " + "; ".join(parts) +
             "; the extrapolation spans three orders of magnitude and carries little weight "
             "beyond its direction (figures in Q3).")
 
