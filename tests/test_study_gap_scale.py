@@ -241,3 +241,8 @@ def test_budget_cells_train_the_control_and_size_cells_do_not():
     tags = [t for _, t in P.grid_runs(p)]
     assert {t["cell"] for t in tags if t["design"] == "control"} == {"budget"}
     assert {t["design"] for t in tags} == {"standard", *P.DESIGNS, "control"}
+    # chosen on validation: tuning runs score no test batches, the reported runs do
+    assert {s.train.test_batches for s, _ in P.grid_runs(p)} == {0}
+    q = dataclasses.replace(p, scaling_lr_grid=())
+    main = P.main_runs(q, "budget", q.scaling_seeds) + P.main_runs(q, "size", q.size_seeds)
+    assert main and {s.train.test_batches for s, _ in main} == {q.eval_batches}

@@ -117,6 +117,8 @@ def test_every_reported_run_is_scored_on_test(name):
                                         for t, labels in rates.TUNED.items()
                                         for d in ("standard", *labels)
                                         for a in ("equal", "matched")})
+    if p.scaling_lr_grid:  # scaling's runs at lm's rate, as if scaling_tune had chosen it
+        p = dataclasses.replace(p, scaling_lr_grid=())
     got = {(e, s.train.test_batches) for e in ORDER if e != "lr_tune"
            for s, _ in registry.runs_of(e, p)}
     assert got == {(e, p.eval_batches) for e, _ in got}
