@@ -22,6 +22,7 @@ from qkvlab.experiments.registry import (
 from qkvlab.stats import compare, mean_ci, paired
 from qkvlab.experiments.store import Store, run_id
 from qkvlab.models import ModelConfig, config_params
+from qkvlab.studies.qkv.plan import scaling
 from qkvlab.data.base import Task
 from qkvlab.train import RunSpec
 
@@ -137,11 +138,14 @@ def test_every_experiment_builds_at_every_profile_with_matched_arms():
                                        "symmetry_emergence", "bind_vs_dhead", "kv_translate",
                                        "lm_tied_kv", "lm_gqa", "lr_tune", "lm_scaling",
                                        "alt_init", "directed_relation", "scale_tune",
-                                       "scale_train"}
-    assert profile_names() == ["smoke", "quick", "standard", "full"]
-    optional = {"lr_tune", "lm_scaling", "scale_tune"}  # empty where a profile has no grid
+                                       "scale_train", "scaling_tune", "scaling_tune_edge",
+                                       "scaling_budget", "scaling_size"}
+    assert profile_names() == ["smoke", "quick", "standard", "full", "scaling"]
+    # empty where a profile has no grid / no widths / no scaling sizes
+    optional = {"lr_tune", "lm_scaling", "scale_tune", "scaling_tune"}
     tuned = {"alt_vs_standard", "tied_qk_qkv", "kv_translate", "lm_tied_kv", "lm_gqa",
              "lm_scaling", "alt_init"}  # these wait for lr_tune where a profile tunes rates
+    staged = {"scaling_tune_edge", "scaling_budget", "scaling_size"}  # wait for scaling_tune
     for prof in profile_names():
         for name in experiment_names():
             if get_profile(prof).lr_grid and name in (*tuned, "scale_train"):
@@ -149,8 +153,16 @@ def test_every_experiment_builds_at_every_profile_with_matched_arms():
                 with pytest.raises(ValueError, match=f"run `qkvlab sweep {first}"):
                     runs_of(name, prof)
                 continue
+            if name in staged:
+                if scaling.cells(get_profile(prof)):
+                    with pytest.raises(ValueError, match="run `qkvlab sweep scaling_tune"):
+                        runs_of(name, prof)
+                else:
+                    assert runs_of(name, prof) == []
+                continue
             runs = runs_of(name, prof)
-            assert runs or name in optional, (prof, name)
+            # the scaling profile runs only the scaling experiments (it has no seeds)
+            assert runs or name in optional or prof == "scaling", (prof, name)
             assert all(RunSpec.from_dict(s.to_dict()) == s for s, _ in runs)
     quick = runs_of("tied_qk_qkv", "quick")
     assert {t["seed"] for _, t in quick} == {0, 1, 2}  # >= 3 seeds where a verdict depends on it

@@ -24,6 +24,7 @@ from qkvlab.studies.qkv.compute.multiplicity import correct
 from qkvlab.studies.qkv.compute.results import mark_control
 from qkvlab.studies.qkv.plan import rates
 from qkvlab.studies.qkv.plan.experiments import ORDER
+from qkvlab.studies.qkv.plan.scaling import EXPERIMENTS as SCALING
 from qkvlab.studies.qkv.plan.vocab import CONTROL
 from qkvlab.studies.qkv.render.tables import compare_table
 from qkvlab.studies.qkv.render.text import WORDS, cell, said
@@ -147,7 +148,8 @@ def test_the_control_has_its_row_in_the_comparison_table():
 
 def _listed(profile: str) -> list[str]:
     """``"experiment run_id tags"`` of every run the study lists at a profile, the control's
-    left out (standard's rates, which need lr_tune's results, faked at the task's rate)."""
+    and the scaling experiments' (added later, ``plan.scaling``) left out (standard's rates,
+    which need lr_tune's results, faked at the task's rate)."""
     p = get_profile(profile)
     if p.lr_grid:
         p = dataclasses.replace(p, lrs={(t, d, a): rates.lr_of(t, 1.0, p)
@@ -156,7 +158,8 @@ def _listed(profile: str) -> list[str]:
                                         for a in ("equal", "matched")})
     return sorted(f"{name} {run_id(s.to_dict() if hasattr(s, 'to_dict') else dict(s))} "
                   f"{canonical(dict(t))}"
-                  for name in ORDER if name not in NEW for s, t in EXPERIMENTS[name](p)
+                  for name in ORDER if name not in NEW and name not in SCALING
+                  for s, t in EXPERIMENTS[name](p)
                   if t.get("design") != CONTROL)
 
 

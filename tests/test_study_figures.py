@@ -181,7 +181,8 @@ def test_every_figure_drawn_with_files(drawn):
                      "q2": ["forest_q2", "q2_own_position",
                             "q2_pretrained_symmetry", "q2_zoo", "q2_symmetry_emergence"],
                      "q3": ["forest_q3", "q3_bind", "q3_kv"],
-                     "scaling": [], "setup": []}  # see test_study_scaling.py, test_study_lr.py
+                     "scaling": [], "setup": [],  # see test_study_scaling.py, test_study_lr.py
+                     "scaling_gap": []}
     for f in (f for fs in figs.values() for f in fs):
         for path in (f.png, f.svg, f.csv):
             assert (out / path).stat().st_size > 0
@@ -317,7 +318,8 @@ def test_figures_without_data_are_skipped(tmp_path):
     with Store(tmp_path / "r.db") as store:
         empty = results.load(store, "smoke")
     assert figures.all_figures(empty, tmp_path / "figs") == {"q1": [], "q2": [], "q3": [],
-                                                              "scaling": [], "setup": []}
+                                                              "scaling": [], "setup": [],
+                                                              "scaling_gap": []}
 
 
 def test_symmetry_emergence_verdict_uses_the_margin(data):

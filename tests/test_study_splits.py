@@ -120,6 +120,8 @@ def test_every_reported_run_is_scored_on_test(name):
                                         for a in ("equal", "matched")}
                                     | {("lm", tag, "equal", d): rates.lr_of("lm", 1.0, p)
                                        for tag in PLACEMENTS for d in p.scale_train_d_heads})
+    if p.scaling_lr_grid:  # scaling's runs at lm's rate, as if scaling_tune had chosen it
+        p = dataclasses.replace(p, scaling_lr_grid=())
     got = {(e, s.train.test_batches) for e in ORDER if e not in ("lr_tune", "scale_tune")
            for s, _ in registry.runs_of(e, p)}
     assert got == {(e, p.eval_batches) for e, _ in got}

@@ -36,6 +36,7 @@ from qkvlab.progress import bar as progress_bar
 from qkvlab.studies.qkv.compute import measures as M
 from qkvlab.studies.qkv.compute.measures import MEASURE_VERSION
 from qkvlab.studies.qkv.compute import results
+from qkvlab.studies.qkv.compute import scaling as S
 from qkvlab.studies.qkv.plan.experiments import ORDER
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
 from qkvlab.studies.qkv.plan.vocab import DESIGNS, SPEED_DESIGNS
@@ -78,6 +79,8 @@ class StudyConfig:
 def pretrained_for(profile: str) -> tuple[str, ...]:
     """The pretrained models a profile analyses: quick (and smoke) the installed few, the larger
     profiles the whole zoo."""
+    if profile == "scaling":  # trained lm only
+        return ()
     return PRETRAINED if profile in ("quick", "smoke") else tuple(ZOO)
 
 
@@ -232,10 +235,25 @@ def run_measures(rec: Recorder, cfg: StudyConfig) -> None:
                          "variants": dec, "rounds": p.rounds},
         lambda: M.decode_speed(M.variant_configs(p.d_model, p.n_layers, p.n_heads, n_ctx, dec),
                                p.decode_tokens, p.rounds))
+    record_prediction(rec, cfg, runs)
     if p.kv_contexts:
         rec("kv_decode", {"contexts": list(p.kv_contexts), "batches": list(p.kv_batches),
                           "rounds": p.rounds, "d_model": 512, "n_heads": 8, "n_layers": 1},
             lambda: M.kv_decode(p.kv_contexts, p.kv_batches, p.rounds))
+
+
+def record_prediction(rec: Recorder, cfg: StudyConfig, runs: dict[str, pd.DataFrame]) -> None:
+    """Store the size fit's prediction at the published sizes (``compute.scaling``) before the
+    report is drawn: the comparison with the published numbers reads only this record. Its spec
+    names every size run it read, with its status, so new runs make a new record."""
+    size = runs.get(S.RUN_EXPERIMENTS["size"], pd.DataFrame())
+    if size.empty:
+        return
+    both = pd.concat([runs[e] for e in S.RUN_EXPERIMENTS.values()], ignore_index=True)
+    chance = results.chance(S.TASK, get_profile(cfg.profile))
+    read = sorted(f"{r.run_id}:{r.status}" for r in size.drop_duplicates("run_id").itertuples())
+    rec(S.PREDICTION, {"runs": read, "chance": chance},
+        lambda: S.prediction_records(both, chance))
 
 
 def run_pretrained(rec: Recorder, cfg: StudyConfig) -> None:

@@ -44,6 +44,7 @@ from qkvlab.studies.qkv.compute.measures import MEASURE_VERSION
 from qkvlab.studies.qkv.compute.multiplicity import correct
 from qkvlab.studies.qkv.plan.experiments import ORDER
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
+from qkvlab.studies.qkv.plan.scaling import EXPERIMENTS as SCALING
 from qkvlab.studies.qkv.plan.vocab import (
     CONTROL,
     TASK_METRIC,
@@ -137,7 +138,8 @@ def comparisons(runs: pd.DataFrame, profile: QKVProfile | None = None) -> pd.Dat
         return pd.DataFrame()
     for exp, df in runs.groupby("experiment", sort=False):
         if exp not in ORDER or exp in ("scale_probe", "lr_tune", "scale_tune",
-                                       "symmetry_emergence"):
+                                       "symmetry_emergence") \
+                or exp in SCALING:  # compared per cell by compute.scaling
             continue
         df = scored_on_test(df)
         by = [c for c in GROUP_BY if c in df and df[c].notna().any()]

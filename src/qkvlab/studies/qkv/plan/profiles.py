@@ -21,6 +21,7 @@ from qkvlab.experiments.registry import Profile, register_profile
 from qkvlab.hf.cost import CostConfig
 from qkvlab.studies.qkv.plan.rates import EQUAL_ONLY, TUNED, RatesPending, chosen_lrs
 from qkvlab.studies.qkv.plan.vocab import LM_VOCAB
+from qkvlab.studies.qkv.plan.scaling import tuned_status
 
 
 @dataclass(frozen=True)
@@ -75,11 +76,27 @@ class QKVProfile(Profile):
     tie_cost: CostConfig | None = None
     tie_cost_models: tuple[str, ...] = ()
     tie_cost_per_layer: tuple[str, ...] = ()
+    # The gap against training budget and size (``plan.scaling``; empty: not run): steps of
+    # the budget cells and their seeds; widths and depths of the size cells, the tokens each
+    # trains on per non-embedding parameter and their seeds; the rate grid (× lm's rate) and
+    # its seeds; ``scaling_tuned`` the tuning runs' statuses read from the store (``prepared``)
+    scaling_budgets: tuple[int, ...] = ()
+    scaling_seeds: tuple[int, ...] = ()
+    size_widths: tuple[int, ...] = ()
+    size_depths: tuple[int, ...] = ()
+    tokens_per_param: float = 20.0
+    size_seeds: tuple[int, ...] = ()
+    scaling_lr_grid: tuple[float, ...] = ()
+    scaling_lr_seeds: tuple[int, ...] = ()
+    scaling_tuned: Mapping[str, tuple[str, float | None]] | None = None
 
     def prepared(self, store) -> QKVProfile:
+        p = self
+        if self.scaling_lr_grid and self.scaling_tuned is None:
+            p = dataclasses.replace(p, scaling_tuned=tuned_status(store, self.name))
         if not self.lr_grid or self.lrs is not None:
-            return self
-        return dataclasses.replace(self, lrs=chosen_lrs(self, store))
+            return p
+        return dataclasses.replace(p, lrs=chosen_lrs(self, store))
 
     def tuned_arms(self, task: str, label: str) -> tuple[str, ...]:
         """The arms whose rate ``lr_tune`` tunes for a design: those its comparisons run."""
@@ -193,6 +210,8 @@ TASK_TRAIN: dict[str, dict[str, dict[str, Any]]] = {
 
 # lm_char is a second row beside the headline lm: equal width only (lm carries the matched arm)
 CHAR_ARMS = {"lm_char": ("equal",)}
+# The scaling profile's lm: subword tokens, so its gaps are in the papers' unit (per token).
+SCALING_LM = {"lm": {"tokenizer": "bpe", "vocab_size": 1024, "seq_len": 64}}
 
 PROFILES = {p.name: register_profile(p) for p in (
     QKVProfile("smoke", seeds=(0,), d_model=32, n_layers=1, n_heads=2, batch_size=8, steps=6,
@@ -201,7 +220,10 @@ PROFILES = {p.name: register_profile(p) for p in (
                probe_seeds=(0,), bind_bits=(1,), measure_batch=8, rounds=3,
                decode_tokens=16, n_null=32, cka=False, scale_widths=(16, 32),
                scale_train_d_heads=(4, 8, 16), scale_train_seeds=(0,),
-               kv_contexts=(64, 256), kv_batches=(1, 2), task_arms=CHAR_ARMS),
+               kv_contexts=(64, 256), kv_batches=(1, 2), task_arms=CHAR_ARMS,
+               scaling_budgets=(4, 8), scaling_seeds=(0, 1), size_widths=(16, 32),
+               size_depths=(1,), tokens_per_param=0.02, size_seeds=(0,),
+               scaling_lr_grid=(1.0, 3.0), scaling_lr_seeds=(100,)),
     QKVProfile("quick", seeds=(0, 1, 2), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=200, lr=3e-3, eval_batches=8, task_options=TASK_OPTIONS["quick"],
                task_train=TASK_TRAIN["quick"], probe_d_heads=(16, 32, 64, 128, 256),
@@ -242,5 +264,16 @@ PROFILES = {p.name: register_profile(p) for p in (
                tie_cost=CostConfig(eval_tokens=8192, calib_tokens=8192, heal_steps=64),
                tie_cost_per_layer=("kv", "qk"),
                tie_cost_models=("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b",
-                                "qwen2.5-coder-1.5b")),
+                                "qwen2.5-coder-1.5b"),
+               scaling_budgets=(1000, 2000, 4000, 8000), scaling_seeds=tuple(range(6)),
+               size_widths=(128, 192, 256, 384), size_depths=(2, 4), size_seeds=(0, 1, 2),
+               tokens_per_param=20.0, scaling_lr_grid=(0.5, 1.0, 2.0), scaling_lr_seeds=(100,)),
+    # Only the gap against training budget and size (``plan.scaling``), on the subword lm:
+    # no seeds of its own, so every other experiment lists no runs. Sized for <= 3 h on 2
+    # cores (docs/study-profiles.md, "scaling").
+    QKVProfile("scaling", seeds=(), d_model=64, n_layers=2, n_heads=4, batch_size=16,
+               steps=1000, lr=6e-3, eval_batches=16, task_options=SCALING_LM,
+               scaling_budgets=(250, 500, 1000, 2000), scaling_seeds=tuple(range(6)),
+               size_widths=(32, 48, 64, 96), size_depths=(1, 2), tokens_per_param=20.0,
+               size_seeds=(0, 1, 2), scaling_lr_grid=(0.5, 1.0, 2.0), scaling_lr_seeds=(100,)),
 )}

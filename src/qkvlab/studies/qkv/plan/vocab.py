@@ -43,6 +43,7 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
     Design("tied_qkv", "Q=K=V", "#CC79A7", {"design": "tied_qkv"}),
     Design("tied_kv", "tied K=V", "#009E73", {"design": "tied_kv"}),
     Design("gqa_half", "GQA (n_kv = n_heads/2)", "#E69F00"),  # n_kv_heads per profile
+    Design("mqa", "MQA (n_kv = 1)", "#B39B00", {"n_kv_heads": 1}),  # Okabe-Ito yellow, darkened
     Design("tied_kv_cross", "tied K=V (cross)", "#009E73",
            {"roles": {"cross": {"design": "tied_kv"}}}),
     Design("alt_identity", "alt, W_h = √d_k·I at init", "#F0A070",

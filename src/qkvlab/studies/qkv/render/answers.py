@@ -15,6 +15,7 @@ from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.plan.claims import QUESTIONS
 from qkvlab.studies.qkv.plan.references import REF_KV_CHARS_PER_TOKEN, per_char
 from qkvlab.studies.qkv.plan.vocab import ARMS, LM_CHARS_PER_TOKEN, label
+from qkvlab.studies.qkv.render.figures_scaling import answer_sentence
 
 # a task in plain words (its name in the tables after it, on first mention)
 TASK_WORDS = {"lm": "text prediction", "lm_char": "text prediction by character",
@@ -208,4 +209,7 @@ def answer_blocks(data: StudyData, lead: dict[str, str] | None = None) -> list[B
         first = (lead or {}).get(q)
         text = f"{first} {answer_text(without_widths(a), True)}" if first else answer_text(a)
         out.append(Para(f"{QUESTIONS[q][0]}. {text}"))
+    at_scale = answer_sentence(data)
+    if at_scale:
+        out.append(Para(at_scale))
     return out

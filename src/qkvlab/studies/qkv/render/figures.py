@@ -53,6 +53,7 @@ from qkvlab.studies.qkv.render.figures_q import (
     fig_q3_kv,
     save,
 )
+from qkvlab.studies.qkv.render import figures_scaling
 from qkvlab.studies.qkv.render.figures_zoo import fig_q2_zoo, fig_q3_tie_layers
 from qkvlab.studies.qkv.render.scale import fig_q1_scale_train
 
@@ -233,4 +234,6 @@ def all_figures(data: StudyData, out: Path) -> dict[str, list[Figure]]:
         figs = {q: [f for f in (fn(data, out) for fn in fns) if f is not None]
                 for q, fns in FIGURES.items()}
         lr, scaling = fig_lr(data, out), fig_scaling(data, out)
-    return {**figs, "scaling": [scaling] if scaling else [], "setup": [lr] if lr else []}
+        gap = figures_scaling.figures(data, out)
+    return {**figs, "scaling": [scaling] if scaling else [], "setup": [lr] if lr else [],
+            "scaling_gap": gap}

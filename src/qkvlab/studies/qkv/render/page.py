@@ -37,6 +37,7 @@ from qkvlab.studies.qkv.compute.zoo import zoo_table
 from qkvlab.studies.qkv.plan import claims as C
 from qkvlab.studies.qkv.plan.references import SAPONATI_CITE, SAPONATI_MEASURE
 from qkvlab.studies.qkv.render import figures as F
+from qkvlab.studies.qkv.render import figures_scaling
 from qkvlab.studies.qkv.render.answers import answer_blocks
 from qkvlab.studies.qkv.render.pretrained import published_text
 from qkvlab.studies.qkv.render.scale import scale_table, scale_words
@@ -194,6 +195,11 @@ def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Ve
                                       f"tested by: {c['tested_by']}") for c in claims[q])),
                    H("Evidence"), *(f for f in figs.get(q, []) if f not in forest[q])]
         blocks += {"q1": q1_blocks, "q2": q2_blocks, "q3": q3_blocks}[q](data)
+        if q == "q2" and figs.get("scaling_gap"):
+            blocks.append(Para("Tied Q=K and Q=K=V against training budget and model size: "
+                               "the scaling figures and tables at the end of Q3."))
+        if q == "q3":  # the tied designs of Q2 and Q3 against training budget and size
+            blocks += figures_scaling.q_blocks(data, figs.get("scaling_gap", []))
     blocks += [Section("setup", "Set-up: profile, seeds, learning rates, hardware, versions, "
                                 "time"), Meta(meta_items(data)), *lr_blocks(data, figs),
                *budget_table(data), Para(splits_text(p)),
