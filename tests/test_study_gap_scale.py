@@ -103,6 +103,31 @@ def size_runs(a: float, b: float, seeds=(0, 1, 2)) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def test_the_fit_reads_only_the_sizes_where_attention_is_used():
+    """The control is +1% at the smallest size (inside the margin) and +30% elsewhere: the
+    smallest size's gap (set off the line) is left out, so the line is recovered exactly."""
+    runs = size_runs(12.0, -2.0)
+    small = (runs.cell_params == 1e4) & (runs.design != "standard")
+    runs.loc[small, "test_val_loss"] += 0.5  # far off the line: read, it would bend the fit
+    extra = []
+    for n, width, depth in ((1e4, 32, 1), (3e4, 48, 1), (1e5, 64, 2), (4e5, 96, 2)):
+        for seed in (0, 1, 2):
+            base = 3.0 - 0.1 * seed
+            gap = (1.0 if n == 1e4 else 30.0) + 0.1 * seed
+            extra.append(run_row("scaling_size", "size", 10, n, "control", seed,
+                                 gap_loss(base, gap), width=width, depth=depth))
+    both = pd.concat([runs, pd.DataFrame(extra)], ignore_index=True)
+    summ = S.cell_summary(S.gaps(S.losses(both)))
+    assert S.used_sizes(summ) == {(48, 1), (64, 2), (96, 2)}
+    fits = S.fit(summ, S.used_sizes(summ)).set_index("design")
+    assert list(fits.a) == pytest.approx([12.0] * 5, abs=1e-9)
+    assert list(fits.b) == pytest.approx([-2.0] * 5, abs=1e-9)
+    assert list(fits.k) == [3] * 5
+    assert "control" not in set(fits.index)
+    kv = pd.DataFrame(S.prediction_records(both)).query("design == 'tied_kv'")
+    assert list(kv.k) == [3, 3]
+
+
 def test_fit_recovers_an_exact_line_and_predicts_with_a_zero_interval():
     fits = S.fit(S.cell_summary(S.gaps(S.losses(size_runs(12.0, -2.0))))).set_index("design")
     assert list(fits.index) == list(P.DESIGNS)
@@ -163,13 +188,13 @@ def test_profiles_without_these_sizes_list_no_scaling_runs():
 def test_size_cells_train_tokens_proportional_to_parameters():
     p = get_profile("scaling")
     size = [c for c in P.cells(p) if c.kind == "size"]
-    assert sorted({c.d_model for c in size}) == [32, 48, 64, 96]
+    assert sorted({c.d_model for c in size}) == [32, 48, 64, 80]
     assert sorted({c.n_layers for c in size}) == [1, 2]
     assert max(c.n_params for c in size) / min(c.n_params for c in size) >= 4
     for c in size:
         assert c.steps == round(20.0 * c.n_params / (16 * 64))
     budget = [c.steps for c in P.cells(p) if c.kind == "budget"]
-    assert budget == [250, 500, 1000, 2000]
+    assert budget == [375, 750, 1500, 3000] and budget[-1] / budget[0] >= 8
     assert p.task_options["lm"] == {"tokenizer": "bpe", "vocab_size": 1024, "seq_len": 64}
 
 
@@ -243,10 +268,10 @@ def test_attention_used_reads_the_control_against_the_margin():
     assert set(t1.verdict) == {S.NOT_USED} and (t1.n == 0).all() and t1.p.isna().all()
 
 
-def test_budget_cells_train_the_control_and_size_cells_do_not():
+def test_every_cell_trains_the_control():
     p = dataclasses.replace(get_profile("smoke"), scaling_tuned={})
     tags = [t for _, t in P.grid_runs(p)]
-    assert {t["cell"] for t in tags if t["design"] == "control"} == {"budget"}
+    assert {t["cell"] for t in tags if t["design"] == "control"} == {"budget", "size"}
     assert {t["design"] for t in tags} == {"standard", *P.DESIGNS, "control"}
     # chosen on validation: tuning runs score no test batches, the reported runs do
     assert {s.train.test_batches for s, _ in P.grid_runs(p)} == {0}

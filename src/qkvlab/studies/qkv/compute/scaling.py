@@ -40,7 +40,7 @@ from qkvlab.studies.qkv.plan.scaling import BASELINE, DESIGNS, TASK
 from qkvlab.studies.qkv.plan.vocab import CONTROL, METRICS, reported
 
 __all__ = ["TASK", "run_loss", "losses", "gaps", "cell_summary", "budget_trend", "used_budgets",
-           "fit", "line", "prediction_records", "compare_published"]
+           "used_sizes", "fit", "line", "prediction_records", "compare_published"]
 RUN_EXPERIMENTS = {"budget": "scaling_budget", "size": "scaling_size"}
 PREDICTION = "scaling_prediction"  # the measure the prediction is stored as
 TARGETS = (3e8, 1.2e9)
@@ -171,6 +171,28 @@ def used_budgets(summary: pd.DataFrame) -> set[int] | None:
     return None if a.empty else {int(s) for s, u in zip(a.steps, a.used) if u}
 
 
+def attention_by_size(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per size cell (``d_model``, ``n_layers``, ``cell_params``): the control's gap to
+    standard and ``used``, as ``attention_by_budget``."""
+    cols = ["d_model", "n_layers", "cell_params", "n", "mean", "half", "used"]
+    b = summary[(summary.cell == "size") & (summary.design == CONTROL)] \
+        if not summary.empty else summary
+    margin = METRICS["val_loss"].margin
+    rows = [{"d_model": int(r.d_model), "n_layers": int(r.n_layers),
+             "cell_params": int(r.cell_params), "n": int(r.n), "mean": r.mean, "half": r.half,
+             "used": bool(math.isfinite(r.half) and r.mean - r.half > margin)}
+            for r in b.sort_values("cell_params").itertuples()]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def used_sizes(summary: pd.DataFrame) -> set[tuple[int, int]] | None:
+    """The (d_model, n_layers) size cells where standard uses attention; None where no
+    control ran there (every size is read)."""
+    a = attention_by_size(summary)
+    return None if a.empty else {(int(w), int(d)) for w, d, u in
+                                 zip(a.d_model, a.n_layers, a.used) if u}
+
+
 def attention_by_budget(summary: pd.DataFrame) -> pd.DataFrame:
     """Per budget: the control's gap to standard (``mean`` ± ``half``, % perplexity) and
     ``used``: its 95% CI lies wholly above the val-loss margin (``vocab.METRICS``), the gate
@@ -191,12 +213,16 @@ def verdict(diff: float, p_adj: float) -> str:
     return SHRINKS if diff > 0 else GROWS if diff < 0 else FLAT
 
 
-def fit(summary: pd.DataFrame) -> pd.DataFrame:
+def fit(summary: pd.DataFrame, used: set[tuple[int, int]] | None = None) -> pd.DataFrame:
     """Per design, ``gap% = a + b·log10 N`` by least squares over the size cells' mean gaps:
     ``a``, ``b``, ``s`` (residual sd), ``k`` (cells), ``xbar``, ``sxx`` and ``n_min``/``n_max``
-    (the parameters spanned). A design with fewer than 2 sizes has no fit."""
+    (the parameters spanned). ``used``: the (d_model, n_layers) cells where standard uses
+    attention (``used_sizes``), the only ones read when given. A design with fewer than 2
+    sizes has no fit."""
     cols = ["design", "a", "b", "s", "k", "xbar", "sxx", "n_min", "n_max"]
     s = summary[summary.cell == "size"] if not summary.empty else summary
+    if used is not None and not s.empty:
+        s = s[[(int(w), int(d)) in used for w, d in zip(s.d_model, s.n_layers)]]
     rows = []
     for design in [d for d in DESIGNS if not s.empty and d in set(s.design)]:
         sub = s[(s.design == design) & s["mean"].map(math.isfinite)]
@@ -244,7 +270,8 @@ def _json(x):
 def prediction_records(runs: pd.DataFrame, chance: float | None = None) -> list[dict]:
     """What the study stores as measure ``PREDICTION``: per design and target size, the fit
     and its prediction (``gap_pct``, ``lo``, ``hi``)."""
-    fits = fit(cell_summary(gaps(losses(runs, chance))))
+    summ = cell_summary(gaps(losses(runs, chance)))
+    fits = fit(summ, used_sizes(summ))
     out = []
     for f in fits.to_dict("records"):
         for n in TARGETS:

@@ -273,7 +273,7 @@ PROFILES = {p.name: register_profile(p) for p in (
     # cores (docs/study-profiles.md, "scaling").
     QKVProfile("scaling", seeds=(), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=1000, lr=6e-3, eval_batches=16, task_options=SCALING_LM,
-               scaling_budgets=(250, 500, 1000, 2000), scaling_seeds=tuple(range(6)),
-               size_widths=(32, 48, 64, 96), size_depths=(1, 2), tokens_per_param=20.0,
+               scaling_budgets=(375, 750, 1500, 3000), scaling_seeds=tuple(range(6)),
+               size_widths=(32, 48, 64, 80), size_depths=(1, 2), tokens_per_param=20.0,
                size_seeds=(0, 1, 2), scaling_lr_grid=(0.5, 1.0, 2.0), scaling_lr_seeds=(100,)),
 )}

@@ -9,7 +9,12 @@ the cell's steps), on lm:
 - **size** cells: each of ``size_widths`` × ``size_depths`` (``d_head`` the profile's, so
   ``n_heads`` grows with the width), trained on ``tokens_per_param`` tokens per non-embedding
   parameter of the standard model (Kaplan et al.'s count; the steps follow from the batch and
-  the context, ``size_steps``), on ``size_seeds``.
+  the context, ``size_steps``), on ``size_seeds``, with the control too.
+
+In either family a cell where standard does not beat the control by more than the margin is
+one where attention is not yet used: the budget rule and the size fit read only the cells
+where it is (``compute.scaling.used_budgets`` / ``used_sizes``), since a gap near zero there
+says nothing about what a tie costs.
 
 Learning rates are tuned per cell and design, apart from ``lr_tune``'s (keys
 ``(kind, d_model, n_layers, steps, design)``, never a task's): experiment ``scaling_tune``
@@ -51,8 +56,9 @@ DESIGNS = ("tied_kv", "tied_qk", "tied_qkv", "gqa_half", "mqa")
 # standard does not beat it by more than the margin is one where attention is not yet used, so
 # a gap there says little about the ties (``compute.scaling.attention_by_budget``), so the
 # budget rule compares the smallest budget where attention is used with the largest, and makes
-# no test with fewer than two such budgets (``compute.scaling.budget_trend``). The size cells
-# train none: it would add a sixth of their cost.
+# no test with fewer than two such budgets (``compute.scaling.budget_trend``); the size cells
+# train it too, and the fit reads only the sizes where attention is used (at 20 tokens per
+# parameter the smallest models train a few hundred steps, where it may not be).
 GATED = (CONTROL,)
 EXPERIMENTS = ("scaling_tune", "scaling_tune_edge", "scaling_budget", "scaling_size")
 MIN_STEPS = 4  # a size cell never trains fewer steps
@@ -173,7 +179,7 @@ def _scores(p: QKVProfile, runs: list[Run]) -> dict[tuple, dict[float, list[floa
 
 def _cell_design(p: QKVProfile):
     for cell in cells(p):
-        for design in (BASELINE, *DESIGNS, *(GATED if cell.kind == "budget" else ())):
+        for design in (BASELINE, *DESIGNS, *GATED):
             yield cell, design
 
 

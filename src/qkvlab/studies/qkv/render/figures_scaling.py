@@ -100,12 +100,16 @@ def fig_size(data: StudyData, out: Path) -> Figure | None:
         return None
     fig, axes = plt.subplots(1, len(designs), squeeze=False, sharey=True,
                              figsize=(2.4 * len(designs) + 1.0, 3.6))
+    used = S.used_sizes(summ)
     for ax, d in zip(axes[0], designs):
         sub = sz[sz.design == d]
         for depth, m in zip(sorted(set(sub.n_layers)), "os^D"):
             s = sub[sub.n_layers == depth]
+            fit_in = [used is None or (int(w), int(depth)) in used for w in s.d_model]
             ax.errorbar(s.cell_params, s["mean"], yerr=s.half.fillna(0), fmt=m, color=color(d),
                         capsize=2, ms=4, label=f"{int(depth)} layer(s)")
+            out_ = s[[not k for k in fit_in]]  # attention not used there: outside the fit
+            ax.plot(out_.cell_params, out_["mean"], m, color=color(d), mfc="white", ms=4)
         f = pred[pred.design == d].iloc[0].to_dict()
         xs = [10 ** (math.log10(f["n_min"]) + i * (math.log10(1.2e9 / f["n_min"])) / 40)
               for i in range(41)]
@@ -130,7 +134,9 @@ def fig_size(data: StudyData, out: Path) -> Figure | None:
                 f"(tokens = {data.profile.tokens_per_param:g} × non-embedding parameters, own "
                 f"tuned rate, test split, ± 95% CI over seeds); line and band: the stored fit "
                 f"gap% = a + b·log10 N and its 95% CI, extended to 1.2B; open squares: the "
-                f"stored prediction at 300M and 1.2B; grey diamonds: published ({REF_KV_CITE}), "
+                f"stored prediction at 300M and 1.2B; hollow points: sizes where standard "
+                f"does not beat the attention-free control by more than the margin, left out "
+                f"of the fit; grey diamonds: published ({REF_KV_CITE}), "
                 f"not measured here. The band says how well the line is pinned down over the "
                 f"sizes measured, not whether it holds three orders of magnitude further."
                 + _lost(sz))
@@ -168,6 +174,19 @@ def tables(data: StudyData) -> list[Block]:
                    if math.isfinite(r.half) else f"{r.mean:+.1f}",
                    "yes" if r.used else "no: a tie's gap here says little")
                   for r in used.itertuples())))
+    by_size = S.attention_by_size(frames(data)[1])
+    if not by_size.empty:
+        out.append(Table(
+            "Is attention used at each size? The attention-free control vs standard, % "
+            f"perplexity; used: its 95% CI lies above the {METRICS['val_loss'].margin_text} "
+            "margin (the fit reads only these sizes)",
+            ("d_model", "layers", "parameters", "seeds", "control vs standard",
+             "attention used"),
+            tuple((str(r.d_model), str(r.n_layers), f"{r.cell_params:,}", str(r.n),
+                   f"{r.mean:+.1f} ± {r.half:.1f}" if math.isfinite(r.half)
+                   else f"{r.mean:+.1f}",
+                   "yes" if r.used else "no: left out of the fit")
+                  for r in by_size.itertuples())))
     cmp = S.compare_published(_stored(data))
     if not cmp.empty:
         out.append(Table(
