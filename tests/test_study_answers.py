@@ -142,6 +142,18 @@ def test_a_published_number_beside_a_task_we_did_not_learn_gets_no_number_of_our
                     "to set beside it.")
 
 
+def test_a_published_number_is_not_set_beside_a_gap_of_models_that_use_no_attention():
+    ours = Finding("tied_kv", "lm", "equal", Effect(Status.ATTENTION_UNUSED, value=-4.2,
+                                                    lo=-24.5, hi=16.1, half=20.3, unit="%",
+                                                    what="perplexity"))
+    text = published_words(Published(3.1, "subword token", "300M parameters", "A et al.", ours,
+                                     "subword token"))
+    assert text == ("Published (A et al.): tied K=V costs +3.1% perplexity per subword token at "
+                    "300M parameters; ours (-4.2 ± 20.3% perplexity at equal width) is not set "
+                    "beside it: at this budget standard does not beat the same model without "
+                    "attention, so the difference says nothing about what the tie costs.")
+
+
 def test_a_task_where_attention_is_not_used_is_named_as_not_answered():
     from qkvlab.studies.qkv.compute.answers import Answer
 

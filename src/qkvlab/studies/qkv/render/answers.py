@@ -139,6 +139,10 @@ def published_words(p: Published) -> str:
         return head + "; this profile has no comparison of ours to set beside it."
     if p.ours.effect.value is None:  # not learned: no number of ours to set beside it
         return head + "; ours is not learned at this scale, so there is no number to set beside it."
+    if p.ours.effect.status is Status.ATTENTION_UNUSED:  # a gap of models that use no attention
+        return (head + f"; ours ({amount(p.ours.effect)} at equal width) is not set beside it: "
+                "at this budget standard does not beat the same model without attention, so "
+                "the difference says nothing about what the tie costs.")
     ours = f"ours, {amount(p.ours.effect)} at equal width, is per {p.our_unit or 'token'}"
     if p.same_unit:
         return f"{head}; {ours} too, at a far smaller scale{_per_char(p)}."
