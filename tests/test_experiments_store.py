@@ -148,7 +148,8 @@ def test_every_experiment_builds_at_every_profile_with_matched_arms():
     staged = {"scaling_tune_edge", "scaling_budget", "scaling_size"}  # wait for scaling_tune
     for prof in profile_names():
         for name in experiment_names():
-            if get_profile(prof).lr_grid and name in (*tuned, "scale_train"):
+            sized = name != "lm_scaling" or get_profile(prof).scale_widths  # standard: none
+            if get_profile(prof).lr_grid and name in (*tuned, "scale_train") and sized:
                 first = "scale_tune" if name == "scale_train" else "lr_tune"
                 with pytest.raises(ValueError, match=f"run `qkvlab sweep {first}"):
                     runs_of(name, prof)

@@ -243,8 +243,9 @@ PROFILES = {p.name: register_profile(p) for p in (
                bind_bits=(2, 3, 4), bind_seeds=(0, 1, 2, 3), measure_batch=16,
                rounds=5, decode_tokens=48, n_null=128, cka=True,
                kv_contexts=(512, 2048, 8192, 32768), kv_batches=(1, 4, 16),
-               lr_grid=(1 / 3, 1.0, 3.0, 9.0), lr_seeds=(100,), scale_widths=(32, 64, 96),
-               scale_seeds=(0, 1, 2),
+               # no lm_scaling: the gap against size at matched data is the scaling profile's
+               # (its widths all trained 1,000 steps, so tokens per parameter fell with width)
+               lr_grid=(1 / 3, 1.0, 3.0, 9.0), lr_seeds=(100,),
                # ~8,700 CPU-s with its tuning (docs/study-profiles.md); 6 seeds: an
                # equivalent cell then survives Holm over Q1's family at a paired sd of ~1%
                scale_train_d_heads=(16, 64, 256), scale_train_seeds=tuple(range(6)),
