@@ -99,7 +99,8 @@ def scale_table(data: StudyData) -> list[Table]:
     return [Table(f"Where 1/√d_k sits, trained: lm ({metric}) per placement and head width vs "
                   f"inside; verdicts after Holm over Q1's family, gated by the control at each "
                   f"width", ("d_head", "placement", "learning rate", "seeds",
-                             f"{metric} (mean ± 95% CI)", "vs inside"), tuple(body),
+                             f"{metric}, test split (mean ± 95% CI)", "vs inside"),
+                  tuple(body),
                   legend=LEGEND)]
 
 
