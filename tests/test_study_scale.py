@@ -71,8 +71,8 @@ def test_each_placement_and_width_trains_at_its_own_tuned_rate(tmp_path):
     p = dataclasses.replace(profiles.PROFILES["smoke"], lr_grid=GRID, lr_seeds=(100,))
     tune = registry.runs_of("scale_tune", p)
     assert sorted((t["design"], t["d_head"], t["lr"], t["seed"]) for _, t in tune) == sorted(
-        (d, w, rates.lr_of("lm", m, p), 100) for d in SCALES for w in p.scale_train_d_heads
-        for m in GRID)
+        (d, w, rates.lr_of("lm", m, p), 100) for d in (*SCALES, "control")
+        for w in p.scale_train_d_heads for m in GRID)
     with pytest.raises(rates.RatesPending, match=r"run `qkvlab sweep scale_tune --profile smoke"):
         registry.runs_of("scale_train", p, None)
     # best multiplier: none prefers the top rate at the widest head, everything else the middle
@@ -92,8 +92,8 @@ def test_each_placement_and_width_trains_at_its_own_tuned_rate(tmp_path):
         data = results.load(store, p)
         chosen = rates.chosen_lrs(p, store)
     # the placements keyed by width beside the designs' own keys, which keep their form
-    assert {k for k in chosen if len(k) == 4} == {
-        ("lm", d, "equal", w) for d in SCALES for w in p.scale_train_d_heads}
+    assert {k for k in chosen if len(k) == 4} == {  # the control tuned per width too
+        ("lm", d, "equal", w) for d in (*SCALES, "control") for w in p.scale_train_d_heads}
     assert {k for k in chosen if len(k) == 3} == {
         (t, d, a) for t, labels in rates.TUNED.items() for d in ("standard", *labels)
         for a in p.tuned_arms(t, d)}
@@ -103,7 +103,7 @@ def test_each_placement_and_width_trains_at_its_own_tuned_rate(tmp_path):
         assert spec.train.lr == float(f"{want:.3g}"), t
     grid = placement_grid(data)
     chosen = grid[grid.chosen]
-    assert len(chosen) == len(SCALES) * len(p.scale_train_d_heads)
+    assert len(chosen) == (len(SCALES) + 1) * len(p.scale_train_d_heads)
     assert set(chosen[chosen.edge].itertuples(index=False, name=None)) == {
         ("none", widest, float(f"{2 * base:.3g}"), 2.0, 1, True, True)}
 

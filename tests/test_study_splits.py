@@ -119,7 +119,8 @@ def test_every_reported_run_is_scored_on_test(name):
                                         for d in ("standard", *labels)
                                         for a in ("equal", "matched")}
                                     | {("lm", tag, "equal", d): rates.lr_of("lm", 1.0, p)
-                                       for tag in PLACEMENTS for d in p.scale_train_d_heads})
+                                       for tag in (*PLACEMENTS, CONTROL)
+                                       for d in p.scale_train_d_heads})
     if p.scaling_lr_grid:  # scaling's runs at lm's rate, as if scaling_tune had chosen it
         p = dataclasses.replace(p, scaling_lr_grid=())
     got = {(e, s.train.test_batches) for e in ORDER if e not in ("lr_tune", "scale_tune")

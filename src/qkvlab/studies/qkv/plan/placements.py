@@ -54,10 +54,10 @@ def placement_run(p: Profile, tag: str, d_head: int, seed: int, tags: dict[str, 
 
 
 def control_run(p: Profile, d_head: int, seed: int, tags: dict[str, Any],
-                lr: float | None = None) -> Run:
+                lr: float | None = None, train: dict[str, Any] | None = None) -> Run:
     """The attention-free control (``vocab.CONTROL``: uniform scores) at ``d_head``: the same
     model with no Q or K, so there is no scale to place."""
     model = base_model(p, n_heads=SCALE_HEADS, d_head=d_head, design="uniform")
     return make_run("lm", model, p, seed, {"design": "control", "arm": "equal",
                                            "d_head": d_head, **tags},
-                    train=None if lr is None else {"lr": lr})
+                    train={**(train or {}), **({} if lr is None else {"lr": lr})} or None)

@@ -28,7 +28,7 @@ from qkvlab.experiments.registry import (
     task_info,
 )
 from qkvlab.experiments.store import canonical
-from qkvlab.studies.qkv.plan.placements import PLACEMENTS, placement_run
+from qkvlab.studies.qkv.plan.placements import PLACEMENTS, control_run, placement_run
 from qkvlab.studies.qkv.plan.vocab import DESIGNS
 
 if TYPE_CHECKING:  # profiles imports this module
@@ -89,10 +89,16 @@ def tuning_runs(p: QKVProfile) -> list[Run]:
 def placement_tuning_runs(p: QKVProfile) -> list[Run]:
     """``scale_tune``'s runs: every placement of 1/√d_k (``placements.PLACEMENTS``) at every
     head width of ``scale_train_d_heads``, at every grid point, on the tuning seeds (none
-    without a grid); like lr_tune's, they score no test batches."""
-    return [placement_run(p, tag, d_head, seed, {"lr": lr}, lr=lr, train={"test_batches": 0})
-            for mult in p.lr_grid for lr in (lr_of("lm", mult, p),) for seed in p.lr_seeds
-            for d_head in p.scale_train_d_heads for tag in PLACEMENTS]
+    without a grid), and the attention-free control at each width: its best rate moves with
+    d_head too (two heads of 256 make a 512-wide value path), and at another width's rate it
+    would be a weaker baseline, so standard would "use attention" by the rate alone. Like
+    lr_tune's, they score no test batches."""
+    none = {"test_batches": 0}
+    return [run for mult in p.lr_grid for lr in (lr_of("lm", mult, p),) for seed in p.lr_seeds
+            for d_head in p.scale_train_d_heads
+            for run in (*(placement_run(p, tag, d_head, seed, {"lr": lr}, lr=lr, train=none)
+                          for tag in PLACEMENTS),
+                        control_run(p, d_head, seed, {"lr": lr}, lr=lr, train=none))]
 
 
 def choose_lrs(p: QKVProfile, rows) -> dict[tuple, float]:

@@ -5,9 +5,8 @@ init (experiment ``scale_probe``, the mechanism).
 the baseline tagged ``standard``; outside; both; none; none with T5's init) at each head width
 of ``scale_train_d_heads``, from the usual initialization, on ``scale_train_seeds``, and the
 attention-free control at each width (the gate of ``compute.effects``). At a profile with a
-learning-rate grid each (placement, d_head) trains at its own rate, chosen by ``scale_tune``
-(``rates.placement_tuning_runs``) on the tuning seeds' val loss; the control at the rate
-``lr_tune`` chose for lm's control (it has no Q or K, so no scale to tune for). Without a grid
+learning-rate grid each (placement, d_head), the control's too, trains at its own rate, chosen
+by ``scale_tune`` (``rates.placement_tuning_runs``) on the tuning seeds' val loss. Without a grid
 every run trains at lm's rate. The verdicts (each placement vs inside at each d_head, on lm's
 own metric) are Q1's headline cells (``families``).
 """
@@ -44,13 +43,6 @@ def placement_lr(p: QKVProfile, tag: str, d_head: int) -> float | None:
     return p.lrs[key]
 
 
-def control_lr(p: QKVProfile) -> float | None:
-    """lm's control rate (``lr_tune``'s choice with a grid, else None: lm's rate)."""
-    if not p.lr_grid:
-        return None
-    return p.design_lrs("lm", (CONTROL,), ("equal",))[(CONTROL, "equal")]
-
-
 @experiment("scale_tune", "Q1: each placement of 1/sqrt(d_k) at its own learning rate, per "
                           "d_head")
 def scale_tune(p: QKVProfile) -> list[Run]:
@@ -60,12 +52,12 @@ def scale_tune(p: QKVProfile) -> list[Run]:
 @experiment("scale_train", "Q1: does 1/sqrt(d_k) need to sit inside the softmax? lm loss per "
                            "placement and d_head, each at its own rate")
 def scale_train(p: QKVProfile) -> list[Run]:
-    rates = {(tag, d): placement_lr(p, tag, d) for d in p.scale_train_d_heads for tag in PLACEMENTS}
-    ctl = control_lr(p) if p.scale_train_d_heads else None
+    rates = {(tag, d): placement_lr(p, tag, d) for d in p.scale_train_d_heads
+             for tag in (*PLACEMENTS, CONTROL)}
     runs = []
     for seed in p.scale_train_seeds:
         for d_head in p.scale_train_d_heads:
             runs += [placement_run(p, tag, d_head, seed, {}, rates[(tag, d_head)])
                      for tag in PLACEMENTS]
-            runs.append(control_run(p, d_head, seed, {}, ctl))
+            runs.append(control_run(p, d_head, seed, {}, rates[(CONTROL, d_head)]))
     return runs

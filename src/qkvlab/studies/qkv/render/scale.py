@@ -73,8 +73,6 @@ def _rate(rates: pd.DataFrame, design: str, d_head: int, tuned: bool) -> str:
     lr = f"{r.lr.iloc[0]:g}"
     if not tuned:
         return f"{lr} (lm's)"
-    if design == CONTROL:
-        return f"{lr} (lm control's)"
     return lr + (" (grid edge: widen it)" if r.edge.iloc[0] else "")
 
 
