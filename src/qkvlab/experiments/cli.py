@@ -23,6 +23,7 @@ from qkvlab.experiments.registry import describe, experiment_names, profile_name
 from qkvlab.experiments.runner import failure_report, sweep
 from qkvlab.experiments.store import DEFAULT_DB, Store
 from qkvlab.inputs import print_error
+from qkvlab.train.distributed import use_device
 
 
 def _common(parser: argparse.ArgumentParser, profile_default: str | None = "quick") -> None:
@@ -43,6 +44,9 @@ def configure_sweep(parser: argparse.ArgumentParser) -> None:
                         help="local processes, or Ray tasks on an existing cluster (RAY_ADDRESS)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads per worker (default: cores / workers)")
+    parser.add_argument("--device", default=None,
+                        help="where the runs train: cpu, cuda or cuda:N (default: "
+                             "$QKVLAB_DEVICE, else cuda where PyTorch sees a GPU, else cpu)")
     parser.add_argument("--tensorboard", default=None, metavar="DIR",
                         help="also log every run's metrics for TensorBoard under DIR "
                              "(needs the tensorboard package)")
@@ -56,6 +60,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     name = args.name[0] if len(args.name) == 1 else args.name
     try:
+        use_device(args.device)
         counts = sweep(name, args.profile, workers=args.workers, backend=args.backend,
                        db=args.db, progress=not args.no_progress, threads=args.threads,
                        tensorboard=args.tensorboard,

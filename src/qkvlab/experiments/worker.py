@@ -28,6 +28,7 @@ from qkvlab.experiments.store import Store, canonical, run_id
 from qkvlab.experiments.tensorboard import RunLogger
 from qkvlab.models import count_params
 from qkvlab.train import RunSpec, run_from_spec
+from qkvlab.train.distributed import DistInfo, default_device
 
 
 def execute(spec: RunSpec | Mapping[str, Any], run_dir: Path, *, on_log=None,
@@ -40,7 +41,9 @@ def execute(spec: RunSpec | Mapping[str, Any], run_dir: Path, *, on_log=None,
         tokens/s, versions, hardware and git revision, and ``precision_used`` (the precision
         the run trained in: bf16 may fall back to fp32 on a CPU). The store keeps
         ``precision_used`` inside the ``hardware`` JSON (``info["hardware"]["precision_used"]``),
-        since it is the hardware's answer to the requested precision, and ``threads`` (the
+        since it is the hardware's answer to the requested precision, beside the ``device`` it
+        trained on (``distributed.default_device``: a GPU where there is one, unless
+        ``$QKVLAB_DEVICE`` says otherwise), and ``threads`` (the
         torch threads it trained with, which change its last bits but not its id) in the
         run's own column.
     """
@@ -56,12 +59,14 @@ def execute(spec: RunSpec | Mapping[str, Any], run_dir: Path, *, on_log=None,
         return None
 
     t0 = time.perf_counter()
+    device = default_device()  # a GPU where there is one, unless QKVLAB_DEVICE says otherwise
     res = run_from_spec(spec, run_dir=run_dir, on_log=on_log, callback_factory=factory,
-                        progress=progress, desc=desc)
+                        progress=progress, desc=desc, dist_info=DistInfo(device=device))
     if res.status == "done":  # the optimizer state is only needed to resume an unfinished run
         (run_dir / "checkpoint.safetensors").unlink(missing_ok=True)
     env = environment()
-    env["hardware"] = {**env["hardware"], "precision_used": res.precision_used}
+    env["hardware"] = {**env["hardware"], "precision_used": res.precision_used,
+                       "device": device}
     info = {"wall_s": time.perf_counter() - t0, "train_s": res.train_s, "tokens": res.tokens,
             "tokens_per_s": res.tokens_per_s, "params": holder.get("params"),
             "n_params": (holder.get("params") or {}).get("total"), "timings": res.timings,

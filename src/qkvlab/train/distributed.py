@@ -23,6 +23,50 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
+DEVICE_ENV = "QKVLAB_DEVICE"  # where a sweep's runs train: cpu, cuda or cuda:N
+
+
+def default_device() -> str:
+    """The device a run trains on when nothing else says: ``$QKVLAB_DEVICE`` (what ``qkvlab
+    sweep/study --device`` sets, so that worker processes inherit it), else ``cuda`` where
+    PyTorch sees a GPU, else ``cpu``.
+
+    Raises:
+        ValueError: ``$QKVLAB_DEVICE`` is not cpu/cuda/cuda:N, or names CUDA where PyTorch sees
+            no GPU.
+    """
+    want = os.environ.get(DEVICE_ENV, "").strip()
+    if not want:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    kind, _, index = want.partition(":")
+    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
+        raise ValueError(f"{DEVICE_ENV}={want!r}: not a device; use cpu, cuda or cuda:N")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{DEVICE_ENV}={want!r}: PyTorch sees no GPU here")
+    return want
+
+
+def use_device(device: str | None) -> str:
+    """Make ``device`` (None: leave the default) the one this process's sweeps train on, for
+    its worker processes too (``$QKVLAB_DEVICE``); returns the device runs will use.
+
+    Raises:
+        ValueError: as ``default_device``; the environment is then left as it was.
+    """
+    if device is None:
+        return default_device()
+    old = os.environ.get(DEVICE_ENV)
+    os.environ[DEVICE_ENV] = device
+    try:
+        return default_device()
+    except ValueError:
+        if old is None:
+            os.environ.pop(DEVICE_ENV)
+        else:
+            os.environ[DEVICE_ENV] = old
+        raise
+
+
 @dataclass(frozen=True)
 class DistInfo:
     """Where this process sits: ``rank`` of ``world`` processes, on ``device``."""
@@ -43,7 +87,7 @@ def setup(device: str | None = None) -> DistInfo:
     Without those variables this is a single process and nothing is initialized.
     """
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return DistInfo(device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        return DistInfo(device=device or default_device())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     if device is None:
