@@ -335,7 +335,8 @@ def test_bind_codes_inputs_are_the_key_and_value_bits():
 
 
 def test_a_run_freezes_the_embedding_to_the_task_codes(tmp_path):
-    from qkvlab.train.trainer import FINAL_MODEL, apply_input_codes, build_seeded, run_from_spec
+    from qkvlab.train.build import apply_input_codes, build_seeded
+    from qkvlab.train.trainer import FINAL_MODEL, run_from_spec
 
     task = get_task("bind_codes", m=2, n_queries=2)
     tied = build_seeded(ModelConfig(d_vocab=task.d_vocab, n_ctx=task.seq_len, d_model=16,

@@ -29,7 +29,7 @@ from qkvlab.studies.qkv.plan.placements import PLACEMENTS, SCALE_HEADS
 from qkvlab.studies.qkv.render import figures_q
 from qkvlab.studies.qkv.render.scale import fig_q1_scale_train, scale_table, scale_words
 from qkvlab.train import InitConfig
-from qkvlab.train.trainer import apply_init, build_seeded
+from qkvlab.train.build import apply_init, build_seeded
 from conftest import scored
 from reference import HeadView
 

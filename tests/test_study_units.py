@@ -24,7 +24,7 @@ from qkvlab.studies.qkv.plan.profiles import TASK_OPTIONS
 from qkvlab.studies.qkv.plan.references import REF_KV_PPL_PCT, per_char
 from qkvlab.studies.qkv.plan.vocab import METRICS, TASK_METRIC
 from qkvlab.train import build_seeded
-from qkvlab.train.trainer import model_config
+from qkvlab.train.build import model_config
 
 PROFILES = ("smoke", "quick", "standard", "full")
 

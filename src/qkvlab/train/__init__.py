@@ -1,5 +1,6 @@
 """Training: the trainer, resumable safetensors checkpoints, DDP under torchrun."""
 
+from qkvlab.train.build import apply_init, build_seeded, make_task, model_config
 from qkvlab.train.checkpoints import load_checkpoint, read_checkpoint, save_checkpoint
 from qkvlab.train.config import InitConfig, ProbeConfig, RunSpec, TrainConfig
 from qkvlab.train.distributed import DistInfo, setup, teardown
@@ -7,13 +8,9 @@ from qkvlab.train.precision import resolve_precision
 from qkvlab.train.trainer import (
                                   TIMING_PARTS,
                                   TrainResult,
-                                  apply_init,
-                                  build_seeded,
                                   evaluate,
                                   lr_at,
                                   make_optimizer,
-                                  make_task,
-                                  model_config,
                                   run_from_spec,
                                   train,
 )

@@ -14,7 +14,6 @@ generator), after the last step, so it cannot change training.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -25,12 +24,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkvlab.data import get_task
-from qkvlab.data.base import Task
-from qkvlab.models import ModelConfig, build_model, save_model
+from qkvlab.models import save_model
 from qkvlab.progress import bar as progress_bar
+from qkvlab.train.build import (
+    apply_init,
+    apply_input_codes,
+    build_seeded,
+    make_task,
+    model_config,
+)
 from qkvlab.train.checkpoints import load_checkpoint, save_checkpoint
-from qkvlab.train.config import InitConfig, RunSpec, TrainConfig
+from qkvlab.train.config import RunSpec, TrainConfig
 from qkvlab.train.distributed import DistInfo, mean_across, shard, wrap
 from qkvlab.train.precision import autocast, resolve_precision
 
@@ -121,30 +125,6 @@ def adamw_kernel(device) -> dict[str, bool]:
     Every stored CPU run trained with the loop: the fused CPU kernel is ~7% faster there but not
     bit-identical, so it would change their results."""
     return {"fused": True} if torch.device(device).type == "cuda" else {"foreach": False}
-
-
-def make_task(name: str, options: Mapping[str, Any] | None = None):
-    """A prepared task: a registered name (``qkvlab.data.get_task``) or ``module:Class``.
-
-    ``module:Class`` lets a user (or a test) bring a task of their own without registering it;
-    the class must subclass ``qkvlab.data.base.Task``, checked before it is called, so a spec
-    file or a store naming any other callable (``os:system``) is refused, not run.
-    """
-    options = dict(options or {})
-    if ":" in name:
-        mod, _, cls = name.partition(":")
-        try:
-            found = getattr(importlib.import_module(mod), cls)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"task: cannot import {name!r} ({e})") from None
-        if not (isinstance(found, type) and issubclass(found, Task)):
-            raise ValueError(f"task: {name!r} is not a task class (a module:Class task must "
-                             "subclass qkvlab.data.base.Task)")
-        task = found(**options)
-    else:
-        task = get_task(name, **options)
-    task.prepare()
-    return task
 
 
 def _count_tokens(batch: Mapping[str, Tensor]) -> int:
@@ -311,86 +291,6 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
             watch.lap("eval")
     return TrainResult(status=status, step=step, final=final, history=history, tokens=tokens,
                        train_s=train_s, precision_used=used, timings=watch.s)
-
-
-def build_seeded(model_cfg, kind: str, seed: int) -> nn.Module:
-    """The model of ``model_cfg`` initialized from ``seed`` (same seed, same weights; an
-    encoder and a decoder of one config get identical initial weights)."""
-
-    torch.manual_seed(seed)
-    return build_model(model_cfg, kind)
-
-
-def apply_init(model: nn.Module, init: InitConfig | None, seed: int = 0) -> None:
-    """Optional re-initialization of the attention input projections (``InitConfig``).
-
-    ``qk="unit"`` draws ``W_in`` from N(0, 1/d_model): on LayerNorm'd inputs every
-    query/key entry then has unit variance and a raw score q·k has variance d_k, the regime
-    in which the 1/√d_k argument is made (Vaswani et al. 2017, footnote 4). The default
-    (``gpt2``, std 0.02) keeps scores near 0 at init whatever d_k.
-
-    ``qk="t5"`` keeps the model's init and multiplies each query block (W_Q, b_Q) by
-    d_head^-1/2: T5 (Raffel et al. 2020) folds 1/√d_k into W_Q's init, so with
-    ``scale="none"`` a model starts from the scores the same seed gives with it inside.
-
-    Raises:
-        ValueError: ``t5`` on a design without a query block of its own (tied Q=K: it would
-            scale K too; uniform: no queries).
-    """
-    if init is None or init.qk == "gpt2":
-        return
-    if init.qk == "t5":
-        for name, _, att in model.attention_layers():
-            if att.segment_of("q") != "q":
-                raise ValueError(f"init.qk: 't5' scales W_Q's init by 1/sqrt(d_head), so it "
-                                 f"needs a design with a query block of its own; {name} is "
-                                 f"{att.cfg.design!r} (query segment {att.segment_of('q')!r})")
-            rows, inner = att._slices["q"], 1.0 / math.sqrt(att.cfg.d_head)  # inner_scale's
-            with torch.no_grad():
-                att.W_in[rows] *= inner
-                if att.b_in is not None:
-                    att.b_in[rows] *= inner
-        return
-    gen = torch.Generator().manual_seed(seed + 1)  # a function of the run seed only
-    for _, _, att in model.attention_layers():
-        with torch.no_grad():
-            att.W_in.normal_(0.0, att.cfg.d_model ** -0.5, generator=gen)
-
-
-def apply_input_codes(model: nn.Module, task) -> None:
-    """Freeze the token embedding to the task's fixed input codes, if it has them
-    (``input_codes()``: (d_vocab, d_code), written into the first d_code dimensions, the rest
-    zero), so that what a token carries is set by the task, not learned (``bind_codes``).
-
-    Raises:
-        ValueError: the model ties its readout to the embedding (which must then learn), or
-            the codes are wider than ``d_model``.
-    """
-    codes = getattr(task, "input_codes", None)
-    if codes is None:
-        return
-    codes, cfg = codes(), model.cfg
-    if cfg.tie_embeddings:
-        raise ValueError(f"model.tie_embeddings: task {task.name} fixes each token's input code "
-                         "and freezes the token embedding, so the readout must not share it; "
-                         "set tie_embeddings=False")
-    if codes.shape != (cfg.d_vocab, codes.shape[1]) or codes.shape[1] > cfg.d_model:
-        raise ValueError(f"model.d_model: task {task.name}'s input codes are "
-                         f"{tuple(codes.shape)}; they need d_vocab={cfg.d_vocab} rows and at "
-                         f"most d_model={cfg.d_model} columns")
-    wte = model.embed.wte.weight
-    with torch.no_grad():
-        wte.zero_()
-        wte[:, :codes.shape[1]] = codes.to(wte.dtype)
-    wte.requires_grad_(False)
-
-
-def model_config(spec: RunSpec, task) -> ModelConfig:
-    """The ``ModelConfig`` of a run spec: its ``model`` options plus the task's vocab/context."""
-    opts = dict(spec.model)
-    opts.setdefault("d_vocab", task.d_vocab)
-    opts.setdefault("n_ctx", getattr(task, "n_ctx", None) or task.seq_len)
-    return ModelConfig.from_dict(opts)
 
 
 def run_from_spec(spec: RunSpec | Mapping[str, Any], *, run_dir: str | Path | None = None,
