@@ -94,3 +94,12 @@ def test_the_study_does_not_import_the_bench():
     bad = {str(p.relative_to(SRC)) for p in (SRC / "studies").rglob("*.py")
            if "bench" in imports(p, "qkvlab")}
     assert bad == set()
+
+
+MAX_LINES = 400  # one file, one job: a module past this is split by what it does
+
+
+def test_no_source_file_is_over_the_line_limit():
+    long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert long == {}
