@@ -26,6 +26,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
+from qkvlab.studies.qkv.compute.agreement import agreement, read_verdicts
 from qkvlab.studies.qkv.render.page import SECTION_IDS
 from qkvlab.studies.qkv.study import StudyConfig, run_study
 
@@ -107,6 +108,10 @@ def test_smoke_study_opens_in_chromium(tmp_path):
     index = run_study(cfg)
     folder = index.parent
     assert (folder / "report.md").is_file() and (folder / "verdicts.json").is_file()
+    # its comparisons carry their verdicts, and a report agrees with itself cell by cell
+    same = agreement(read_verdicts(folder), read_verdicts(folder))
+    assert len(same) > 0 and set(same.relation) <= {"agree", "neither decides"}
+    assert (same.verdict_a == same.verdict_b).all()
     res = check_page(index, folder / "screenshot.png")
     assert res["errors"] == []
     assert res["sections"] == list(SECTION_IDS)

@@ -3,11 +3,13 @@ through the ``qkvlab.studies`` entry point.
 
     qkvlab study [--profile smoke|quick|full] [--db results/qkvlab.db] [--out reports]
                  [--workers N] [--no-pretrained] [--device cpu|cuda[:N]] [--no-progress]
+    qkvlab study --agree REPORT_A REPORT_B     # e.g. reports/quick reports/standard
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from qkvlab.experiments.pool import DEFAULT_WORKERS
@@ -32,6 +34,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="where the runs train: cpu, cuda or cuda:N (default: "
                              "$QKVLAB_DEVICE, else cuda where PyTorch sees a GPU, else cpu)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--agree", nargs=2, metavar=("REPORT_A", "REPORT_B"),
+                        help="train nothing: compare two written reports' verdicts cell by "
+                             "cell (e.g. reports/quick reports/standard); exit status 1 if a "
+                             "cell both decide reads differently")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from qkvlab.studies.qkv.study import StudyConfig, run_study
     from qkvlab.train.distributed import use_device
 
+    if args.agree:
+        return agree(*args.agree)
     try:
         use_device(args.device)
     except ValueError as e:
@@ -51,3 +59,34 @@ def run(args: argparse.Namespace) -> int:
     index = run_study(cfg)
     print(index.resolve())
     return 0
+
+
+def agree(report_a: str, report_b: str) -> int:
+    """Print the cells two reports both decide or either decides, contradictions first, and a
+    count per relation; 1 if any cell contradicts, else 0."""
+    from qkvlab.bench.tables import markdown_table
+    from qkvlab.studies.qkv.compute.agreement import Relation, agreement, read_verdicts
+
+    df = agreement(read_verdicts(report_a), read_verdicts(report_b))
+    shown = df[df.relation != Relation.NEITHER.value]
+    tags = [c for c in ("experiment", "task", "metric", "arm", "m", "d_head", "design")
+            if c in df and (df[c] != "").any()]
+
+    names = {Relation.ONLY_A.value: f"only {report_a} decides",
+             Relation.ONLY_B.value: f"only {report_b} decides"}
+
+    def said(r: dict, side: str) -> str:
+        v, half, unit = (r[f"effect{x}_{side}"] for x in ("", "_half", "_unit"))
+        if not isinstance(v, float) or math.isnan(v):  # no effect to quote
+            return r[f"verdict_{side}"]
+        pm = f" ± {half:.3g}" if isinstance(half, float) and not math.isnan(half) else ""
+        return f"{r[f'verdict_{side}']} {v:+.3g}{pm}{unit if isinstance(unit, str) else ''}"
+
+    print(markdown_table([*tags, report_a, report_b, "relation"],
+                         [[*(r[c] for c in tags), said(r, "a"), said(r, "b"),
+                           names.get(r["relation"], r["relation"])]
+                          for r in shown.to_dict("records")]))
+    counts = df.relation.value_counts()
+    print("; ".join(f"{counts.get(r.value, 0)} {names.get(r.value, r.value)}" for r in Relation)
+          + f" (of {len(df)} cells both reports hold)")
+    return 1 if counts.get(Relation.CONTRADICT.value, 0) else 0

@@ -31,6 +31,7 @@ from qkvlab.report.blocks import (
     write_page,
 )
 from qkvlab.report.blocks import Heading as H
+from qkvlab.studies.qkv.compute.agreement import CSV, with_verdicts
 from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.compute.scale import scale_answer
 from qkvlab.studies.qkv.compute.zoo import zoo_table
@@ -209,8 +210,9 @@ def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Ve
 
 
 def write_report(data: StudyData, report_dir: Path) -> Path:
-    """Figures, ``index.html``, ``report.md``, ``verdicts.json`` and the comparisons as CSV in
-    ``report_dir``; returns the path of ``index.html``."""
+    """Figures, ``index.html``, ``report.md``, ``verdicts.json`` and the comparisons with
+    their verdicts as CSV (``compute.agreement.CSV``) in ``report_dir``; returns the path of
+    ``index.html``."""
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
     figs = F.all_figures(data, report_dir / "figures")
@@ -219,5 +221,6 @@ def write_report(data: StudyData, report_dir: Path) -> Path:
     atomic_write_text(report_dir / "verdicts.json", json.dumps(
         {q: {"headline": v.headline, "details": list(v.details)} for q, v in verdicts.items()},
         indent=1, ensure_ascii=False))
-    atomic_write_text(report_dir / "comparisons.csv", data.comparisons.to_csv(index=False))
+    # every comparison row with its verdict as the tables word it (``qkvlab study --agree``)
+    atomic_write_text(report_dir / CSV, with_verdicts(data).to_csv(index=False))
     return index

@@ -94,10 +94,10 @@ def scale_table(data: StudyData) -> list[Table]:
             cell(effect(r, chance=row_chance(r, data.profile)))
         body.append((str(d), name, _rate(rates, r["design"], d, tuned), str(r["n"]),
                      pm(r["mean"], r["half"], 4), verdict))
-    return [Table(f"Where 1/√d_k sits, trained: lm ({metric}) per placement and head width vs "
-                  f"inside; verdicts after Holm over Q1's family, gated by the control at each "
-                  f"width", ("d_head", "placement", "learning rate", "seeds",
-                             f"{metric}, test split (mean ± 95% CI)", "vs inside"),
+    return [Table("Where 1/√d_k sits, trained: lm's test loss per placement and head width vs "
+                  "inside; verdicts after Holm over Q1's family, gated by the control at each "
+                  "width", ("d_head", "placement", "learning rate", "seeds",
+                             "test loss, nats per subword token (mean ± 95% CI)", "vs inside"),
                   tuple(body),
                   legend=LEGEND)]
 
