@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 def agree(report_a: str, report_b: str) -> int:
     """Print the cells two reports both decide or either decides, contradictions first, and a
     count per relation; 1 if any cell contradicts, else 0."""
-    from qkvlab.bench.tables import markdown_table
+    from qkvlab.report.blocks import Table
     from qkvlab.studies.qkv.compute.agreement import Relation, agreement, read_verdicts
 
     df = agreement(read_verdicts(report_a), read_verdicts(report_b))
@@ -82,10 +82,12 @@ def agree(report_a: str, report_b: str) -> int:
         pm = f" ± {half:.3g}" if isinstance(half, float) and not math.isnan(half) else ""
         return f"{r[f'verdict_{side}']} {v:+.3g}{pm}{unit if isinstance(unit, str) else ''}"
 
-    print(markdown_table([*tags, report_a, report_b, "relation"],
-                         [[*(r[c] for c in tags), said(r, "a"), said(r, "b"),
-                           names.get(r["relation"], r["relation"])]
-                          for r in shown.to_dict("records")]))
+    print(Table(f"{report_a} vs {report_b}: the cells either decides", (*tags, report_a,
+                                                                        report_b, "relation"),
+                tuple((*(str(r[c]) for c in tags), said(r, "a"), said(r, "b"),
+                       names.get(r["relation"], r["relation"]))
+                      for r in shown.to_dict("records")),
+                empty="no cell either decides").markdown())
     counts = df.relation.value_counts()
     print("; ".join(f"{counts.get(r.value, 0)} {names.get(r.value, r.value)}" for r in Relation)
           + f" (of {len(df)} cells both reports hold)")
