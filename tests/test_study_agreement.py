@@ -75,6 +75,8 @@ def test_cells_pair_on_their_tags_whatever_the_file_wrote(tmp_path):
         ["16", "x", "agree"]]
     assert got.effect_a.tolist() == [-1.0, 0.1, 0.0, 1.0]
     assert agreement(a, b.assign(task="mlm")).empty  # a cell only one report holds is left out
+    # throughput is the machine's: its verdicts are not compared
+    assert agreement(a.assign(metric="tokens_per_s"), b.assign(metric="tokens_per_s")).empty
 
 
 def test_agree_command_exits_1_on_a_contradiction(tmp_path, capsys):
@@ -88,7 +90,7 @@ def test_agree_command_exits_1_on_a_contradiction(tmp_path, capsys):
     out = capsys.readouterr().out
     a, same = tmp_path / "a", tmp_path / "same"
     assert out.splitlines()[-1] == (f"0 contradicts; 0 only {a} decides; 0 only {same} decides; "
-                                    f"3 agree; 1 neither decides (of 4 cells both reports hold)")
+                                    f"1 agree; 1 neither decides (of 2 cells both reports hold)")
     row = [ln for ln in out.splitlines() if "| val_loss | equal | tied_kv |" in ln]
     e = df[(df.arm == "equal") & (df.design == "tied_kv") & (df.metric == "val_loss")].iloc[0]
     assert len(row) == 1 and f"worse {e.effect:+.3g} ± {e.effect_half:.3g}%" in row[0]

@@ -19,7 +19,7 @@ import pandas as pd
 
 from qkvlab.studies.qkv.compute.effects import Status, effect
 from qkvlab.studies.qkv.compute.results import GROUP_BY, StudyData, row_chance
-from qkvlab.studies.qkv.plan.vocab import TASK_METRIC
+from qkvlab.studies.qkv.plan.vocab import TASK_METRIC, metric_of
 
 DECIDED = frozenset({Status.WORSE.value, Status.BETTER.value, Status.EQUIVALENT.value})
 KEYS = ("experiment", "task", "metric", *(k for k in GROUP_BY if k != "task"), "design")
@@ -86,6 +86,12 @@ def _key(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return out
 
 
+def learned(metric: str) -> bool:
+    """Whether a metric is a quality the model learns (``Metric.gated``), not a throughput."""
+    row = metric_of(metric)
+    return row is not None and row.gated
+
+
 def relation(a: str, b: str) -> Relation:
     da, db = a in DECIDED, b in DECIDED
     if da and db:
@@ -94,8 +100,9 @@ def relation(a: str, b: str) -> Relation:
 
 
 def agreement(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell both verdict frames hold (standard's rows against itself, "missing"
-    in both, left out): its tags, ``verdict_a``/``verdict_b``, ``effect_a``/``effect_b``
+    """One row per cell both verdict frames hold on a learned metric (standard's rows against
+    itself, "missing" in both, and throughput, measured on whatever machine ran it, left
+    out): its tags, ``verdict_a``/``verdict_b``, ``effect_a``/``effect_b``
     (with ``effect_half_*``, ``effect_unit_*``) and ``relation`` (a ``Relation`` value), in
     ``Relation``'s order."""
     keys = [k for k in KEYS if k in a or k in b]
@@ -103,6 +110,7 @@ def agreement(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     m = _key(a, keys)[keys + cols].merge(_key(b, keys)[keys + cols], on=keys,
                                          suffixes=("_a", "_b"))
     m = m[(m.verdict_a != Status.MISSING.value) | (m.verdict_b != Status.MISSING.value)]
+    m = m[m.metric.map(learned)]  # a throughput verdict is the machine's, not the design's
     if m.empty:
         return m.assign(relation=pd.Series(dtype=str))
     m["relation"] = [relation(x, y).value for x, y in zip(m.verdict_a, m.verdict_b)]
