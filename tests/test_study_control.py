@@ -164,7 +164,7 @@ def _listed(profile: str) -> list[str]:
 
 
 # experiments added since, every run of them new (Q1's scale in training)
-NEW = ("scale_tune", "scale_train")
+NEW = ("scale_tune", "scale_tune_edge", "scale_train")
 
 
 # sha256 of _listed(profile) and its length: first pinned before the control was added

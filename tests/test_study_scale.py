@@ -75,19 +75,39 @@ def test_each_placement_and_width_trains_at_its_own_tuned_rate(tmp_path):
         for w in p.scale_train_d_heads for m in GRID)
     with pytest.raises(rates.RatesPending, match=r"run `qkvlab sweep scale_tune --profile smoke"):
         registry.runs_of("scale_train", p, None)
-    # best multiplier: none prefers the top rate at the widest head, everything else the middle
-    widest = max(p.scale_train_d_heads)
+    with pytest.raises(rates.RatesPending, match=r"scale_tune has not chosen"):
+        registry.runs_of("scale_tune_edge", p, None)
+    # best multiplier (the loss's minimum, on a log axis): at the widest head none's is the
+    # grid's top (2: an edge, and the point beyond it, 4, is worse), none + T5's is past the top
+    # (8: the point beyond wins and is a new edge), the control's at the narrowest is past the
+    # bottom (1/8); everything else the middle
+    widest, narrowest = max(p.scale_train_d_heads), min(p.scale_train_d_heads)
+    best = {("none", widest): 2.0, ("none_t5", widest): 8.0, ("control", narrowest): 0.125}
 
     def loss(t) -> float:
-        best = 2.0 if t["design"] == "none" and t.get("d_head") == widest else 1.0
-        return 2.0 + abs(math.log(t["lr"] / rates.task_lr(t["task"], p) / best))
+        b = best.get((t["design"], t.get("d_head")), 1.0)
+        return 2.0 + abs(math.log(t["lr"] / rates.task_lr(t["task"], p) / b))
 
+    def train(store, name) -> None:
+        runs = registry.runs_of(name, p, store)
+        for rid, (_, t) in zip(store.add(name, p.name, runs), runs):
+            if store.claim(rid):
+                store.finish(rid, "done", 1, {"val_loss": loss(t)}, {"n_params": 1})
+
+    base = rates.task_lr("lm", p)
     with Store(tmp_path / "r.db") as store:
         for name in ("lr_tune", "scale_tune"):
-            runs = registry.runs_of(name, p)
-            for rid, (_, t) in zip(store.add(name, p.name, runs), runs):
-                if store.claim(rid):
-                    store.finish(rid, "done", 1, {"val_loss": loss(t)}, {"n_params": 1})
+            train(store, name)
+        with pytest.raises(rates.RatesPending, match=r"then scale_tune_edge"):
+            registry.runs_of("scale_train", p, store)  # the edge points come first
+        edge = registry.runs_of("scale_tune_edge", p, store)
+        # one point a grid step (×2 here) past each choice on an edge, val only
+        assert sorted((t["design"], t["d_head"], t["lr"], t["seed"]) for _, t in edge) == sorted([
+            ("none", widest, float(f"{4 * base:.3g}"), 100),
+            ("none_t5", widest, float(f"{4 * base:.3g}"), 100),
+            ("control", narrowest, float(f"{base / 4:.3g}"), 100)])
+        assert all(s.train.test_batches == 0 for s, _ in edge)
+        train(store, "scale_tune_edge")
         runs = registry.runs_of("scale_train", p, store)
         data = results.load(store, p)
         chosen = rates.chosen_lrs(p, store)
@@ -97,15 +117,18 @@ def test_each_placement_and_width_trains_at_its_own_tuned_rate(tmp_path):
     assert {k for k in chosen if len(k) == 3} == {
         (t, d, a) for t, labels in rates.TUNED.items() for d in ("standard", *labels)
         for a in p.tuned_arms(t, d)}
-    base = rates.task_lr("lm", p)
+    want = {("none", widest): 2.0, ("none_t5", widest): 4.0, ("control", narrowest): 0.25}
     for spec, t in runs:
-        want = 2.0 * base if (t["design"], t["d_head"]) == ("none", widest) else base
-        assert spec.train.lr == float(f"{want:.3g}"), t
+        mult = want.get((t["design"], t["d_head"]), 1.0)
+        assert spec.train.lr == float(f"{mult * base:.3g}"), t
     grid = placement_grid(data)
+    assert len(grid) == len(tune) + len(edge)
     chosen = grid[grid.chosen]
     assert len(chosen) == (len(SCALES) + 1) * len(p.scale_train_d_heads)
+    # flagged: a choice still at an end of the extended grid; none's 2 is inside it now
     assert set(chosen[chosen.edge].itertuples(index=False, name=None)) == {
-        ("none", widest, float(f"{2 * base:.3g}"), 2.0, 1, True, True)}
+        ("none_t5", widest, float(f"{4 * base:.3g}"), 2.0 + math.log(2), 1, True, True),
+        ("control", narrowest, float(f"{base / 4:.3g}"), 2.0 + math.log(2), 1, True, True)}
 
 
 def _lm(scale: str, init: InitConfig | None, seed: int = 3, d_head: int = 24):
@@ -170,18 +193,62 @@ def _shift(design: str, d_head: int) -> float:
     return 0.0
 
 
-@pytest.fixture
-def data(tmp_path):
+def _load(path, shift) -> results.StudyData:
     p = dataclasses.replace(profiles.PROFILES["smoke"], scale_train_seeds=SEEDS)
     runs = registry.runs_of("scale_train", p)
-    with Store(tmp_path / "r.db") as store:
+    with Store(path) as store:
         for rid, (_, t) in zip(store.add("scale_train", p.name, runs), runs):
             assert store.claim(rid)
             noise = 0.0 if t["design"] == "standard" else NOISE[t["seed"]]
             store.finish(rid, "done", 1,
                          scored({"val_loss": 1.5 + 0.01 * t["seed"]
-                                 + _shift(t["design"], t["d_head"]) + noise}), {"n_params": 1})
-        yield results.load(store, p)
+                                 + shift(t["design"], t["d_head"]) + noise}), {"n_params": 1})
+        return results.load(store, p)
+
+
+@pytest.fixture
+def data(tmp_path):
+    return _load(tmp_path / "r.db", _shift)
+
+
+def _wide_unused(design: str, d_head: int) -> float:
+    """Every design 0.4 nats worse at the widest head, outside and both 0.3; there the control
+    matches inside (attention not used) and is 0.1 worse than at the narrower heads, where it
+    is 0.3 worse than inside; none is worse at the middle width."""
+    if d_head == 16:
+        return 0.3 if design in ("outside", "both") else 0.4
+    if design == "control":
+        return 0.3
+    return 0.10 if design == "none" and d_head == 8 else 0.0
+
+
+def test_a_width_where_attention_is_unused_is_explained_from_the_control_not_read(tmp_path):
+    data = _load(tmp_path / "r.db", _wide_unused)
+    a = scale_answer(data)
+    assert a.unused_widths() == [16]
+    assert a.widest("none")[0] == 8 and a.status("none").value == "worse"  # not the 16's
+    base = {s: 1.5 + 0.01 * s for s in SEEDS}
+
+    def mean(design, d_head):
+        noise = 0.0 if design == "standard" else np.array(NOISE)
+        return float(np.mean(np.array(list(base.values())) + _wide_unused(design, d_head)
+                             + noise))
+    assert a.means == pytest.approx({(d, w): mean(d, w) for d in (*SCALES, "control")
+                                     for w in data.profile.scale_train_d_heads}, abs=1e-12)
+    assert a.d_model == data.profile.d_model
+    words = scale_words(a)
+    assert "So the constant is needed at d_head 8" in words
+    ctrl16, ctrl4 = mean("control", 16), mean("control", 4)
+    assert (f"At d_head 16 inside does not beat the attention-free control "
+            f"({mean('standard', 16):.3f} vs {ctrl16:.3f} nats)") in words
+    assert (f"is itself {ctrl16 - ctrl4:.3g} nats worse at d_head 16 than at 4, so what worsens "
+            f"with the width is the value path ({SCALE_HEADS} heads × 16 = {SCALE_HEADS * 16} "
+            f"wide, on a {data.profile.d_model}-wide residual stream)") in words
+    assert (f"(1/√d_k outside {mean('outside', 16):.3f}, 1/√d_k inside and outside "
+            f"{mean('both', 16):.3f})") in words
+    # where the control is no worse at the wide head, only the gate is stated
+    plain = scale_words(dataclasses.replace(a, means={**a.means, ("control", 16): ctrl4}))
+    assert "At d_head 16 inside does not beat" in plain and "value path" not in plain
 
 
 def test_verdict_rows_are_each_placement_vs_inside_per_width_in_q1s_family(data):

@@ -114,16 +114,17 @@ def test_rates_are_chosen_on_val_and_tuning_runs_never_score_test(tmp_path):
 def test_every_reported_run_is_scored_on_test(name):
     p = profiles.PROFILES[name]
     if p.lr_grid:  # comparisons at the task's rate, as if lr_tune had chosen it
+        scale = {("lm", tag, "equal", d): rates.lr_of("lm", 1.0, p)
+                 for tag in (*PLACEMENTS, CONTROL) for d in p.scale_train_d_heads}
         p = dataclasses.replace(p, lrs={(t, d, a): rates.lr_of(t, 1.0, p)
                                         for t, labels in rates.TUNED.items()
                                         for d in ("standard", *labels)
-                                        for a in ("equal", "matched")}
-                                    | {("lm", tag, "equal", d): rates.lr_of("lm", 1.0, p)
-                                       for tag in (*PLACEMENTS, CONTROL)
-                                       for d in p.scale_train_d_heads})
+                                        for a in ("equal", "matched")} | scale,
+                                scale_grid=scale)
     if p.scaling_lr_grid:  # scaling's runs at lm's rate, as if scaling_tune had chosen it
         p = dataclasses.replace(p, scaling_lr_grid=())
-    got = {(e, s.train.test_batches) for e in ORDER if e not in ("lr_tune", "scale_tune")
+    got = {(e, s.train.test_batches) for e in ORDER
+           if e not in ("lr_tune", "scale_tune", "scale_tune_edge")
            for s, _ in registry.runs_of(e, p)}
     assert got == {(e, p.eval_batches) for e, _ in got}
     assert p.test_batches == p.eval_batches > 0

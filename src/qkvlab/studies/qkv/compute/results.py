@@ -138,7 +138,7 @@ def comparisons(runs: pd.DataFrame, profile: QKVProfile | None = None) -> pd.Dat
         return pd.DataFrame()
     for exp, df in runs.groupby("experiment", sort=False):
         if exp not in ORDER or exp in ("scale_probe", "lr_tune", "scale_tune",
-                                       "symmetry_emergence") \
+                                       "scale_tune_edge", "symmetry_emergence") \
                 or exp in SCALING:  # compared per cell by compute.scaling
             continue
         df = scored_on_test(df)
@@ -225,7 +225,8 @@ def budget(store: Store, runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     sel = runs[(runs.status == "done") & (runs.arm == "equal")
                & runs.task.isin(["lm", "lm_char", "mlm", "translate"])
-               & ~runs.experiment.isin(["lr_tune", "lm_scaling", "scale_tune", "scale_train"])
+               & ~runs.experiment.isin(["lr_tune", "lm_scaling", "scale_tune", "scale_tune_edge",
+                                      "scale_train"])
                ].drop_duplicates("run_id")
     if sel.empty:
         return pd.DataFrame(columns=cols)

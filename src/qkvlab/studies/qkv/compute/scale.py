@@ -7,7 +7,7 @@ that carry Q1's Holm correction and the control's gate): nothing is re-tested he
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -16,7 +16,7 @@ from qkvlab.studies.qkv.compute.effects import Effect, Status, effect, finite
 from qkvlab.studies.qkv.compute.frames import diffs, probe_at
 from qkvlab.studies.qkv.compute.results import StudyData, row_chance
 from qkvlab.studies.qkv.plan.placements import PLACEMENTS
-from qkvlab.studies.qkv.plan.rates import choose_lrs
+from qkvlab.studies.qkv.plan.rates import placement_choices
 from qkvlab.studies.qkv.plan.vocab import TASK_METRIC
 
 PLACED = tuple(t for t in PLACEMENTS if t != "standard")  # compared against inside
@@ -57,18 +57,21 @@ def placement_effects(data: StudyData) -> pd.DataFrame:
 
 
 def placement_grid(data: StudyData) -> pd.DataFrame:
-    """``scale_tune``'s grid: placement, d_head, lr, mean val loss over the tuning seeds
-    (infinite if one diverged), seeds, whether scale_train uses that rate, and ``edge``: chosen
-    at an end of the grid, so the best rate may lie beyond it."""
+    """``scale_tune``'s grid with ``scale_tune_edge``'s points past its edges: placement,
+    d_head, lr, mean val loss over the tuning seeds (infinite if one diverged), seeds, whether
+    scale_train uses that rate, and ``edge``: chosen at an end of the (extended) grid, so the
+    best rate may lie beyond it."""
     cols = ["design", "d_head", "lr", "val_loss", "seeds", "chosen", "edge"]
     runs = data.runs
-    g = runs[runs.experiment == "scale_tune"] if not runs.empty else runs
+    g = runs[runs.experiment.isin(["scale_tune", "scale_tune_edge"])] if not runs.empty \
+        else runs
+    g = g.drop_duplicates("run_id") if "run_id" in g else g
     if g.empty:
         return pd.DataFrame(columns=cols)
     loss = g.val_loss if "val_loss" in g else pd.Series(float("nan"), index=g.index)
     loss = loss.where(loss.notna(), None)
-    chosen = choose_lrs(data.profile, zip(g.task, g.design, g.arm, g.lr, g.status, loss,
-                                          g.d_head))
+    _, chosen = placement_choices(data.profile, zip(g.task, g.design, g.arm, g.lr, g.status,
+                                                    loss, g.d_head))
     out = []
     for (design, d_head, lr), sub in g.assign(val_loss=loss).groupby(["design", "d_head", "lr"]):
         ok = (sub.status == "done") & sub.val_loss.notna()
@@ -102,9 +105,11 @@ def trained_rates(data: StudyData) -> pd.DataFrame:
 class ScaleAnswer:
     """What the trained placements say: ``effects[placement]`` = ((d_head, corrected Effect),
     ...) by width; ``tuned``: each (placement, d_head) at its own rate (else all at lm's);
-    ``edges``: (placement, d_head) whose rate sits at the grid's edge; the probe's mechanism at
-    its widest d_k (``probe_dk``): the share of saturated rows at init with 1/√d_k inside and
-    without it (means over probe seeds; None without probe runs)."""
+    ``edges``: (placement, d_head) whose rate sits at the grid's edge; ``means``: (design,
+    d_head) -> mean test loss over seeds (inside as ``standard``, the control too) and
+    ``d_model`` the residual stream's width; the probe's
+    mechanism at its widest d_k (``probe_dk``): the share of saturated rows at init with 1/√d_k
+    inside and without it (means over probe seeds; None without probe runs)."""
 
     effects: dict[str, tuple[tuple[int, Effect], ...]]
     tuned: bool
@@ -112,15 +117,26 @@ class ScaleAnswer:
     probe_dk: int | None = None
     saturated_inside: float | None = None
     saturated_none: float | None = None
+    means: dict[tuple[str, int], float] = field(default_factory=dict)
+    d_model: int = 0
 
     def widest(self, placement: str) -> tuple[int, Effect] | None:
-        """A placement's effect at its widest d_head (None if not run)."""
+        """A placement's effect at its widest d_head where standard uses attention (beats the
+        control: a wider one has no verdict to read), else at its widest (None if not run)."""
         found = self.effects.get(placement, ())
-        return found[-1] if found else None
+        used = [f for f in found if f[1].status is not Status.ATTENTION_UNUSED]
+        return (used or found or [None])[-1]
 
     def status(self, placement: str) -> Status | None:
         w = self.widest(placement)
         return None if w is None else w[1].status
+
+    def unused_widths(self) -> list[int]:
+        """The d_heads where standard does not beat the control: no placement is judged."""
+        ds = {d for found in self.effects.values() for d, _ in found}
+        return sorted(d for d in ds if all(e.status is Status.ATTENTION_UNUSED
+                                           for found in self.effects.values()
+                                           for w, e in found if w == d))
 
 
 def scale_answer(data: StudyData) -> ScaleAnswer:
@@ -138,5 +154,8 @@ def scale_answer(data: StudyData) -> ScaleAnswer:
     def share(scale: str) -> float | None:
         m = mean_ci(sat.get((scale, dk), []))["mean"] if dk is not None else None
         return m if finite(m) else None
+    rows = data.compared("scale_train", metric=reported())
+    means = {} if rows.empty else {(r.design, int(r.d_head)): float(r.mean)
+                                   for r in rows.itertuples() if finite(r.mean)}
     return ScaleAnswer(effects, bool(data.profile.lr_grid), edges, dk, share("inside"),
-                       share("none"))
+                       share("none"), means, data.profile.d_model)

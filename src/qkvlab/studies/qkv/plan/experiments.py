@@ -19,16 +19,20 @@ from qkvlab.experiments.registry import (
 )
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
 from qkvlab.studies.qkv.plan.rates import tuning_runs
-from qkvlab.studies.qkv.plan.scale import scale_train, scale_tune  # noqa: F401 (registers)
+from qkvlab.studies.qkv.plan.scale import (  # noqa: F401 (registers)
+    scale_train,
+    scale_tune,
+    scale_tune_edge,
+)
 from qkvlab.studies.qkv.plan.scaling import EXPERIMENTS as SCALING  # registers them
 from qkvlab.studies.qkv.plan.vocab import CONTROL, DESIGNS, SCALED, TIED_QK
 from qkvlab.train import InitConfig, ProbeConfig
 
 # The experiments behind the three questions, in the order the study runs them (cheapest
 # first, so a smoke study fails fast on a broken set-up).
-ORDER = ("scale_probe", "lr_tune", "scale_tune", "alt_vs_standard", "alt_init", "scale_train",
-         "lm_tied_kv", "lm_gqa", "tied_qk_qkv", "directed_relation", "symmetry_emergence",
-         "bind_vs_dhead", "kv_translate", "lm_scaling", *SCALING)
+ORDER = ("scale_probe", "lr_tune", "scale_tune", "scale_tune_edge", "alt_vs_standard",
+         "alt_init", "scale_train", "lm_tied_kv", "lm_gqa", "tied_qk_qkv", "directed_relation",
+         "symmetry_emergence", "bind_vs_dhead", "kv_translate", "lm_scaling", *SCALING)
 
 
 def arms(task: str, p: QKVProfile, labels: tuple[str, ...], **kw) -> list[Run]:

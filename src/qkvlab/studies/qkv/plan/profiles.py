@@ -19,7 +19,13 @@ from typing import Any
 
 from qkvlab.experiments.registry import Profile, register_profile
 from qkvlab.hf.cost import CostConfig
-from qkvlab.studies.qkv.plan.rates import EQUAL_ONLY, TUNED, RatesPending, chosen_lrs
+from qkvlab.studies.qkv.plan.rates import (
+    EQUAL_ONLY,
+    TUNED,
+    RatesPending,
+    chosen_lrs,
+    placement_grid_lrs,
+)
 from qkvlab.studies.qkv.plan.vocab import LM_VOCAB
 from qkvlab.studies.qkv.plan.scaling import tuned_status
 
@@ -69,8 +75,10 @@ class QKVProfile(Profile):
     # seeds than real text
     task_seeds: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     task_arms: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
-    # (task, design, arm) -> rate; see prepared
-    lrs: Mapping[tuple[str, str, str], float] | None = None
+    # (task, design, arm) -> rate, and (task, placement, arm, d_head) -> rate; see prepared
+    lrs: Mapping[tuple, float] | None = None
+    # scale_tune's choices on the grid alone, the plan of scale_tune_edge (prepared)
+    scale_grid: Mapping[tuple, float] | None = None
     # What each tie costs a trained decoder (``qkvlab.hf.cost``): the zoo's decoder LMs
     # measured, the ties also measured one layer at a time, and the sizes (None: not measured)
     tie_cost: CostConfig | None = None
@@ -96,7 +104,8 @@ class QKVProfile(Profile):
             p = dataclasses.replace(p, scaling_tuned=tuned_status(store, self.name))
         if not self.lr_grid or self.lrs is not None:
             return p
-        return dataclasses.replace(p, lrs=chosen_lrs(self, store))
+        return dataclasses.replace(p, lrs=chosen_lrs(self, store),
+                                   scale_grid=placement_grid_lrs(self, store))
 
     def tuned_arms(self, task: str, label: str) -> tuple[str, ...]:
         """The arms whose rate ``lr_tune`` tunes for a design: those its comparisons run."""

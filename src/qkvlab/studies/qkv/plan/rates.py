@@ -9,11 +9,15 @@ The rates are chosen on the ``val`` split; the tuning runs are not scored on ``t
 and the comparisons report their ``test`` numbers (``vocab.reported``).
 Experiment ``scale_tune`` does the same for each placement of 1/√d_k at each head width
 (``placement_tuning_runs``), keyed (task, placement, arm, d_head): a placement's best rate may
-move with d_head, which is the axis of that comparison.
+move with d_head, which is the axis of that comparison. Where that choice sits on the grid's
+edge, experiment ``scale_tune_edge`` trains one more rate a grid step beyond it
+(``placement_edge_runs``) and the choice is made again over the grid and that point
+(``placement_choices``); a choice still on the new edge is flagged in the report.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING
 
@@ -29,7 +33,7 @@ from qkvlab.experiments.registry import (
 )
 from qkvlab.experiments.store import canonical
 from qkvlab.studies.qkv.plan.placements import PLACEMENTS, control_run, placement_run
-from qkvlab.studies.qkv.plan.vocab import DESIGNS
+from qkvlab.studies.qkv.plan.vocab import CONTROL, DESIGNS
 
 if TYPE_CHECKING:  # profiles imports this module
     from qkvlab.studies.qkv.plan.profiles import QKVProfile
@@ -101,12 +105,57 @@ def placement_tuning_runs(p: QKVProfile) -> list[Run]:
                         control_run(p, d_head, seed, {"lr": lr}, lr=lr, train=none))]
 
 
-def choose_lrs(p: QKVProfile, rows) -> dict[tuple, float]:
+def placement_edge(p: Profile, lr: float) -> float | None:
+    """The rate one grid step past ``lr`` (lm's grid) if ``lr`` is an end of the grid, else
+    None: below the smallest, the smallest × its ratio to the next; above the largest, likewise."""
+    mults = sorted(p.lr_grid)
+    if len(mults) < 2:
+        return None
+    if lr == lr_of("lm", mults[0], p):
+        return lr_of("lm", mults[0] * mults[0] / mults[1], p)
+    if lr == lr_of("lm", mults[-1], p):
+        return lr_of("lm", mults[-1] * mults[-1] / mults[-2], p)
+    return None
+
+
+def placement_edge_runs(p: QKVProfile) -> list[Run]:
+    """``scale_tune_edge``'s runs: for each (placement or control, d_head) whose ``scale_tune``
+    choice (``p.scale_grid``) sits on the grid's edge, the rate one grid step beyond it, on the
+    tuning seeds, scored on val only like the grid's.
+
+    Raises:
+        RatesPending: ``scale_tune`` has not chosen every (placement, d_head) yet.
+    """
+    if not p.lr_grid:
+        return []
+    grid = p.scale_grid or {}
+    keys = [(tag, d) for d in p.scale_train_d_heads for tag in (*PLACEMENTS, CONTROL)]
+    missing = [f"{tag} at d_head {d}" for tag, d in keys if ("lm", tag, "equal", d) not in grid]
+    if missing:
+        raise RatesPending(
+            f"profile {p.name}: scale_tune_edge extends scale_tune's grid where its choice sits "
+            f"on an edge, and scale_tune has not chosen {', '.join(missing)}; run `qkvlab "
+            f"sweep scale_tune --profile {p.name}` first (qkvlab study does)")
+    none = {"test_batches": 0}
+    runs = []
+    for tag, d_head in keys:
+        lr = placement_edge(p, grid[("lm", tag, "equal", d_head)])
+        if lr is None:
+            continue
+        for seed in p.lr_seeds:
+            runs.append(control_run(p, d_head, seed, {"lr": lr}, lr=lr, train=none)
+                        if tag == CONTROL else
+                        placement_run(p, tag, d_head, seed, {"lr": lr}, lr=lr, train=none))
+    return runs
+
+
+def choose_lrs(p: QKVProfile, rows, grids: dict[tuple, set[float]] | None = None
+               ) -> dict[tuple, float]:
     """The rate with the lowest mean val loss over ``lr_seeds`` per (task, design, arm), from
     rows ``(task, design, arm, lr, status, val_loss)``, or per (task, design, arm, d_head)
     from rows with a 7th item ``d_head`` (None: no width key); only designs whose whole grid
-    has finished. A diverged run (or one without a loss) counts as infinite loss; ties go to
-    the smaller rate."""
+    (the task's, or ``grids[key]``) has finished, and no other rate listed. A diverged run (or
+    one without a loss) counts as infinite loss; ties go to the smaller rate."""
     scores: dict[tuple, dict[float, list[float]]] = {}
     for task, design, arm, lr, status, loss, *width in rows:
         if status not in ("done", "diverged"):
@@ -116,7 +165,7 @@ def choose_lrs(p: QKVProfile, rows) -> dict[tuple, float]:
         scores.setdefault(key, {}).setdefault(float(lr), []).append(loss if ok else math.inf)
     out = {}
     for key, by_lr in scores.items():
-        grid = {lr_of(key[0], m, p) for m in p.lr_grid}
+        grid = (grids or {}).get(key) or {lr_of(key[0], m, p) for m in p.lr_grid}
         if set(by_lr) == grid and all(len(v) == len(p.lr_seeds) for v in by_lr.values()):
             means = {lr: sum(v) / len(v) for lr, v in by_lr.items()}
             best = min(sorted(means), key=lambda lr: means[lr])
@@ -125,16 +174,45 @@ def choose_lrs(p: QKVProfile, rows) -> dict[tuple, float]:
     return out
 
 
+def placement_choices(p: QKVProfile, rows) -> tuple[dict[tuple, float], dict[tuple, float]]:
+    """``scale_tune``'s choices on lm's grid, and the final ones, from rows of ``choose_lrs``
+    with ``d_head`` (the grid's runs and ``scale_tune_edge``'s), keyed (task, placement, arm,
+    d_head). Final: the grid's choice, or where it sits on an edge the choice over the grid and
+    the point beyond it once that has finished (absent until then)."""
+    rows = list(rows)
+    grid = {lr_of("lm", m, p) for m in p.lr_grid}
+    base = choose_lrs(p, [r for r in rows if float(r[3]) in grid])
+    grids = {k: grid | {nxt} for k, lr in base.items()
+             if (nxt := placement_edge(p, lr)) is not None}
+    ext = choose_lrs(p, rows, grids) if grids else {}
+    final = {k: ext.get(k) if k in grids else lr for k, lr in base.items()}
+    return base, {k: lr for k, lr in final.items() if lr is not None}
+
+
+def _rows(store, name: str, p: QKVProfile, runs: list[Run], width: bool):
+    listed = member_keys(runs)
+    return [(r["tags"]["task"], r["tags"]["design"], r["tags"]["arm"], r["tags"]["lr"],
+             r["status"], r["final"].get("val_loss"), r["tags"].get("d_head") if width else None)
+            for r in store.runs(name, p.name) if (r["id"], canonical(r["tags"])) in listed]
+
+
+def placement_grid_lrs(p: QKVProfile, store) -> dict[tuple, float]:
+    """``scale_tune``'s choices on lm's grid alone, from its finished runs in ``store``: the
+    plan of ``scale_tune_edge`` (``placement_edge_runs`` reads them as ``p.scale_grid``)."""
+    return placement_choices(p, _rows(store, "scale_tune", p, placement_tuning_runs(p), True))[0]
+
+
 def chosen_lrs(p: QKVProfile, store) -> dict[tuple, float]:
     """``{(task, design, arm): rate}`` chosen from ``lr_tune``'s finished runs in ``store``,
-    and ``{(task, placement, arm, d_head): rate}`` from ``scale_tune``'s (only the runs the
-    profile's grid lists now: a store keeps those of earlier grids)."""
-    out = {}
-    for name, runs in (("lr_tune", tuning_runs(p)), ("scale_tune", placement_tuning_runs(p))):
-        listed = member_keys(runs)
-        out.update(choose_lrs(p, ((r["tags"]["task"], r["tags"]["design"], r["tags"]["arm"],
-                                   r["tags"]["lr"], r["status"], r["final"].get("val_loss"),
-                                   r["tags"].get("d_head") if name == "scale_tune" else None)
-                                  for r in store.runs(name, p.name)
-                                  if (r["id"], canonical(r["tags"])) in listed)))
-    return out
+    and ``{(task, placement, arm, d_head): rate}``: the final choices of ``scale_tune`` and
+    ``scale_tune_edge`` (``placement_choices``). Only the runs the profile lists now count: a
+    store keeps those of earlier grids."""
+    out = choose_lrs(p, _rows(store, "lr_tune", p, tuning_runs(p), False))
+    rows = _rows(store, "scale_tune", p, placement_tuning_runs(p), True)
+    base, _ = placement_choices(p, rows)
+    edge = []
+    if all(("lm", tag, "equal", d) in base for d in p.scale_train_d_heads
+           for tag in (*PLACEMENTS, CONTROL)):
+        edge = placement_edge_runs(dataclasses.replace(p, scale_grid=base))
+    _, final = placement_choices(p, rows + _rows(store, "scale_tune_edge", p, edge, True))
+    return {**out, **final}

@@ -6,7 +6,8 @@ the baseline tagged ``standard``; outside; both; none; none with T5's init) at e
 of ``scale_train_d_heads``, from the usual initialization, on ``scale_train_seeds``, and the
 attention-free control at each width (the gate of ``compute.effects``). At a profile with a
 learning-rate grid each (placement, d_head), the control's too, trains at its own rate, chosen
-by ``scale_tune`` (``rates.placement_tuning_runs``) on the tuning seeds' val loss. Without a grid
+by ``scale_tune`` (``rates.placement_tuning_runs``) on the tuning seeds' val loss, the grid
+extended once by ``scale_tune_edge`` where that choice sits on its edge. Without a grid
 every run trains at lm's rate. The verdicts (each placement vs inside at each d_head, on lm's
 own metric) are Q1's headline cells (``families``).
 """
@@ -17,7 +18,11 @@ from typing import TYPE_CHECKING
 
 from qkvlab.experiments.registry import Run, experiment
 from qkvlab.studies.qkv.plan.placements import PLACEMENTS, control_run, placement_run
-from qkvlab.studies.qkv.plan.rates import RatesPending, placement_tuning_runs
+from qkvlab.studies.qkv.plan.rates import (
+    RatesPending,
+    placement_edge_runs,
+    placement_tuning_runs,
+)
 from qkvlab.studies.qkv.plan.vocab import CONTROL
 
 if TYPE_CHECKING:
@@ -37,9 +42,9 @@ def placement_lr(p: QKVProfile, tag: str, d_head: int) -> float | None:
     if key not in (p.lrs or {}):
         raise RatesPending(
             f"profile {p.name}: scale_train trains each placement of 1/sqrt(d_k) at the rate "
-            f"experiment scale_tune chose at its d_head, and it has not finished for {tag} at "
-            f"d_head {d_head}; run `qkvlab sweep scale_tune --profile {p.name}` first (qkvlab "
-            f"study does)")
+            f"experiments scale_tune and scale_tune_edge chose at its d_head, and they have not "
+            f"finished for {tag} at d_head {d_head}; run `qkvlab sweep scale_tune "
+            f"--profile {p.name}`, then scale_tune_edge, first (qkvlab study does)")
     return p.lrs[key]
 
 
@@ -47,6 +52,12 @@ def placement_lr(p: QKVProfile, tag: str, d_head: int) -> float | None:
                           "d_head")
 def scale_tune(p: QKVProfile) -> list[Run]:
     return placement_tuning_runs(p)
+
+
+@experiment("scale_tune_edge", "Q1: the placements' rate grid extended one step where the "
+                               "choice sits on its edge")
+def scale_tune_edge(p: QKVProfile) -> list[Run]:
+    return placement_edge_runs(p)
 
 
 @experiment("scale_train", "Q1: does 1/sqrt(d_k) need to sit inside the softmax? lm loss per "

@@ -20,7 +20,7 @@ from qkvlab.studies.qkv.compute.scale import (
     reported,
     trained_rates,
 )
-from qkvlab.studies.qkv.plan.placements import PLACEMENTS
+from qkvlab.studies.qkv.plan.placements import PLACEMENTS, SCALE_HEADS
 from qkvlab.studies.qkv.plan.vocab import CONTROL, METRICS, color, label
 from qkvlab.studies.qkv.render.answers import amount
 from qkvlab.studies.qkv.render.figures_q import save
@@ -150,6 +150,34 @@ def conclusion(a: ScaleAnswer) -> str:
     return f"Whether it must sit inside is open at d_head {dk} at this scale."
 
 
+def unused_words(a: ScaleAnswer) -> str:
+    """Why no placement is judged at a width where standard does not beat the control, from the
+    mean losses: the control, which has no scores to scale, against its own narrowest width."""
+    m, out = a.means, ""
+    narrow = min((d for _, d in m), default=None)
+    for d in a.unused_widths():
+        inside, ctrl = m.get(("standard", d)), m.get(("control", d))
+        if inside is None or ctrl is None:
+            continue
+        out += (f" At d_head {d} inside does not beat the attention-free control "
+                f"({num(inside, 4)} vs {num(ctrl, 4)} nats), so no placement is judged there.")
+        c0 = m.get(("control", narrow))
+        divided = [(t, m[(t, d)]) for t in ("outside", "both") if (t, d) in m]
+        if c0 is None or d == narrow or ctrl <= c0 or not divided \
+                or not all(v < inside for _, v in divided):
+            continue
+        out += (f" The control, which has no scores at all, is itself {num(ctrl - c0, 3)} nats "
+                f"worse at d_head {d} than at {narrow}, so what worsens with the width is the "
+                f"value path ({SCALE_HEADS} heads × {d} = {SCALE_HEADS * d} wide, on a "
+                f"{a.d_model}-wide residual stream), not the scores; and only the placements "
+                f"that divide the head's output by √d_k keep more of their loss ("
+                + ", ".join(f"{label(t)} {num(v, 4)}" for t, v in divided)
+                + "). A likely reason, not tested here: at one learning rate Adam's step on the "
+                "value path moves the output in proportion to its width (the argument behind "
+                "μP, Yang et al. 2022), and the divisor on the output offsets it.")
+    return out
+
+
 def scale_words(a: ScaleAnswer) -> str:
     """The trained answer on where 1/√d_k sits, then the probe beside it as the mechanism."""
     if not a.effects:
@@ -165,8 +193,10 @@ def scale_words(a: ScaleAnswer) -> str:
         s += (" Every width here trains at one rate: a placement whose best rate moves with "
               "d_head may read otherwise at its own rate, which the standard profile tunes per "
               "width.")
+    s += unused_words(a)
     if a.edges:
-        s += (" Rates chosen at the grid's edge (the best may lie beyond): "
+        s += (" Rates chosen at the grid's edge even after one more point past it (the best "
+              "may lie beyond): "
               + ", ".join(f"{label(t)} at d_head {d}" for t, d in a.edges) + ".")
     if a.probe_dk is not None and a.saturated_inside is not None \
             and a.saturated_none is not None:
