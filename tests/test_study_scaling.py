@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -12,6 +14,7 @@ from qkvlab.experiments import registry
 from qkvlab.experiments.store import Store
 from qkvlab.studies.qkv.plan import profiles
 from qkvlab.studies.qkv.compute import results
+from qkvlab.studies.qkv.plan import scaling as scaling_plan
 from qkvlab.studies.qkv.plan import vocab
 from qkvlab.studies.qkv.render import figures, figures_q, tables
 
@@ -30,8 +33,20 @@ def test_scaling_runs_keep_depth_and_d_head_and_tag_the_width():
         assert tags["arm"] == "equal"
         assert tags["design"] in ("standard", *vocab.SCALED, vocab.CONTROL)
         if tags["design"] == "gqa_half":
-            assert m["n_kv_heads"] == max(1, m["n_heads"] // 2)
+            assert m["n_kv_heads"] == vocab.half_kv(m["n_heads"])
     assert len(runs) == len(p.scale_widths) * (2 + len(vocab.SCALED)) * len(p.seeds)  # + control
+
+
+def test_gqa_half_shares_half_the_kv_heads_or_the_largest_divisor_below_half():
+    assert {n: vocab.half_kv(n) for n in range(1, 13)} == {
+        1: 1, 2: 1, 3: 1, 4: 2, 5: 1, 6: 3, 7: 1, 8: 4, 9: 3, 10: 5, 11: 1, 12: 6}
+    # every head count the scaling profiles size gets a kv count that divides it
+    for name in ("scaling", "full"):
+        p = profiles.PROFILES[name]
+        for c in scaling_plan.cells(p):
+            kv = vocab.DESIGNS["gqa_half"].model_options(
+                dataclasses.replace(p, n_heads=c.n_heads))["n_kv_heads"]
+            assert c.n_heads % kv == 0 and kv <= max(1, c.n_heads // 2), c
 
 
 def test_scaling_figure_reads_perplexity_per_width(tmp_path):

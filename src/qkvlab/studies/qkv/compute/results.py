@@ -302,6 +302,8 @@ def load(store: Store, profile: str | QKVProfile, meta: dict[str, Any] | None = 
     """Everything the report shows, from the store (``profile``: a name or the profile)."""
     p = get_profile(profile)
     runs = pd.concat([runs_frame(store, e, p.name) for e in ORDER], ignore_index=True)
+    if not runs.empty and "arm" not in runs:  # only runs without arms (the scaling profile's)
+        runs = runs.assign(arm=None)
     cmp = correct(comparisons(runs, p))
     return StudyData(profile=p, runs=runs, comparisons=cmp,
                      probe=probe(store, runs), measures=measures(store, runs, p.name),

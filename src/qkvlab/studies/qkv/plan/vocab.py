@@ -29,8 +29,15 @@ class Design:
     def model_options(self, p: Profile) -> dict[str, Any]:
         """Model options at a profile: GQA's kv heads follow the profile's head count."""
         if self.name == "gqa_half":
-            return {"n_kv_heads": max(1, p.n_heads // 2)}
+            return {"n_kv_heads": half_kv(p.n_heads)}
         return dict(self.options)
+
+
+def half_kv(n_heads: int) -> int:
+    """GQA-half's kv heads: n_heads / 2, or where that is no whole divisor of n_heads (an odd
+    count) the largest divisor below it, so 3 and 5 heads share one kv head (MQA, the same run
+    as ``mqa``'s: its spec and so its id are the same) and 9 share 3."""
+    return max([k for k in range(1, n_heads // 2 + 1) if n_heads % k == 0], default=1)
 
 
 # Okabe-Ito colors (readable by colour-blind readers), one per design.
