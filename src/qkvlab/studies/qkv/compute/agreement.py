@@ -43,9 +43,9 @@ def with_verdicts(data: StudyData) -> pd.DataFrame:
     or chrF row has no "not learned"), the verdict before Holm and the control's gate, and the
     effect (value, half 95% CI, unit) people quote."""
     df = data.comparisons
-    if df.empty:
-        return df
     cols: dict[str, list] = {c: [] for c in VERDICT_COLUMNS}
+    if df.empty:  # a profile without comparison rows (scaling's): the columns, no rows
+        return df.iloc[0:0].assign(**cols)
     for r in df.to_dict("records"):
         own = r.get("metric") == TASK_METRIC.get(r.get("task"), "val_loss")
         e = effect(r, chance=row_chance(r, data.profile) if own else None)

@@ -209,11 +209,15 @@ def answer_blocks(data: StudyData, lead: dict[str, str] | None = None) -> list[B
     ``lead``: a question's opening words (Q1: where 1/√d_k sits, from ``render.scale``), which
     word its per-width findings."""
     out: list[Block] = [Section("answers", "The answers")]
+    at_scale = answer_sentence(data)
+    if data.comparisons.empty and at_scale:  # a profile of the scaling experiments alone
+        return [*out, Para(f"Profile {data.profile.name} trains only the gap of each tie "
+                           f"against training budget and model size (the quick and standard "
+                           f"profiles answer Q1–Q3 at one size). {at_scale}")]
     for q, a in answers(data).items():
         first = (lead or {}).get(q)
         text = f"{first} {answer_text(without_widths(a), True)}" if first else answer_text(a)
         out.append(Para(f"{QUESTIONS[q][0]}. {text}"))
-    at_scale = answer_sentence(data)
     if at_scale:
         out.append(Para(at_scale))
     return out

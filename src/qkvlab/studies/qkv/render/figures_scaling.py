@@ -221,10 +221,11 @@ def answer_sentence(data: StudyData) -> str | None:
         miss = [r for r in cmp.itertuples() if r.inside is False]
         inside = sum(r.inside is True for r in cmp.itertuples())
         sizes = " and ".join(f"{n / 1e6:,.0f}M" for n in sorted(set(cmp.target)))
+        where = [f"{label(r.design)} at {r.target / 1e6:,.0f}M" for r in miss]
         if inside or miss:
             parts.append(f"extrapolated to {sizes} parameters, {inside} of {len(cmp)} "
                          f"published gaps lie inside our prediction's 95% interval" +
-                         (f" ({', '.join(label(r.design) for r in miss)} outside)"
+                         (f" ({', '.join(where)} outside)"
                           if miss else ""))
         else:
             parts.append(f"extrapolated to {sizes} parameters, a prediction without an "

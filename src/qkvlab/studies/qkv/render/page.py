@@ -176,7 +176,8 @@ def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Ve
     cores = m.get("environment", {}).get("hardware", {}).get("cpu_count")
     blocks: list[Block] = [
         Title("qkvlab study: why attention is softmax(QKᵀ/√d_k)·V with three projections"),
-        Para(f"Profile {p.name}, seeds {', '.join(map(str, p.seeds))}, total time "
+        Para(f"Profile {p.name}, seeds {', '.join(map(str, p.seeds)) or 'per experiment'}, "
+             f"total time "
              f"{m.get('total_s', float('nan')):.0f} s on {cores} CPU cores for this invocation "
              f"(runs reused from the store are not re-run). Every number below is read from the "
              f"results store {m.get('db')}; published numbers appear only as labelled reference "
