@@ -126,7 +126,7 @@ def fig_size(data: StudyData, out: Path) -> Figure | None:
         ax.axhline(0, color=color("standard"), lw=1)
         ax.set_xscale("log")
         ax.set_title(label(d), fontsize=9)
-        ax.set_xlabel("parameters (standard, non-embedding)")
+        ax.set_xlabel("non-embedding parameters")
     axes[0][0].set_ylabel("perplexity vs standard (%)")
     axes[0][-1].legend(fontsize=7, frameon=False)
     return save(fig, sz, out, "scaling_size", "The gap against size at matched data",
@@ -222,19 +222,26 @@ def answer_sentence(data: StudyData) -> str | None:
         inside = sum(r.inside is True for r in cmp.itertuples())
         sizes = " and ".join(f"{n / 1e6:,.0f}M" for n in sorted(set(cmp.target)))
         where = [f"{label(r.design)} at {r.target / 1e6:,.0f}M" for r in miss]
+        # an interval that holds zero cannot say even the sign of the gap at that size
+        with_zero = [r for r in cmp.itertuples() if r.lo <= 0 <= r.hi]
+        widest = max(cmp.itertuples(), key=lambda r: r.hi - r.lo)
         if inside or miss:
             parts.append(f"extrapolated to {sizes} parameters, {inside} of {len(cmp)} "
                          f"published gaps lie inside our prediction's 95% interval" +
                          (f" ({', '.join(where)} outside)"
-                          if miss else ""))
+                          if miss else "") +
+                         f", but {len(with_zero)} of those {len(cmp)} intervals also hold zero "
+                         f"(the widest, {label(widest.design)} at "
+                         f"{widest.target / 1e6:,.0f}M, {widest.lo:+.0f} to {widest.hi:+.0f}%), "
+                         f"so a published value inside one is no test of it")
         else:
             parts.append(f"extrapolated to {sizes} parameters, a prediction without an "
                          f"interval (too few sizes), so not set against the published gaps")
     if not parts:
         return None
     return ("At scale: each tie's per-token gap to standard " + "; ".join(parts) +
-            "; the extrapolation spans three orders of magnitude and carries little weight "
-            "beyond its direction (figures in Q3).")
+            "; the extrapolation spans three orders of magnitude from models trained "
+            "here on at most ~3,000 steps, and carries little weight (figures in Q3).")
 
 
 def q_blocks(data: StudyData, figs: list[Figure]) -> list[Block]:
