@@ -210,9 +210,9 @@ def chosen_lrs(p: QKVProfile, store) -> dict[tuple, float]:
     out = choose_lrs(p, _rows(store, "lr_tune", p, tuning_runs(p), False))
     rows = _rows(store, "scale_tune", p, placement_tuning_runs(p), True)
     base, _ = placement_choices(p, rows)
-    edge = []
-    if all(("lm", tag, "equal", d) in base for d in p.scale_train_d_heads
-           for tag in (*PLACEMENTS, CONTROL)):
+    try:
         edge = placement_edge_runs(dataclasses.replace(p, scale_grid=base))
+    except RatesPending:  # the grid has not finished: nothing past its edges yet
+        edge = []
     _, final = placement_choices(p, rows + _rows(store, "scale_tune_edge", p, edge, True))
     return {**out, **final}
