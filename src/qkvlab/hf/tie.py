@@ -54,6 +54,11 @@ import torch
 from torch import nn
 
 KINDS = ("kv", "qk", "qkv", "gqa")
+# How a tie's shared projection starts (``tie(..., start=)``): ``fitted`` is the least-squares fit
+# above; ``avg`` (W_K + W_V)/2, ``keep_k`` W_K, ``keep_v`` W_V are Kayyam et al.'s naive K=V
+# starts (nothing folded into W_O); ``mean_pool`` is Ainslie et al.'s GQA conversion.
+STARTS = {"kv": ("fitted", "avg", "keep_k", "keep_v"), "qk": ("fitted",), "qkv": ("fitted",),
+          "gqa": ("mean_pool",)}
 FAMILIES = {"llama": KINDS, "mistral": KINDS, "qwen2": KINDS, "gemma3_text": ("kv", "gqa")}
 
 
@@ -185,6 +190,17 @@ def fit_kv(attn: nn.Module, C: torch.Tensor) -> torch.Tensor:
     return torch.linalg.lstsq(A, B, driver="gelsd").solution
 
 
+def naive_kv(attn: nn.Module, start: str) -> None:
+    """K=V without a fit: the shared projection is (W_K + W_V)/2 (``avg``), W_K (``keep_k``) or
+    W_V (``keep_v``), biases alike; W_O is left as it is (Kayyam et al.'s conversions)."""
+    k, v = attn.k_proj, attn.v_proj
+    rows = {"avg": (_rows(k) + _rows(v)) / 2, "keep_k": _rows(k), "keep_v": _rows(v)}[start]
+    _write(k, rows)
+    attn.v_proj.weight = attn.k_proj.weight
+    if attn.v_proj.bias is not None:
+        attn.v_proj.bias = attn.k_proj.bias
+
+
 def fold_kv(attn: nn.Module, M: torch.Tensor) -> None:
     """W_O,h ← W_O,h M_gᵀ for each q head h of kv head g; then v_proj shares k_proj's Parameters."""
     n_heads, n_kv, d_head = _shape(attn)
@@ -306,8 +322,11 @@ def merge_kv_heads(attn: nn.Module, kv_heads: int) -> None:
 
 # ---- the public entry point ------------------------------------------------------------------
 def tie(model: nn.Module, kind: str, calibration: torch.Tensor | Calibration | None = None,
-        layers: list[int] | None = None, kv_heads: int = 1) -> nn.Module:
+        layers: list[int] | None = None, kv_heads: int = 1, start: str | None = None) -> nn.Module:
     """Impose tie ``kind`` (``KINDS``) in place on ``layers`` (default all) and return ``model``.
+
+    ``start``: how the shared projection starts (``STARTS[kind]``; default the first, the fit,
+    or mean-pooling for ``gqa``). Only ``fitted`` needs a calibration.
 
     ``calibration``: token ids [B, T] or a :class:`Calibration` from :func:`calibrate` (reuse
     one for many ties); required except for ``gqa``. ``kv_heads``: target of ``gqa``.
@@ -323,6 +342,10 @@ def tie(model: nn.Module, kind: str, calibration: torch.Tensor | Calibration | N
     if kind not in FAMILIES[family]:
         raise TieRefused(f"kind: {kind!r} is not supported for {family} (its q/k RMSNorms make Q=K "
                        f"a nonlinear fit); supported: {list(FAMILIES[family])}")
+    start = STARTS[kind][0] if start is None else start
+    if start not in STARTS[kind]:
+        raise TieError(f"start: {start!r} is not a start of tie {kind!r}; "
+                       f"choose from {list(STARTS[kind])}")
     all_layers = decoder_layers(model)
     layers = list(range(len(all_layers))) if layers is None else list(layers)
     bad = [i for i in layers if not 0 <= i < len(all_layers)]
@@ -333,6 +356,14 @@ def tie(model: nn.Module, kind: str, calibration: torch.Tensor | Calibration | N
             merge_kv_heads(all_layers[i].self_attn, kv_heads)
         if len(layers) == len(all_layers):
             model.config.num_key_value_heads = kv_heads
+        return model
+    if start != "fitted":
+        with torch.no_grad():
+            for i in layers:
+                attn = all_layers[i].self_attn
+                if attn.v_proj.weight is attn.k_proj.weight:
+                    raise TieError(f"layers: layer {i} is already tied; tie a fresh model")
+                naive_kv(attn, start)
         return model
     if calibration is None:
         raise TieError(f"calibration: tie {kind!r} is fitted on activations; "

@@ -1,0 +1,326 @@
+"""Convert a trained decoder to a tie, then uptrain it: the gap to the teacher against tokens.
+
+``convert(store, source, cfg)`` loads ``source`` (``cost.load_lm``: a zoo name, GGUF file or HF
+folder), imposes ``cfg.tie`` with ``cfg.start`` on a copy (the *student*), and uptrains it by
+distillation from the untied model (the *teacher*, :mod:`qkvlab.hf.uptrain`) for ``cfg.tokens``
+tokens of Python's standard library source (:mod:`qkvlab.data.pysource`: train files for
+calibration, then uptraining; val files choose nothing here; test files are scored). At 0 tokens
+and at every budget of ``budgets(cfg)`` (16k, 64k, 256k, 1M ... and ``tokens``) it scores the
+student on ``eval_tokens`` test tokens, per sequence, against the teacher on the same sequences.
+
+``tie = "none"`` uptrains the untied model the same way: the text's own effect, which the gap
+of a tie is read against as well as against the teacher (distilling on code moves the model).
+
+Records (measure ``convert``, one per budget): model, tie, start, tokens, steps, nll, ppl,
+ppl_teacher, gap (exp(nll − nll_teacher) − 1, per token), gap_lo/gap_hi (95% bootstrap over the
+evaluation sequences, paired), nll_seq (per-sequence summed nll, for pairing with other runs),
+eval_tokens, kv_cache and attn_params (relative to the teacher), lr, seconds, tokens_per_s,
+precision. The teacher's per-sequence nll is measure ``convert_teacher``. Checkpoints live in
+``<store>-runs/convert/<key>/``, keyed by everything but ``tokens``, so a killed run resumes and
+a larger budget continues the same run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qkvlab.data import pysource
+from qkvlab.experiments.store import run_id
+from qkvlab.hf.tie import STARTS, TieError, calibrate, decoder_layers, tie
+from qkvlab.hf.uptrain import UptrainConfig, Uptrainer, sequence_nll
+
+VERSION = 1
+FIRST_BUDGET = 16384
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """One conversion: the tie, its start, the budget and the uptraining."""
+    tie: str = "kv"                 # kv | qk | qkv | gqa:N | mqa | none
+    start: str | None = None        # default: the tie's first start (STARTS)
+    tokens: int = 262144
+    uptrain: UptrainConfig = field(default_factory=UptrainConfig)
+    eval_tokens: int = 32768
+    calib_tokens: int = 8192
+
+    def __post_init__(self):
+        kind, _ = parse_tie(self.tie)
+        starts = STARTS.get(kind, ("none",))
+        start = self.start or starts[0]
+        if start not in starts:
+            raise ValueError(f"start: {start!r} is not a start of tie {self.tie!r}; "
+                             f"choose from {list(starts)}")
+        object.__setattr__(self, "start", start)
+        u = self.uptrain
+        if self.tokens < u.tokens_per_step:
+            raise ValueError(f"tokens: {self.tokens} is less than one batch "
+                             f"({u.batch} × {u.seq_len} = {u.tokens_per_step} tokens)")
+        for name in ("eval_tokens", "calib_tokens"):
+            v = getattr(self, name)
+            if v < u.seq_len or v % u.seq_len:
+                raise ValueError(f"{name}: {v} must be a positive multiple of seq_len {u.seq_len}")
+
+    @property
+    def steps(self) -> int:
+        return self.tokens // self.uptrain.tokens_per_step
+
+    def spec(self, source: str, corpus: str) -> dict:
+        """Everything the records depend on (hashed by the store)."""
+        return {"model": source, "tie": self.tie, "start": self.start, "tokens": self.tokens,
+                "eval_tokens": self.eval_tokens, "calib_tokens": self.calib_tokens,
+                "uptrain": self.uptrain.to_dict(), "corpus": corpus, "version": VERSION}
+
+
+def parse_tie(text: str) -> tuple[str, int]:
+    """("kv"|"qk"|"qkv"|"gqa"|"none", kv_heads) from ``kv``, ``gqa:N``, ``mqa``, ``none``."""
+    if text == "mqa":
+        return "gqa", 1
+    if text.startswith("gqa:"):
+        try:
+            n = int(text[4:])
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"tie: {text!r}: gqa:N needs a positive number of kv heads")
+        return "gqa", n
+    if text in ("kv", "qk", "qkv", "none"):
+        return text, 1
+    raise ValueError(f"tie: {text!r} is not one of kv, qk, qkv, gqa:N, mqa, none")
+
+
+def budgets(cfg: ConvertConfig) -> list[int]:
+    """Steps at which the student is scored: 0, then 16k × 4^k tokens below ``tokens``, and
+    ``tokens`` itself (each rounded down to whole steps)."""
+    per = cfg.uptrain.tokens_per_step
+    out, b = [0], FIRST_BUDGET
+    while b < cfg.tokens:
+        out.append(max(1, b // per))
+        b *= 4
+    out.append(cfg.steps)
+    return sorted(set(out))
+
+
+# ---- text ---------------------------------------------------------------------------------------
+def token_rows(tokenizer, split: str, n_tokens: int, seq_len: int, skip: int = 0,
+               root: str | None = None) -> torch.Tensor:
+    """[n_tokens // seq_len, seq_len] ids of ``split``'s stdlib source after ``skip`` tokens.
+
+    Raises:
+        ValueError: the split holds fewer tokens than asked (names both counts).
+    """
+    need, got = skip + n_tokens, []
+    for text in pysource.texts(split, root):
+        got.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if len(got) >= need:
+            break
+    if len(got) < need:
+        raise ValueError(f"text: the {split} split of the Python source holds {len(got)} tokens, "
+                         f"need {need} (--tokens or --eval-tokens too large for it)")
+    return torch.tensor(got[skip:need], dtype=torch.long).view(-1, seq_len)
+
+
+# ---- statistics ---------------------------------------------------------------------------------
+def gap_ci(nll_seq: list[float], base_seq: list[float], tokens_per_seq: int,
+           n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(gap, lo, hi): per-token perplexity ratio − 1 of ``nll_seq`` over ``base_seq`` (paired by
+    sequence), with a 95% percentile bootstrap over sequences (scipy.stats.bootstrap)."""
+    from scipy.stats import bootstrap
+    a, b = np.asarray(nll_seq, float), np.asarray(base_seq, float)
+    if a.shape != b.shape or a.size < 2:
+        raise ValueError(f"gap_ci: need paired sequences, got {a.size} and {b.size}")
+
+    def stat(x, y, axis=-1):
+        return np.expm1((x.mean(axis) - y.mean(axis)) / tokens_per_seq)
+    res = bootstrap((a, b), stat, paired=True, n_resamples=n_boot, method="percentile",
+                    random_state=np.random.default_rng(seed), vectorized=True)
+    return float(stat(a, b)), float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+# ---- the conversion ------------------------------------------------------------------------------
+def footprint(model) -> tuple[int, int]:
+    """(KV cache entries per token: one tensor for a K=V layer, distinct attention parameters)."""
+    cache = params = 0
+    for layer in decoder_layers(model):
+        a = layer.self_attn
+        cache += a.k_proj.out_features * (1 if a.v_proj.weight is a.k_proj.weight else 2)
+        params += sum(p.numel() for p in {id(p): p for p in a.parameters()}.values())
+    return cache, params
+
+
+def make_student(teacher, cfg: ConvertConfig, calib_ids: torch.Tensor | None):
+    """A copy of ``teacher`` with the tie imposed from ``cfg.start``."""
+    kind, kv_heads = parse_tie(cfg.tie)
+    student = copy.deepcopy(teacher)
+    if kind == "none":
+        return student
+    cal = calibrate(student, calib_ids) if cfg.start == "fitted" else None
+    return tie(student, kind, calibration=cal, kv_heads=kv_heads, start=cfg.start)
+
+
+def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out: str | None = None,
+            log=print, progress: bool = True, root: str | None = None, loaded=None) -> list[dict]:
+    """The records of ``cfg`` on ``source`` (computed, or read back from ``store``); see module.
+
+    ``loaded``: an already loaded (model, tokenizer), for tests and for several conversions of
+    one model. ``out``: also write the uptrained student there (:func:`save_converted`).
+    """
+    from qkvlab.env import environment
+    from qkvlab.hf.cost import load_lm
+    from qkvlab.progress import bar as make_bar
+    from qkvlab.train.precision import autocast, resolve_precision
+
+    corpus = pysource.fingerprint(root)
+    spec = cfg.spec(source, corpus)
+    u = cfg.uptrain
+    cache: dict = {}
+
+    def setup():
+        if not cache:
+            t0 = time.perf_counter()
+            model, tok = loaded if loaded is not None else load_lm(source)
+            model = model.to(device).eval()
+            test = token_rows(tok, "test", cfg.eval_tokens, u.seq_len, root=root).to(device)
+            calib = token_rows(tok, "train", cfg.calib_tokens, u.seq_len, root=root)
+            cache.update(model=model, tok=tok, test=test, calib=calib.to(device))
+            log(f"convert: {source} loaded, {cfg.eval_tokens} test tokens "
+                f"({time.perf_counter() - t0:.0f} s)")
+        return cache
+
+    tspec = {"model": source, "eval_tokens": cfg.eval_tokens, "seq_len": u.seq_len,
+             "corpus": corpus, "version": VERSION}
+    teacher_rec = store.measure("convert_teacher", tspec, lambda: _teacher(setup()), env=environment())[0]
+
+    def compute():
+        c = setup()
+        teacher, tok = c["model"], c["tok"]
+        train = token_rows(tok, "train", cfg.steps * u.tokens_per_step, u.seq_len,
+                           skip=cfg.calib_tokens, root=root).to(device)
+        student = make_student(teacher, cfg, c["calib"])
+        precision = resolve_precision(u.precision, device)
+        ckpt = store.runs_dir / "convert" / run_id({k: v for k, v in spec.items() if k != "tokens"})
+        trainer = Uptrainer(student, teacher, train, u, ckpt, lambda: autocast(precision, device))
+        if trainer.resume():
+            log(f"convert: resumed at step {trainer.step} from {ckpt}")
+        base_cache, base_params = footprint(teacher)
+        cache_, params_ = footprint(student)
+        records = {r["steps"]: r for r in trainer.state["records"]}
+        bar = make_bar(total=cfg.steps * u.tokens_per_step, initial=trainer.step * u.tokens_per_step,
+                       unit="tok", desc=f"convert {cfg.tie}/{cfg.start}", disable=not progress)
+        with bar:
+            for steps in budgets(cfg):
+                if steps in records:
+                    continue
+                t0, s0 = time.perf_counter(), trainer.step
+                trainer.run_to(steps, bar)
+                train_s = time.perf_counter() - t0
+                seq = sequence_nll(student, c["test"])
+                rec = _record(seq, teacher_rec, cfg, steps, u.seq_len)
+                rec |= {"kv_cache": cache_ / base_cache, "attn_params": params_ / base_params,
+                        "precision": precision, "train_seconds": train_s,
+                        "tokens_per_s": ((steps - s0) * u.tokens_per_step / train_s
+                                         if steps > s0 else None)}
+                records[steps] = rec
+                trainer.state["records"] = list(records.values())
+                trainer.save()
+                log(f"convert: {cfg.tie}/{cfg.start} at {rec['tokens']} tokens: ppl {rec['ppl']:.3f} "
+                    f"(teacher {rec['ppl_teacher']:.3f}, gap {100 * rec['gap']:+.1f}% "
+                    f"[{100 * rec['gap_lo']:+.1f}, {100 * rec['gap_hi']:+.1f}])")
+        if out:
+            save_converted(student, c["tok"], out, {"source": source, "tie": cfg.tie,
+                                                    "start": cfg.start, "records": len(records)})
+        return [records[s] for s in sorted(records)]
+
+    recs = store.measure("convert", spec, compute, env=environment())
+    if out and not cache:  # stored already: the student is in its checkpoint folder
+        _export_stored(store, spec, source, cfg, out, setup, log)
+    return recs
+
+
+def _teacher(c: dict) -> dict:
+    seq = sequence_nll(c["model"], c["test"])
+    n = c["test"][:, 1:].numel()
+    return {"nll_seq": seq, "nll": sum(seq) / n, "ppl": math.exp(sum(seq) / n),
+            "eval_tokens": n}
+
+
+def _record(seq: list[float], teacher: dict, cfg: ConvertConfig, steps: int, seq_len: int) -> dict:
+    n = (seq_len - 1) * len(seq)
+    gap, lo, hi = gap_ci(seq, teacher["nll_seq"], seq_len - 1)
+    return {"tie": cfg.tie, "start": cfg.start, "steps": steps,
+            "tokens": steps * cfg.uptrain.tokens_per_step, "nll": sum(seq) / n,
+            "ppl": math.exp(sum(seq) / n), "ppl_teacher": teacher["ppl"], "gap": gap,
+            "gap_lo": lo, "gap_hi": hi, "nll_seq": seq, "eval_tokens": n, "lr": cfg.uptrain.lr}
+
+
+def _export_stored(store, spec, source, cfg, out, setup, log) -> None:
+    import safetensors.torch
+    c = setup()
+    ckpt = store.runs_dir / "convert" / run_id({k: v for k, v in spec.items() if k != "tokens"})
+    student = make_student(c["model"], cfg, c["calib"])
+    safetensors.torch.load_model(student, ckpt / "student.safetensors", strict=True)
+    save_converted(student, c["tok"], out, {"source": source, "tie": cfg.tie, "start": cfg.start})
+    log(f"convert: wrote {out} from the stored run's checkpoint")
+
+
+# ---- a converted model on disk ------------------------------------------------------------------
+META = "qkvlab_convert.json"
+
+
+def save_converted(model, tokenizer, out: str | Path, meta: dict) -> Path:
+    """Write config, weights (shared Parameters once), tokenizer and ``qkvlab_convert.json``."""
+    import safetensors.torch
+
+    from qkvlab.fileio import atomic_write, atomic_write_text
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    atomic_write(out / "model.safetensors",
+                 lambda p: safetensors.torch.save_model(model, str(p)))
+    atomic_write_text(out / META, json.dumps(meta, indent=1))
+    return out
+
+
+def load_converted(folder: str | Path):
+    """(model, tokenizer) of a folder written by :func:`save_converted`, its Parameters shared
+    again as the tie shares them (a K=V layer's v_proj *is* its k_proj)."""
+    import safetensors.torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from qkvlab.hf.tie import SharedQuery
+    folder = Path(folder)
+    if not (folder / META).is_file():
+        raise FileNotFoundError(f"{folder}: no {META}; not a folder written by qkvlab convert")
+    meta = json.loads((folder / META).read_text())
+    kind, _ = parse_tie(meta["tie"])
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    for layer in decoder_layers(model):
+        a = layer.self_attn
+        if kind in ("qk", "qkv"):
+            n_rep = a.q_proj.out_features // a.k_proj.out_features
+            if n_rep == 1:
+                a.q_proj.weight = a.k_proj.weight
+                if a.q_proj.bias is not None:
+                    a.q_proj.bias = a.k_proj.bias
+            else:
+                a.q_proj = SharedQuery(a.k_proj, n_rep, a.head_dim)
+        if kind in ("kv", "qkv"):
+            a.v_proj.weight = a.k_proj.weight
+            if a.v_proj.bias is not None:
+                a.v_proj.bias = a.k_proj.bias
+    safetensors.torch.load_model(model, folder / "model.safetensors", strict=True)
+    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    return model.eval(), tok
+
+
+__all__ = ["ConvertConfig", "TieError", "budgets", "convert", "gap_ci", "load_converted",
+           "parse_tie", "save_converted", "token_rows"]

@@ -1,0 +1,235 @@
+"""Uptraining a converted decoder by distillation from the model it was converted from.
+
+Loss per predicted token (Kayyam et al.'s K=V distillation, and Hinton et al.'s): ``alpha`` ·
+T² · KL(p_teacher^(1/T) ‖ p_student^(1/T)) + (1 − alpha) · cross-entropy of the next token, with
+T = ``temperature``. The teacher is the untied model, frozen; its final hidden states are
+computed once per batch. Neither model's logits over the whole vocabulary (49k for SmolLM2) are
+ever held for a whole batch: the loss walks the batch's positions in chunks of ``chunk`` rows,
+each chunk's student logits recomputed in the backward pass (``torch.utils.checkpoint``), so a
+step holds one chunk of logits at a time (two ``chunk`` × vocabulary matrices) besides the
+models.
+
+The rate: AdamW (β 0.9/0.95, no weight decay), linear warmup over ``warmup`` steps, then
+constant, and gradients clipped at norm 1. A constant rate makes every budget a prefix of the
+same run, so the gap at 16k, 64k and 256k tokens is read off one run, and a longer budget later
+resumes from the last checkpoint instead of starting again. Batches are consecutive rows of the
+training ids, so step s always reads the same tokens: a killed run resumes from its checkpoint
+to the same weights.
+
+Checkpoints (``ckpt_dir``): ``student.safetensors`` (shared Parameters stored once, by
+``safetensors.torch.save_model``), ``optim.pt`` (the optimizer's tensors, read back with
+``torch.load(weights_only=True)``, our own file) and ``state.json`` (step, records so far),
+each written atomically, ``state.json`` last: a kill between files leaves the previous state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from qkvlab.fileio import atomic_write, atomic_write_text
+
+
+@dataclass(frozen=True)
+class UptrainConfig:
+    """Everything the uptraining's result depends on (besides the models and the text)."""
+    lr: float = 3e-4
+    batch: int = 4
+    seq_len: int = 256
+    warmup: int = 8
+    alpha: float = 0.5
+    temperature: float = 2.0
+    train: str = "all"          # "all" parameters, or "attention" (the attention modules only)
+    chunk: int = 256
+    precision: str = "bf16"     # resolved by qkvlab.train.precision (fp32 where bf16 is slow)
+
+    def __post_init__(self):
+        for name in ("batch", "seq_len", "chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {getattr(self, name)}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr: must be a finite positive rate, got {self.lr}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup: must be >= 0, got {self.warmup}")
+        if not 0 <= self.alpha <= 1:
+            raise ValueError(f"alpha: the KL share must lie in [0, 1], got {self.alpha}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature: must be positive, got {self.temperature}")
+        if self.train not in ("all", "attention"):
+            raise ValueError(f"train: {self.train!r} is not 'all' or 'attention'")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch * self.seq_len
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _head(model: nn.Module) -> tuple[nn.Module, nn.Module, float | None]:
+    """(body returning last_hidden_state, output embedding, final logit soft-cap or None)."""
+    body = getattr(model, "model", None)
+    head = model.get_output_embeddings()
+    if body is None or head is None:
+        raise ValueError(f"model: {type(model).__name__} has no .model body and output embedding")
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return body, head, cap
+
+
+def _logits(h: torch.Tensor, head: nn.Module, cap: float | None) -> torch.Tensor:
+    z = head(h).float()
+    return z if cap is None else torch.tanh(z / cap) * cap
+
+
+def _chunk_loss(hs, ht, y, s_weight, s_bias, t_head, cap, alpha, temp):
+    """Summed loss of one chunk of rows: alpha·T²·KL + (1−alpha)·CE (student weight passed in so
+    the checkpoint re-runs with the live Parameter)."""
+    zs = nn.functional.linear(hs, s_weight, s_bias).float()
+    zs = zs if cap is None else torch.tanh(zs / cap) * cap
+    out = zs.new_zeros(())
+    if alpha < 1:
+        out = out + (1 - alpha) * nn.functional.cross_entropy(zs, y, reduction="sum")
+    if alpha > 0:
+        with torch.no_grad():
+            zt = _logits(ht, t_head, cap)
+            log_pt = nn.functional.log_softmax(zt / temp, -1)
+        log_ps = nn.functional.log_softmax(zs / temp, -1)
+        kl = nn.functional.kl_div(log_ps, log_pt, log_target=True, reduction="sum")
+        out = out + alpha * temp * temp * kl
+    return out
+
+
+def distill_loss(student: nn.Module, teacher: nn.Module, x: torch.Tensor, cfg: UptrainConfig,
+                 autocast) -> torch.Tensor:
+    """Mean loss per predicted token of ``x`` [B, T] (see the module doc), ready for backward."""
+    s_body, s_head, cap = _head(student)
+    t_body, t_head, _ = _head(teacher)
+    with autocast():
+        if cfg.alpha > 0:
+            with torch.no_grad():
+                ht = t_body(input_ids=x, use_cache=False).last_hidden_state[:, :-1]
+        hs = s_body(input_ids=x, use_cache=False).last_hidden_state[:, :-1]
+    # the output layer and the loss in fp32: bf16 logits would be off by ~0.1 at |z| ~ 20
+    d = hs.shape[-1]
+    hs, y = hs.reshape(-1, d).float(), x[:, 1:].reshape(-1)
+    ht = ht.reshape(-1, d).float() if cfg.alpha > 0 else hs.detach()
+    total = hs.new_zeros(())
+    for s in range(0, len(y), cfg.chunk):
+        total = total + checkpoint(
+            _chunk_loss, hs[s:s + cfg.chunk], ht[s:s + cfg.chunk], y[s:s + cfg.chunk],
+            s_head.weight, getattr(s_head, "bias", None), t_head, cap, cfg.alpha,
+            cfg.temperature, use_reentrant=False)
+    return total / len(y)
+
+
+@torch.no_grad()
+def sequence_nll(model: nn.Module, ids: torch.Tensor, batch: int = 4) -> list[float]:
+    """Summed next-token nll (nats) of each row of ``ids`` [N, T]: fp32 throughout (every model
+    is scored the same way, whatever precision it trained in), one row's logits at a time."""
+    body, head, cap = _head(model)
+    was = model.training
+    model.eval()
+    out = []
+    for s in range(0, len(ids), batch):
+        x = ids[s:s + batch]
+        h = body(input_ids=x, use_cache=False).last_hidden_state[:, :-1]
+        for row, y in zip(h, x[:, 1:]):
+            z = _logits(row.float(), head, cap)
+            out.append(nn.functional.cross_entropy(z, y, reduction="sum").item())
+    model.train(was)
+    return out
+
+
+def trainable(model: nn.Module, which: str) -> list[nn.Parameter]:
+    """Distinct Parameters to train: all of them, or those of the attention modules."""
+    if which == "all":
+        params = model.parameters()
+    else:
+        from qkvlab.hf.tie import decoder_layers
+        params = (p for layer in decoder_layers(model) for p in layer.self_attn.parameters())
+    return list({id(p): p for p in params}.values())
+
+
+class Uptrainer:
+    """Holds student, teacher, optimizer and the step; ``run_to(step)`` trains on, checkpointing."""
+
+    def __init__(self, student: nn.Module, teacher: nn.Module, train_ids: torch.Tensor,
+                 cfg: UptrainConfig, ckpt_dir: Path, autocast):
+        self.student, self.teacher, self.ids, self.cfg = student, teacher, train_ids, cfg
+        self.dir, self.autocast = Path(ckpt_dir), autocast
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+        params = trainable(student, cfg.train)
+        for p in student.parameters():
+            p.requires_grad_(False)
+        for p in params:
+            p.requires_grad_(True)
+        self.params = params
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: min(1.0, (s + 1) / (cfg.warmup + 1)))
+        self.step, self.state = 0, {"records": [], "losses": []}
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def resume(self) -> bool:
+        """Load the last checkpoint in ``ckpt_dir`` if one is there; True if one was."""
+        state = self.dir / "state.json"
+        if not state.exists():
+            return False
+        import safetensors.torch
+        saved = json.loads(state.read_text())
+        if saved.get("config") != self.cfg.to_dict():
+            raise ValueError(f"{self.dir}: checkpoint made with another configuration "
+                             f"({saved.get('config')}); delete the folder or use another store")
+        missing, unexpected = safetensors.torch.load_model(
+            self.student, self.dir / "student.safetensors", strict=True)
+        self.opt.load_state_dict(torch.load(self.dir / "optim.pt", weights_only=True))
+        self.sched.load_state_dict(saved["sched"])
+        self.step, self.state = saved["step"], {k: saved[k] for k in ("records", "losses")}
+        return True
+
+    def save(self) -> None:
+        import safetensors.torch
+        self.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.dir / "student.safetensors",
+                     lambda p: safetensors.torch.save_model(self.student, str(p)))
+        atomic_write(self.dir / "optim.pt", lambda p: torch.save(self.opt.state_dict(), p))
+        atomic_write_text(self.dir / "state.json", json.dumps(
+            {"step": self.step, "config": self.cfg.to_dict(),
+             "sched": self.sched.state_dict(), **self.state}))
+
+    # ---- training ----------------------------------------------------------------------------
+    def steps_available(self) -> int:
+        return len(self.ids) // self.cfg.batch
+
+    def run_to(self, step: int, bar=None, every: int = 16) -> None:
+        """Train until ``self.step == step``, checkpointing every ``every`` steps and at the end."""
+        if step > self.steps_available():
+            raise ValueError(f"text: {len(self.ids)} training sequences hold "
+                             f"{self.steps_available()} steps of {self.cfg.batch}, need {step}")
+        self.student.train()
+        while self.step < step:
+            b = self.cfg.batch
+            x = self.ids[self.step * b:(self.step + 1) * b]
+            loss = distill_loss(self.student, self.teacher, x, self.cfg, self.autocast)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"uptraining diverged at step {self.step}: loss {loss}")
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+            self.opt.step()
+            self.sched.step()
+            self.step += 1
+            self.state["losses"].append(round(loss.item(), 5))
+            if bar is not None:
+                bar.update(self.cfg.tokens_per_step)
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+            if self.step % every == 0 or self.step == step:
+                self.save()
+        self.student.eval()
