@@ -31,6 +31,8 @@ DELEGATED = {
                 "export stored results (table, CSV, Parquet)"),
     "tiecost": ("qkvlab.hf.cli", "configure_tiecost", "run_tiecost",
                 "held-out perplexity of a trained decoder with each Q/K/V tie imposed"),
+    "convert": ("qkvlab.hf.convert_cli", "configure_convert", "run_convert",
+                "tie a trained decoder (K=V, Q=K, GQA...) and uptrain it by distillation"),
 }
 
 

@@ -34,7 +34,7 @@ import torch
 
 from qkvlab.data import pysource
 from qkvlab.experiments.store import run_id
-from qkvlab.hf.tie import STARTS, TieError, calibrate, decoder_layers, tie
+from qkvlab.hf.tie import STARTS, TieError, calibrate, check, decoder_layers, tie
 from qkvlab.hf.uptrain import UptrainConfig, Uptrainer, sequence_nll
 
 VERSION = 1
@@ -194,15 +194,20 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
                 f"({time.perf_counter() - t0:.0f} s)")
         return cache
 
+    if not any(r["spec"] == spec for r in store.measure_rows("convert")):
+        c = setup()  # check the tie and the text before anything is stored
+        kind, kv_heads = parse_tie(cfg.tie)
+        if kind != "none":
+            check(c["model"], kind, kv_heads, cfg.start)
+        c["train"] = token_rows(c["tok"], "train", cfg.steps * u.tokens_per_step, u.seq_len,
+                                skip=cfg.calib_tokens, root=root).to(device)
     tspec = {"model": source, "eval_tokens": cfg.eval_tokens, "seq_len": u.seq_len,
              "corpus": corpus, "version": VERSION}
     teacher_rec = store.measure("convert_teacher", tspec, lambda: _teacher(setup()), env=environment())[0]
 
     def compute():
         c = setup()
-        teacher, tok = c["model"], c["tok"]
-        train = token_rows(tok, "train", cfg.steps * u.tokens_per_step, u.seq_len,
-                           skip=cfg.calib_tokens, root=root).to(device)
+        teacher, train = c["model"], c["train"]
         student = make_student(teacher, cfg, c["calib"])
         precision = resolve_precision(u.precision, device)
         ckpt = store.runs_dir / "convert" / run_id({k: v for k, v in spec.items() if k != "tokens"})

@@ -321,6 +321,30 @@ def merge_kv_heads(attn: nn.Module, kv_heads: int) -> None:
 
 
 # ---- the public entry point ------------------------------------------------------------------
+def check(model: nn.Module, kind: str, kv_heads: int = 1, start: str | None = None) -> str:
+    """Raise what :func:`tie` would raise for these arguments, changing nothing; the start used."""
+    if kind not in KINDS:
+        raise TieError(f"kind: {kind!r} is not one of {list(KINDS)} ('alt' folds exactly into "
+                       f"standard attention, so it has no cost to measure)")
+    family = _family(model)
+    if kind not in FAMILIES[family]:
+        raise TieRefused(f"kind: {kind!r} is not supported for {family} (its q/k RMSNorms make Q=K "
+                       f"a nonlinear fit); supported: {list(FAMILIES[family])}")
+    start = STARTS[kind][0] if start is None else start
+    if start not in STARTS[kind]:
+        raise TieError(f"start: {start!r} is not a start of tie {kind!r}; "
+                       f"choose from {list(STARTS[kind])}")
+    if kind == "gqa":
+        n_kv = model.config.num_key_value_heads
+        if n_kv == 1:
+            raise TieRefused("gqa: the model already has a single kv head (MQA); there are no kv "
+                             "heads to merge")
+        if kv_heads >= n_kv or n_kv % kv_heads:
+            raise TieError(f"kv_heads: {kv_heads} must divide the model's {n_kv} kv heads and be "
+                           "fewer")
+    return start
+
+
 def tie(model: nn.Module, kind: str, calibration: torch.Tensor | Calibration | None = None,
         layers: list[int] | None = None, kv_heads: int = 1, start: str | None = None) -> nn.Module:
     """Impose tie ``kind`` (``KINDS``) in place on ``layers`` (default all) and return ``model``.
@@ -335,17 +359,7 @@ def tie(model: nn.Module, kind: str, calibration: torch.Tensor | Calibration | N
         TieError: unknown kind or model type, missing calibration, layer index out of range, a
             layer already tied.
     """
-    if kind not in KINDS:
-        raise TieError(f"kind: {kind!r} is not one of {list(KINDS)} ('alt' folds exactly into "
-                       f"standard attention, so it has no cost to measure)")
-    family = _family(model)
-    if kind not in FAMILIES[family]:
-        raise TieRefused(f"kind: {kind!r} is not supported for {family} (its q/k RMSNorms make Q=K "
-                       f"a nonlinear fit); supported: {list(FAMILIES[family])}")
-    start = STARTS[kind][0] if start is None else start
-    if start not in STARTS[kind]:
-        raise TieError(f"start: {start!r} is not a start of tie {kind!r}; "
-                       f"choose from {list(STARTS[kind])}")
+    start = check(model, kind, kv_heads, start)
     all_layers = decoder_layers(model)
     layers = list(range(len(all_layers))) if layers is None else list(layers)
     bad = [i for i in layers if not 0 <= i < len(all_layers)]

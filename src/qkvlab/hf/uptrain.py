@@ -39,7 +39,7 @@ from qkvlab.fileio import atomic_write, atomic_write_text
 @dataclass(frozen=True)
 class UptrainConfig:
     """Everything the uptraining's result depends on (besides the models and the text)."""
-    lr: float = 3e-4
+    lr: float = 1e-4
     batch: int = 4
     seq_len: int = 256
     warmup: int = 8
@@ -82,15 +82,20 @@ def _head(model: nn.Module) -> tuple[nn.Module, nn.Module, float | None]:
     return body, head, cap
 
 
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in fp32, or wider if it is (a float64 model stays float64)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def _logits(h: torch.Tensor, head: nn.Module, cap: float | None) -> torch.Tensor:
-    z = head(h).float()
+    z = _wide(head(h))
     return z if cap is None else torch.tanh(z / cap) * cap
 
 
 def _chunk_loss(hs, ht, y, s_weight, s_bias, t_head, cap, alpha, temp):
     """Summed loss of one chunk of rows: alpha·T²·KL + (1−alpha)·CE (student weight passed in so
     the checkpoint re-runs with the live Parameter)."""
-    zs = nn.functional.linear(hs, s_weight, s_bias).float()
+    zs = _wide(nn.functional.linear(hs, s_weight, s_bias))
     zs = zs if cap is None else torch.tanh(zs / cap) * cap
     out = zs.new_zeros(())
     if alpha < 1:
@@ -117,8 +122,8 @@ def distill_loss(student: nn.Module, teacher: nn.Module, x: torch.Tensor, cfg: U
         hs = s_body(input_ids=x, use_cache=False).last_hidden_state[:, :-1]
     # the output layer and the loss in fp32: bf16 logits would be off by ~0.1 at |z| ~ 20
     d = hs.shape[-1]
-    hs, y = hs.reshape(-1, d).float(), x[:, 1:].reshape(-1)
-    ht = ht.reshape(-1, d).float() if cfg.alpha > 0 else hs.detach()
+    hs, y = _wide(hs.reshape(-1, d)), x[:, 1:].reshape(-1)
+    ht = _wide(ht.reshape(-1, d)) if cfg.alpha > 0 else hs.detach()
     total = hs.new_zeros(())
     for s in range(0, len(y), cfg.chunk):
         total = total + checkpoint(
@@ -140,7 +145,7 @@ def sequence_nll(model: nn.Module, ids: torch.Tensor, batch: int = 4) -> list[fl
         x = ids[s:s + batch]
         h = body(input_ids=x, use_cache=False).last_hidden_state[:, :-1]
         for row, y in zip(h, x[:, 1:]):
-            z = _logits(row.float(), head, cap)
+            z = _logits(_wide(row), head, cap)
             out.append(nn.functional.cross_entropy(z, y, reduction="sum").item())
     model.train(was)
     return out

@@ -1,0 +1,97 @@
+"""``qkvlab convert SOURCE --tie kv --start fitted --tokens N``: tie a trained decoder, uptrain it
+by distillation, and print the gap to the teacher at each budget (see :mod:`qkvlab.hf.convert`)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from qkvlab.hf.tie import STARTS
+from qkvlab.hf.uptrain import UptrainConfig
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return v
+
+
+def _rate(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite positive rate")
+    return v
+
+
+def configure_convert(parser: argparse.ArgumentParser) -> None:
+    starts = sorted({s for v in STARTS.values() for s in v})
+    d, u = 262144, UptrainConfig()
+    parser.add_argument("source", metavar="SOURCE",
+                        help="zoo name (smollm2), a .gguf file or an HF model folder")
+    parser.add_argument("--tie", default="kv",
+                        help="kv | qk | qkv | gqa:N | mqa | none (none: the untied model "
+                             "uptrained the same way, the baseline) (default kv)")
+    parser.add_argument("--start", choices=starts, default=None,
+                        help="how the shared projection starts: fitted (least squares on real "
+                             "activations; default), avg, keep_k, keep_v (K=V only), mean_pool "
+                             "(gqa/mqa)")
+    parser.add_argument("--tokens", type=_positive, default=d,
+                        help=f"uptraining tokens (default {d}); scored at 0, 16k, 64k, ... and here")
+    parser.add_argument("--lr", type=_rate, default=u.lr, help=f"AdamW rate (default {u.lr:g})")
+    parser.add_argument("--batch", type=_positive, default=u.batch)
+    parser.add_argument("--seq-len", type=_positive, default=u.seq_len)
+    parser.add_argument("--train", choices=("all", "attention"), default=u.train,
+                        help="which parameters uptrain (default all)")
+    parser.add_argument("--precision", choices=("bf16", "fp32"), default=u.precision,
+                        help="bf16 autocast where the device has it natively (default), else fp32")
+    parser.add_argument("--eval-tokens", type=_positive, default=32768,
+                        help="held-out test tokens scored at each budget (default 32768)")
+    parser.add_argument("--out", default=None, help="write the uptrained model to this folder")
+    parser.add_argument("--db", default="results/qkvlab.db", help="results store (SQLite)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--threads", type=_positive, default=None,
+                        help="torch threads (default: torch's)")
+
+
+def run_convert(args) -> int:
+    import torch
+
+    from qkvlab.experiments.store import Store
+    from qkvlab.hf.convert import ConvertConfig, convert
+
+    cfg = ConvertConfig(tie=args.tie, start=args.start, tokens=args.tokens,
+                        eval_tokens=args.eval_tokens,
+                        uptrain=UptrainConfig(lr=args.lr, batch=args.batch, seq_len=args.seq_len,
+                                              train=args.train, precision=args.precision))
+    if args.device != "cpu" and not args.device.startswith("cuda"):
+        raise ValueError(f"--device: {args.device!r} is not 'cpu' or 'cuda[:N]'")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device: {args.device} asked for, but no CUDA device is available")
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out: {args.out} exists and is not a folder")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    Path(args.db).parent.mkdir(parents=True, exist_ok=True)
+    with Store(args.db) as store:
+        recs = convert(store, args.source, cfg, device=args.device, out=args.out,
+                       log=lambda s: print(s, file=sys.stderr, flush=True))
+    print(f"| {args.source} {cfg.tie}/{cfg.start} | tokens | ppl | teacher ppl | gap % per token "
+          "(95% CI) | KV cache × | tokens/s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in recs:
+        tps = f"{r['tokens_per_s']:.0f}" if r.get("tokens_per_s") else ""
+        print(f"| | {r['tokens']:,} | {r['ppl']:.3f} | {r['ppl_teacher']:.3f} | "
+              f"{100 * r['gap']:+.1f} ({100 * r['gap_lo']:+.1f} to {100 * r['gap_hi']:+.1f}) | "
+              f"{r['kv_cache']:.2f} | {tps} |")
+    if args.out:
+        print(f"wrote {args.out} (load it with qkvlab.hf.convert.load_converted)")
+    return 0

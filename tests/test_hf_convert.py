@@ -1,0 +1,207 @@
+"""qkvlab.hf.convert / uptrain: starts, the chunked distillation loss, resume, save/load, errors.
+
+A tiny random Llama, a byte-level BPE trained here on the test's own text, and a folder of
+``.py`` files stand in for SmolLM2 and the stdlib, so every test runs offline in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from qkvlab.experiments.store import Store
+from qkvlab.hf.convert import (ConvertConfig, budgets, convert, gap_ci, load_converted, parse_tie,
+                               token_rows)
+from qkvlab.hf.tie import TieError, tie
+from qkvlab.hf.uptrain import UptrainConfig, distill_loss, sequence_nll
+
+transformers = pytest.importorskip("transformers")
+
+SOURCE = '''"""Module {i}: a small file of Python for the tests."""
+
+def add_{i}(a, b):
+    """Return the sum of a and b."""
+    return a + b  # {i}
+
+
+class Thing{i}:
+    def __init__(self, value):
+        self.value = value * {i}
+'''
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pysrc")
+    for i in range(400):
+        (d / f"mod_{i:03d}.py").write_text(SOURCE.format(i=i))
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def tok(root):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    t.train_from_iterator([SOURCE.format(i=i) for i in range(50)],
+                          trainers.BpeTrainer(vocab_size=300, show_progress=False,
+                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=t)
+
+
+def tiny(tok, seed=0, **kw):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=8, tie_word_embeddings=True, **kw)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def small(tie_="kv", start=None, tokens=1024, **up):
+    u = UptrainConfig(**{"batch": 2, "seq_len": 64, "precision": "fp32", "warmup": 2,
+                         "lr": 1e-3, "chunk": 48, **up})
+    return ConvertConfig(tie=tie_, start=start, tokens=tokens, eval_tokens=256,
+                         calib_tokens=128, uptrain=u)
+
+
+@pytest.mark.parametrize("start", ["avg", "keep_k", "keep_v"])
+def test_naive_kv_starts_share_one_projection(tok, start):
+    m = tiny(tok)
+    before = [(a.k_proj.weight.detach().clone(), a.v_proj.weight.detach().clone(),
+               a.o_proj.weight.detach().clone())
+              for a in (layer.self_attn for layer in m.model.layers)]
+    tie(m, "kv", start=start)
+    for (k, v, o), layer in zip(before, m.model.layers):
+        a = layer.self_attn
+        want = {"avg": (k.double() + v.double()) / 2, "keep_k": k.double(),
+                "keep_v": v.double()}[start]
+        assert a.v_proj.weight is a.k_proj.weight
+        torch.testing.assert_close(a.k_proj.weight.double(), want, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(a.o_proj.weight, o, rtol=0, atol=0)  # W_O untouched
+
+
+def test_tie_refuses_a_start_of_another_tie(tok):
+    with pytest.raises(TieError, match="start: 'avg' is not a start of tie 'qk'"):
+        tie(tiny(tok), "qk", start="avg")
+
+
+def _reference_loss(student, teacher, x, alpha, temp):
+    """The loss from whole float64 logits: what the chunked loss must equal."""
+    zs = student(input_ids=x).logits[:, :-1].double().flatten(0, 1)
+    with torch.no_grad():
+        zt = teacher(input_ids=x).logits[:, :-1].double().flatten(0, 1)
+    y = x[:, 1:].flatten()
+    ce = nn.functional.cross_entropy(zs, y)
+    kl = (nn.functional.softmax(zt / temp, -1) * (nn.functional.log_softmax(zt / temp, -1)
+                                                  - nn.functional.log_softmax(zs / temp, -1)))
+    return alpha * temp ** 2 * kl.sum(-1).mean() + (1 - alpha) * ce
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
+def test_chunked_distill_loss_and_grads_equal_the_whole_logits(tok, alpha):
+    import contextlib
+    teacher, student = tiny(tok, 0).double(), tiny(tok, 1).double()
+    x = torch.randint(0, len(tok), (3, 40))
+    cfg = UptrainConfig(alpha=alpha, temperature=2.0, chunk=17, precision="fp32")
+    got = distill_loss(student, teacher, x, cfg, contextlib.nullcontext)
+    got.backward()
+    g_got = {n: p.grad.clone() for n, p in student.named_parameters()}
+    student.zero_grad()
+    want = _reference_loss(student, teacher, x, alpha, 2.0)
+    want.backward()
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-9)
+    for n, p in student.named_parameters():
+        torch.testing.assert_close(g_got[n], p.grad, rtol=1e-5, atol=1e-9, msg=n)
+
+
+def test_sequence_nll_sums_each_rows_loss(tok):
+    m = tiny(tok)
+    x = torch.randint(0, len(tok), (3, 20))
+    got = torch.tensor(sequence_nll(m, x, batch=2), dtype=torch.float64)
+    logits = m(input_ids=x).logits[:, :-1].double()
+    want = nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none").sum(1)
+    torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_gap_ci_is_the_per_token_ratio_with_a_paired_interval():
+    rng = np.random.default_rng(0)
+    base = rng.normal(100, 5, 64)
+    seq = base + rng.normal(2, 0.5, 64)
+    gap, lo, hi = gap_ci(list(seq), list(base), 50)
+    assert gap == pytest.approx(math.expm1((seq.mean() - base.mean()) / 50), rel=1e-12)
+    assert lo < gap < hi and lo > 0  # every sequence is worse: the paired CI excludes 0
+    with pytest.raises(ValueError, match="paired"):
+        gap_ci([1.0, 2.0], [1.0], 10)
+
+
+def test_budgets_are_nested_powers_of_four_from_16k():
+    cfg = ConvertConfig(tokens=262144)  # 1024 tokens a step
+    assert budgets(cfg) == [0, 16, 64, 256]
+    assert budgets(small(tokens=1024)) == [0, 8]
+
+
+def test_parse_tie_and_bad_configs():
+    assert parse_tie("mqa") == ("gqa", 1) and parse_tie("gqa:3") == ("gqa", 3)
+    for bad, msg in [({"tie": "vk"}, "tie: 'vk' is not one of"),
+                     ({"tie": "kv", "start": "mean_pool"}, "start: 'mean_pool'"),
+                     ({"tokens": 10}, "less than one batch")]:
+        with pytest.raises(ValueError, match=msg):
+            ConvertConfig(**bad)
+
+
+def test_convert_records_resume_and_round_trip(tok, root, tmp_path):
+    m = tiny(tok)
+    # straight to 2 steps ...
+    with Store(tmp_path / "a.db") as st:
+        straight = convert(st, "tiny", small(tokens=256), loaded=(m, tok), root=root,
+                           log=lambda s: None, progress=False, out=str(tmp_path / "out"))
+    # ... and the same run in two calls (1 step, then a larger budget resumes its checkpoint)
+    with Store(tmp_path / "b.db") as st:
+        convert(st, "tiny", small(tokens=128), loaded=(m, tok), root=root, log=lambda s: None,
+                progress=False)
+        logs = []
+        resumed = convert(st, "tiny", small(tokens=256), loaded=(m, tok), root=root,
+                          log=logs.append, progress=False)
+    assert any("resumed at step 1" in s for s in logs)
+    assert [r["tokens"] for r in straight] == [0, 256]
+    assert resumed[-1]["nll_seq"] == straight[-1]["nll_seq"]  # the same weights, bit for bit
+    assert straight[0]["kv_cache"] == 0.5 and straight[0]["gap"] == pytest.approx(
+        math.expm1(straight[0]["nll"] - math.log(straight[0]["ppl_teacher"])), rel=1e-9)
+    # the written model loads back with K=V shared and scores what the record says
+    model, tok2 = load_converted(tmp_path / "out")
+    for layer in model.model.layers:
+        assert layer.self_attn.v_proj.weight is layer.self_attn.k_proj.weight
+    ids = token_rows(tok2, "test", 256, 64, root=root)
+    assert sequence_nll(model, ids) == pytest.approx(straight[-1]["nll_seq"], rel=1e-5)
+
+
+@pytest.mark.parametrize("tie_,start", [("none", None), ("mqa", None), ("qk", None),
+                                        ("kv", "fitted")])
+def test_convert_every_tie_scores_zero_shot_first(tok, root, tmp_path, tie_, start):
+    m = tiny(tok)
+    with Store(tmp_path / "s.db") as st:
+        recs = convert(st, "tiny", small(tie_, start, tokens=128), loaded=(m, tok), root=root,
+                       log=lambda s: None, progress=False)
+    assert [r["steps"] for r in recs] == [0, 1]
+    if tie_ == "none":  # the untied model at 0 tokens is the teacher itself
+        assert recs[0]["gap"] == 0 and recs[0]["kv_cache"] == 1
+    assert all(np.isfinite(r["gap"]) for r in recs)
+
+
+def test_convert_refuses_a_text_too_short_and_a_tie_the_model_cannot_take(tok, root, tmp_path):
+    m = tiny(tok)
+    with Store(tmp_path / "s.db") as st:
+        with pytest.raises(ValueError, match="the test split of the Python source holds"):
+            convert(st, "tiny", ConvertConfig(tokens=1024, eval_tokens=2 ** 20,
+                                              uptrain=UptrainConfig(precision="fp32")),
+                    loaded=(m, tok), root=root, log=lambda s: None, progress=False)
+        with pytest.raises(ValueError, match="kv_heads: 3 must divide"):
+            convert(st, "tiny", small("gqa:3", tokens=128), loaded=(m, tok), root=root,
+                    log=lambda s: None, progress=False)
+        assert st.measure_names() == []  # nothing stored
