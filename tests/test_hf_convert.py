@@ -34,16 +34,15 @@ class Thing{i}:
 '''
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pysrc")
+def make_root(d):
+    """A folder of 400 small .py files: a stand-in for the stdlib."""
     for i in range(400):
         (d / f"mod_{i:03d}.py").write_text(SOURCE.format(i=i))
     return str(d)
 
 
-@pytest.fixture(scope="module")
-def tok(root):
+def make_tok():
+    """A byte-level BPE of 300 tokens trained on the stand-in source."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     t = Tokenizer(models.BPE())
@@ -52,6 +51,16 @@ def tok(root):
                           trainers.BpeTrainer(vocab_size=300, show_progress=False,
                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     return PreTrainedTokenizerFast(tokenizer_object=t)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return make_root(tmp_path_factory.mktemp("pysrc"))
+
+
+@pytest.fixture(scope="module")
+def tok(root):
+    return make_tok()
 
 
 def tiny(tok, seed=0, **kw):

@@ -44,14 +44,19 @@ def _slot(rel: str) -> tuple[int, str]:
     return int(digest, 16) % PERIOD, digest
 
 
-@functools.lru_cache(maxsize=4)
 def source_splits(root: str | None = None) -> dict[str, tuple[tuple[str, str], ...]]:
-    """{split: ((relative path, text), ...)} of the ``*.py`` files under ``root``.
+    """{split: ((relative path, text), ...)} of the ``*.py`` files under ``root`` (default
+    :func:`default_root`, resolved on every call).
 
     Raises:
         FileNotFoundError: ``root`` holds no Python source (names the folder and the fix).
     """
-    base = Path(root) if root else default_root()
+    return _splits(str(Path(root) if root else default_root()))
+
+
+@functools.lru_cache(maxsize=4)
+def _splits(root: str) -> dict[str, tuple[tuple[str, str], ...]]:
+    base = Path(root)
     files = sorted(p for p in base.rglob("*.py")
                    if not SKIP_PARTS.intersection(p.relative_to(base).parts[:-1]))
     if not files:

@@ -33,7 +33,6 @@ import numpy as np
 import torch
 
 from qkvlab.data import pysource
-from qkvlab.experiments.store import run_id
 from qkvlab.hf.tie import STARTS, TieError, calibrate, check, decoder_layers, tie
 from qkvlab.hf.uptrain import UptrainConfig, Uptrainer, sequence_nll
 
@@ -77,6 +76,13 @@ class ConvertConfig:
         return {"model": source, "tie": self.tie, "start": self.start, "tokens": self.tokens,
                 "eval_tokens": self.eval_tokens, "calib_tokens": self.calib_tokens,
                 "uptrain": self.uptrain.to_dict(), "corpus": corpus, "version": VERSION}
+
+
+def _key(spec: dict) -> str:
+    """A checkpoint folder's name: sha256 of the canonical JSON of ``spec`` (first 16 hex)."""
+    import hashlib
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":"))
+                          .encode()).hexdigest()[:16]
 
 
 def parse_tie(text: str) -> tuple[str, int]:
@@ -210,7 +216,7 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
         teacher, train = c["model"], c["train"]
         student = make_student(teacher, cfg, c["calib"])
         precision = resolve_precision(u.precision, device)
-        ckpt = store.runs_dir / "convert" / run_id({k: v for k, v in spec.items() if k != "tokens"})
+        ckpt = store.runs_dir / "convert" / _key({k: v for k, v in spec.items() if k != "tokens"})
         trainer = Uptrainer(student, teacher, train, u, ckpt, lambda: autocast(precision, device))
         if trainer.resume():
             log(f"convert: resumed at step {trainer.step} from {ckpt}")
@@ -268,7 +274,7 @@ def _record(seq: list[float], teacher: dict, cfg: ConvertConfig, steps: int, seq
 def _export_stored(store, spec, source, cfg, out, setup, log) -> None:
     import safetensors.torch
     c = setup()
-    ckpt = store.runs_dir / "convert" / run_id({k: v for k, v in spec.items() if k != "tokens"})
+    ckpt = store.runs_dir / "convert" / _key({k: v for k, v in spec.items() if k != "tokens"})
     student = make_student(c["model"], cfg, c["calib"])
     safetensors.torch.load_model(student, ckpt / "student.safetensors", strict=True)
     save_converted(student, c["tok"], out, {"source": source, "tie": cfg.tie, "start": cfg.start})

@@ -29,6 +29,7 @@ from qkvlab.experiments.registry import ResultsPending, get_profile
 from qkvlab.experiments.runner import failure_report, status_counts, sweep, sweep_ids
 from qkvlab.experiments.store import DEFAULT_DB, Store
 from qkvlab.experiments.timing import sum_parts
+from qkvlab.hf.convert import convert
 from qkvlab.hf.cost import measure_tie_cost
 from qkvlab.hf.tie import KINDS
 from qkvlab.models import load_model
@@ -107,7 +108,7 @@ def run_study(cfg: StudyConfig) -> Path:
     timings: dict[str, float] = {}
     counts: dict[str, dict[str, int]] = {}
     trained: dict[str, dict[str, float]] = {}  # run id -> its timings, runs trained here
-    steps = ["experiments", "measures", "pretrained", "tie_cost"]
+    steps = ["experiments", "measures", "pretrained", "tie_cost", "convert"]
     bar = progress_bar(steps, desc=f"study [{cfg.profile}]", disable=not cfg.progress,
                        unit="step", dynamic_ncols=True)
     with Store(cfg.db) as store:
@@ -121,6 +122,8 @@ def run_study(cfg: StudyConfig) -> Path:
                 run_pretrained(rec, cfg)
             elif step == "tie_cost":
                 run_tie_cost(rec, cfg)
+            elif step == "convert":
+                run_convert(rec, cfg)
             else:
                 trained, counts = run_experiments(rec, cfg)
             timings[step] = time.perf_counter() - t
@@ -282,3 +285,20 @@ def run_tie_cost(rec: Recorder, cfg: StudyConfig) -> None:
                              env=rec.env, log=cfg.log)
         except ValueError as e:  # ZooError: not fetched or a file that fails its sha256
             rec.notes.append(f"tie_cost ({name}): {e}")
+
+
+def run_convert(rec: Recorder, cfg: StudyConfig) -> None:
+    """The profile's pretrained decoders converted to each tie and uptrained
+    (``qkvlab.hf.convert``; measures ``convert`` and ``convert_teacher``, shared with
+    ``qkvlab convert``, so a curve stored by the command is not trained again)."""
+    p = get_profile(cfg.profile)
+    assert isinstance(p, QKVProfile)
+    if not p.convert:
+        return
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    for name in p.convert_models:
+        for c in p.convert:
+            try:
+                convert(rec.store, name, c, log=cfg.log, progress=cfg.progress)
+            except ValueError as e:  # not fetched, a tie the model refuses, a text too short
+                rec.notes.append(f"convert ({name} {c.tie}/{c.start}): {e}")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qkvlab.experiments.registry import Profile, register_profile
+from qkvlab.hf.convert import ConvertConfig
 from qkvlab.hf.cost import CostConfig
 from qkvlab.studies.qkv.plan.rates import (
     EQUAL_ONLY,
@@ -84,6 +85,10 @@ class QKVProfile(Profile):
     tie_cost: CostConfig | None = None
     tie_cost_models: tuple[str, ...] = ()
     tie_cost_per_layer: tuple[str, ...] = ()
+    # pretrained decoders converted to a tie and uptrained (qkvlab.hf.convert), each config on
+    # each model of convert_models
+    convert: tuple[ConvertConfig, ...] = ()
+    convert_models: tuple[str, ...] = ()
     # The gap against training budget and size (``plan.scaling``; empty: not run): steps of
     # the budget cells and their seeds; widths and depths of the size cells, the tokens each
     # trains on per non-embedding parameter and their seeds; the rate grid (× lm's rate) and
@@ -244,7 +249,12 @@ PROFILES = {p.name: register_profile(p) for p in (
                kv_contexts=(512, 2048, 8192), kv_batches=(1, 8),
                task_arms={**CHAR_ARMS, "relation": ("equal",), "mlm": ("equal",),
                           "bind_codes": ("equal",)},
-               tie_cost=CostConfig(), tie_cost_models=("smollm2",)),
+               tie_cost=CostConfig(), tie_cost_models=("smollm2",),
+               # a cheap point of the conversion curve: where K=V's fitted and Kayyam's
+               # averaged start begin, and one uptraining step (the convert profile's curve)
+               convert=tuple(ConvertConfig(tie="kv", start=s, tokens=1024, eval_tokens=4096,
+                                           calib_tokens=2048) for s in ("fitted", "avg")),
+               convert_models=("smollm2",)),
     QKVProfile("standard", seeds=tuple(range(8)), d_model=64, n_layers=2, n_heads=4,
                batch_size=16, steps=1000, lr=3e-3, eval_batches=16,
                task_options=TASK_OPTIONS["standard"], task_train=TASK_TRAIN["standard"],
@@ -281,6 +291,18 @@ PROFILES = {p.name: register_profile(p) for p in (
     # Only the gap against training budget and size (``plan.scaling``), on the subword lm:
     # no seeds of its own, so every other experiment lists no runs. Sized for <= 3 h on 2
     # cores (docs/study-profiles.md, "scaling").
+    # Only pretrained decoders converted to a tie and uptrained by distillation (qkvlab.hf.convert):
+    # K=V from the fitted start and from Kayyam et al.'s naive ones, against the untied model
+    # uptrained the same way; GQA/MQA from Ainslie et al.'s mean-pooling; Q=K and Q=K=V at the
+    # small budgets. Estimated ~2.5 h on 2 idle cores (docs/study-profiles.md, "convert").
+    QKVProfile("convert", seeds=(), d_model=64, n_layers=2, n_heads=4, batch_size=16,
+               steps=1000, lr=3e-3, eval_batches=16, task_options=SCALING_LM,
+               convert=(*(ConvertConfig(tie=t, start=s, tokens=262144)
+                          for t, s in (("kv", "fitted"), ("kv", "avg"), ("none", None))),
+                        ConvertConfig(tie="kv", start="keep_k", tokens=65536),
+                        ConvertConfig(tie="mqa", tokens=65536),
+                        *(ConvertConfig(tie=t, tokens=16384) for t in ("qk", "qkv"))),
+               convert_models=("smollm2",)),
     QKVProfile("scaling", seeds=(), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=1000, lr=6e-3, eval_batches=16, task_options=SCALING_LM,
                scaling_budgets=(375, 750, 1500, 3000), scaling_seeds=tuple(range(6)),

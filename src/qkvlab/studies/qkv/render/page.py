@@ -40,6 +40,7 @@ from qkvlab.studies.qkv.plan.references import SAPONATI_CITE, SAPONATI_MEASURE
 from qkvlab.studies.qkv.render import figures as F
 from qkvlab.studies.qkv.render import figures_scaling
 from qkvlab.studies.qkv.render.answers import answer_blocks
+from qkvlab.studies.qkv.render.convert import convert_blocks
 from qkvlab.studies.qkv.render.pretrained import published_text
 from qkvlab.studies.qkv.render.scale import scale_table, scale_words
 from qkvlab.studies.qkv.render.tables import (
@@ -165,6 +166,7 @@ def q3_blocks(data: StudyData) -> list[Block]:
                                 num(r["cache_bytes_per_token"]), num(r["decode_tokens_per_s"]))
                                for r in dec.sort_values("design").to_dict("records"))))
     out += tie_cost_blocks(data)
+    out += convert_blocks(data)
     return out
 
 

@@ -49,6 +49,7 @@ from qkvlab.studies.qkv.render.sentences import (
 )
 from qkvlab.studies.qkv.render.scale import scale_words
 from qkvlab.studies.qkv.render.text import ci_text, said
+from qkvlab.studies.qkv.render.convert import convert_sentence
 from qkvlab.studies.qkv.render.ties import tie_cost_sentence
 
 
@@ -248,6 +249,7 @@ def verdict_q3(data: StudyData) -> Verdict:
             f"{pays.loc['mqa', 'ratio']:.2f}×); at short context and batch 1 the weights are the "
             f"cost and the layouts are level (figure: where K = V pays).")
     details.append(tie_cost_sentence(data, ("kv", "gqa")))
+    details.append(convert_sentence(data))
     return Verdict(headline, tuple(d for d in details if d))
 
 

@@ -1,0 +1,127 @@
+"""Pretrained decoders converted to a tie and uptrained, as the study reads them: the stored
+``convert`` records (``qkvlab.hf.convert``) as curves, each point's gap to the teacher and to the
+untied model uptrained the same way, and what the curves decide about the starts.
+
+Findings (render words them, it decides nothing):
+- ``curves``: one row per (model, tie, start, tokens) with the gap to the teacher and its 95%
+  bootstrap CI (from the record) and, where the untied model was uptrained on the same tokens the
+  same way (tie "none", same uptraining, evaluation and text), the paired gap to it
+  (``vs_untied``, CI ``vs_lo``/``vs_hi``): the tie's own cost with the text's effect removed.
+- ``start_findings``: per model and tie, each start's zero-shot and last gap, and the tokens
+  the better start needed to reach the gap the other start ends at (log-linear between measured
+  budgets, never extrapolated), so "tokens saved" is read off measured points only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from qkvlab.hf.convert import VERSION, gap_ci
+from qkvlab.studies.qkv.compute.results import StudyData
+
+# what a curve's points must share with their untied baseline to be paired with it
+SAME_RUN = ("model", "spec.eval_tokens", "spec.calib_tokens", "spec.corpus", "tokens",
+            *(f"spec.uptrain.{k}" for k in ("lr", "batch", "seq_len", "warmup", "alpha",
+                                            "temperature", "train", "chunk", "precision")))
+
+
+def curves(data: StudyData) -> pd.DataFrame:
+    """The stored curves (current version), with ``vs_untied`` where a baseline matches."""
+    df = data.measure("convert")
+    if df.empty or "spec.version" not in df:
+        return pd.DataFrame()
+    df = df[df["spec.version"] == VERSION].copy()
+    if df.empty:
+        return df
+    df["model"] = df["spec.model"]
+    # a budget measured in several runs (a 64k run and a 256k run that resumed it) is one point
+    df = df.drop_duplicates(["model", "tie", "start", "tokens", *SAME_RUN[1:]], keep="last")
+    keys = [c for c in SAME_RUN if c in df]
+    base = df[df.tie == "none"].set_index(keys)["nll_seq"]
+    rows = []
+    for _, r in df.iterrows():
+        key = tuple(r[c] for c in keys)
+        b = base.get(key) if r["tie"] != "none" else None
+        if b is not None and len(b) == len(r["nll_seq"]):
+            g, lo, hi = gap_ci(r["nll_seq"], b, int(r["spec.uptrain.seq_len"]) - 1)
+        else:
+            g = lo = hi = math.nan
+        rows.append((g, lo, hi))
+    df[["vs_untied", "vs_lo", "vs_hi"]] = pd.DataFrame(rows, index=df.index)
+    cols = ["model", "tie", "start", "tokens", "steps", "ppl", "ppl_teacher", "gap", "gap_lo",
+            "gap_hi", "vs_untied", "vs_lo", "vs_hi", "kv_cache", "attn_params", "lr",
+            "eval_tokens", "tokens_per_s", "precision"]
+    return df[[c for c in cols if c in df]].sort_values(
+        ["model", "tie", "start", "tokens"], kind="stable").reset_index(drop=True)
+
+
+def tokens_to_reach(points: pd.DataFrame, target: float) -> float | None:
+    """Tokens at which a curve (``tokens``, ``gap``; measured budgets) first reaches ``target``,
+    log-linear in tokens between the two budgets around it; None where no measured budget
+    reaches it (nothing is extrapolated). 0 where the curve starts at or below it."""
+    p = points.sort_values("tokens")
+    t, g = p.tokens.to_numpy(float), p.gap.to_numpy(float)
+    hit = np.nonzero(g <= target)[0]
+    if not len(hit):
+        return None
+    i = hit[0]
+    if i == 0:
+        return float(t[0])
+    t0, t1, g0, g1 = t[i - 1], t[i], g[i - 1], g[i]
+    if t0 <= 0:  # from the zero-shot point: linear in tokens (no log of 0)
+        return float(t0 + (t1 - t0) * (g0 - target) / (g0 - g1))
+    lt = math.log(t0) + (math.log(t1) - math.log(t0)) * (g0 - target) / (g0 - g1)
+    return float(math.exp(lt))
+
+
+@dataclass(frozen=True)
+class StartFinding:
+    """Two starts of one tie on one model: which ends lower and what it saved."""
+    model: str
+    tie: str
+    better: str
+    worse: str
+    zero_shot: dict          # start -> gap at 0 tokens
+    last: dict               # start -> (tokens, gap, lo, hi) at the largest common budget
+    separated: bool          # the two last CIs do not overlap
+    target: float            # the worse start's gap at the largest common budget
+    tokens_better: float | None   # tokens the better start needed to reach ``target``
+    tokens_worse: float
+    saved: float | None      # tokens_worse / tokens_better where the better start got there sooner
+
+
+def start_findings(df: pd.DataFrame) -> list[StartFinding]:
+    """For each model and tie with two or more starts: each other start against the one that
+    ends lowest at their largest common budget."""
+    out = []
+    if df.empty:
+        return out
+    for (model, tie), g in df[df.tie != "none"].groupby(["model", "tie"], sort=False):
+        starts = list(dict.fromkeys(g.start))
+        if len(starts) < 2:
+            continue
+        common = set.intersection(*(set(g[g.start == s].tokens) for s in starts))
+        if not common:
+            continue
+        top = max(common)
+        at = {s: g[(g.start == s) & (g.tokens == top)].iloc[0] for s in starts}
+        best = min(starts, key=lambda s: at[s].gap)
+        zero = {s: float(g[(g.start == s) & (g.tokens == 0)].gap.iloc[0])
+                if (g[(g.start == s)].tokens == 0).any() else math.nan for s in starts}
+        for s in starts:
+            if s == best:
+                continue
+            b, w = at[best], at[s]
+            reach = tokens_to_reach(g[g.start == best], float(w.gap))
+            out.append(StartFinding(
+                model, tie, best, s, {best: zero[best], s: zero[s]},
+                {x: (top, float(at[x].gap), float(at[x].gap_lo), float(at[x].gap_hi))
+                 for x in (best, s)},
+                separated=bool(b.gap_hi < w.gap_lo), target=float(w.gap),
+                tokens_better=reach, tokens_worse=float(top),
+                saved=top / max(reach, 1.0) if reach is not None and reach < top else None))
+    return out

@@ -1,0 +1,144 @@
+"""Converted pretrained decoders in the report: the uptraining curves (figure), their numbers
+(table) and Q3's sentence. Reads ``compute.convert``; decides nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
+
+from qkvlab.report.blocks import Block, Figure, Para, Table
+from qkvlab.studies.qkv.compute.convert import curves, start_findings
+from qkvlab.studies.qkv.compute.results import StudyData
+from qkvlab.studies.qkv.compute.zoo import manifest
+from qkvlab.studies.qkv.plan.references import (KAYYAM_CONVERT, KAYYAM_CONVERT_CITE,
+                                                KAYYAM_CONVERT_UNIT, KAYYAM_SCRATCH_KV_PCT)
+from qkvlab.studies.qkv.render.figures_q import save
+
+START_LABELS = {"fitted": "fitted (qkvlab: V = K·M least squares, M folded into W_O)",
+                "avg": "avg: (W_K + W_V)/2", "keep_k": "keep W_K", "keep_v": "keep W_V",
+                "mean_pool": "kv heads mean-pooled", "none": "untied, uptrained the same way"}
+SHORT = {"fitted": "fitted", "avg": "avg", "keep_k": "keep W_K", "keep_v": "keep W_V",
+         "mean_pool": "mean-pooled", "none": "untied"}
+TIES = {"kv": "K=V", "qk": "Q=K", "qkv": "Q=K=V", "mqa": "MQA", "none": "untied"}
+ZERO_X = 2 ** 9  # where the zero-shot point is drawn on the log token axis (labelled "0")
+
+
+def _title(model: str) -> str:
+    m = manifest()
+    return m[model].title if model in m else model
+
+
+def pct(x: float) -> str:
+    """A gap in % (``+12.3%``), or a factor above +100% (``×20.7``)."""
+    if not math.isfinite(x):
+        return "—"
+    return f"{100 * x:+.1f}%" if x < 1 else f"×{1 + x:.3g}"
+
+
+def ci(g: float, lo: float, hi: float) -> str:
+    if not math.isfinite(g):
+        return "—"
+    return f"{pct(g)} ({pct(lo)} to {pct(hi)})"
+
+
+def tie_label(tie: str) -> str:
+    return TIES.get(tie, tie.replace("gqa:", "GQA, kv heads "))
+
+
+def fig_q3_convert(data: StudyData, out: Path) -> Figure | None:
+    """Perplexity over the teacher's (log) against uptraining tokens (log), one line per tie and
+    start, 95% bootstrap bands; Kayyam et al.'s published conversion beside them (hollow)."""
+    df = curves(data)
+    if df.empty:
+        return None
+    models = list(dict.fromkeys(df.model))
+    fig, axes = plt.subplots(1, len(models), figsize=(7.2 * len(models), 4.4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        g = df[df.model == model]
+        for (tie, start), c in g.groupby(["tie", "start"], sort=False):
+            x = c.tokens.clip(lower=ZERO_X)
+            lw, colr = (1.0, "#777777") if tie == "none" else (1.6, None)
+            line, = ax.plot(x, 1 + c.gap, marker="o", ms=4, lw=lw, color=colr,
+                            label=f"{tie_label(tie)}, {SHORT.get(start, start)}")
+            ax.fill_between(x, 1 + c.gap_lo, 1 + c.gap_hi, color=line.get_color(), alpha=0.15)
+        for start, pts in KAYYAM_CONVERT.items():
+            ax.plot([t for t, _ in pts], [1 + p / 100 for _, p in pts], marker="D", mfc="none",
+                    ls=":", lw=1, label=f"published K=V, {SHORT[start]} ({KAYYAM_CONVERT_CITE})")
+        ax.axhline(1 + KAYYAM_SCRATCH_KV_PCT / 100, color="#444444", ls="--", lw=0.8,
+                   label=f"published K=V trained from scratch (+{KAYYAM_SCRATCH_KV_PCT}%)")
+        ax.axhline(1, color="#999999", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(
+            lambda v, _: "0" if v <= ZERO_X else f"{v / 1e6:g}M" if v >= 1e6 else f"{v / 1e3:g}k"))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{100 * (v - 1):+.0f}%"))
+        ax.set_xlabel("uptraining tokens (0 = the tie as imposed)")
+        ax.set_ylabel("perplexity over the teacher's, per token")
+        ax.set_title(f"{_title(model)}: converted, then distilled from the untied model",
+                     fontsize=9)
+        ax.legend(fontsize=6.5, frameon=False, loc="upper right")
+    fig.tight_layout()
+    return save(fig, df.drop(columns=[c for c in ("nll_seq",) if c in df]), out, "q3_convert",
+                "Converting a trained decoder to a tie: the gap to the teacher against "
+                "uptraining tokens",
+                "Each line: the tie imposed from one start, then uptrained by distillation from "
+                "the untied model (KL at T = 2 plus next-token loss, AdamW, constant rate after "
+                "warmup, so every budget is a prefix of one run) on Python's standard library "
+                "source; held-out test files, per-token perplexity over the teacher's, 95% "
+                "paired bootstrap over the evaluation sequences. Grey: the untied model uptrained "
+                "the same way (the text's own effect). Hollow diamonds: " + KAYYAM_CONVERT_UNIT
+                + "; another model, text and tokenizer, so only their shape is comparable.")
+
+
+def convert_blocks(data: StudyData) -> list[Block]:
+    """The curves' numbers: one row per point."""
+    df = curves(data)
+    if df.empty:
+        models = getattr(data.profile, "convert_models", ())
+        return [Para("Converting a trained decoder and uptraining it: not measured in this store"
+                     + (f" (this profile converts {', '.join(models)}; see the notes)" if models
+                        else "; `qkvlab convert smollm2 --tie kv --start fitted` stores it")
+                     + ".", note=True)]
+    rows = tuple((_title(r["model"]), tie_label(r["tie"]), SHORT.get(r["start"], r["start"]),
+                  f"{int(r['tokens']):,}", f"{r['ppl']:.3f}", f"{r['ppl_teacher']:.3f}",
+                  ci(r["gap"], r["gap_lo"], r["gap_hi"]),
+                  ci(r["vs_untied"], r["vs_lo"], r["vs_hi"]), f"{r['kv_cache']:.2f}")
+                 for r in df.to_dict("records"))
+    return [Table("A trained decoder converted to each tie, then uptrained by distillation: "
+                  "held-out per-token perplexity (Python standard library source, test files), "
+                  "its gap to the teacher and to the untied model uptrained on the same tokens "
+                  "the same way, 95% paired bootstrap CIs over the evaluation sequences",
+                  ("model", "tie", "start", "tokens", "perplexity", "teacher", "over teacher",
+                   "over untied uptrained", "KV cache ×"), rows)]
+
+
+def convert_sentence(data: StudyData) -> str:
+    """Q3's words on the conversion curves: each start's first and last gap and what the better
+    start saved (``compute.convert.start_findings``)."""
+    df = curves(data)
+    found = start_findings(df)
+    if not found:
+        return ""
+    parts = []
+    for f in found:
+        t = f.last[f.better][0]
+        said = (f"{_title(f.model)} converted to {tie_label(f.tie)}: from the {SHORT[f.better]} "
+                f"start the perplexity begins at {pct(f.zero_shot[f.better])} over the teacher "
+                f"against {pct(f.zero_shot[f.worse])} from {SHORT[f.worse]}; after {t:,} tokens "
+                f"of uptraining {ci(*f.last[f.better][1:])} against "
+                f"{ci(*f.last[f.worse][1:])}")
+        said += (" (the intervals do not overlap)" if f.separated
+                 else " (the intervals overlap: not separated at this budget)")
+        if f.saved is not None:
+            said += (f"; the {SHORT[f.better]} start reached {SHORT[f.worse]}'s final gap "
+                     f"after about {f.tokens_better:,.0f} tokens, {f.saved:.3g}× fewer")
+        parts.append(said)
+    tokens, gap = KAYYAM_CONVERT["avg"][-1]
+    return ("Converting a trained model, then uptraining it: " + "; ".join(parts) + ". "
+            f"Kayyam et al.'s averaged start is {gap:+.1f}% over its teacher after "
+            f"{tokens / 1e6:g}M tokens on their 300M model (another model and text; the figure "
+            "draws both).")

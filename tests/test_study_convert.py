@@ -1,0 +1,100 @@
+"""The study's convert step: ``run_convert`` stores the profile's conversions, and the curves,
+the start findings, the figure, the table and Q3's sentence read back exactly what it stored.
+A tiny random Llama and a folder of small .py files stand in for SmolLM2 and the stdlib."""
+
+import dataclasses
+import math
+
+import pandas as pd
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+from qkvlab.experiments.registry import get_profile  # noqa: E402
+from qkvlab.experiments.store import Store  # noqa: E402
+from qkvlab.hf import cost  # noqa: E402
+from qkvlab.hf.convert import ConvertConfig, gap_ci  # noqa: E402
+from qkvlab.hf.uptrain import UptrainConfig  # noqa: E402
+from qkvlab.studies.qkv import study  # noqa: E402
+from qkvlab.studies.qkv.compute import results  # noqa: E402
+from qkvlab.studies.qkv.compute.convert import curves, start_findings, tokens_to_reach  # noqa: E402
+from qkvlab.studies.qkv.render.convert import (convert_blocks, convert_sentence,  # noqa: E402
+                                               fig_q3_convert)
+from test_hf_convert import make_root, make_tok, tiny  # noqa: E402
+
+UP = UptrainConfig(batch=2, seq_len=64, precision="fp32", warmup=1, lr=3e-3, chunk=64)
+CONFIGS = tuple(ConvertConfig(tie=t, start=s, tokens=512, eval_tokens=256, calib_tokens=128,
+                              uptrain=UP) for t, s in (("kv", "fitted"), ("kv", "avg"),
+                                                       ("none", None)))
+
+
+@pytest.fixture
+def stored(tmp_path, monkeypatch):
+    root = make_root(tmp_path / "src" if (tmp_path / "src").mkdir() is None else None)
+    monkeypatch.setenv("QKVLAB_PYSOURCE", root)
+    tok = make_tok()
+    p = dataclasses.replace(get_profile("smoke"), convert=CONFIGS, convert_models=("tiny",))
+    monkeypatch.setattr(study, "get_profile", lambda name: p)
+    loads = []
+
+    def load(source):
+        loads.append(source)
+        return tiny(tok), tok
+
+    monkeypatch.setattr(cost, "load_lm", load)
+    cfg = study.StudyConfig(profile="smoke", db=str(tmp_path / "r.db"), pretrained=(),
+                            log=lambda s: None, progress=False)
+    with Store(cfg.db) as store:
+        study.run_convert(study.Recorder(store, "smoke"), cfg)
+        n_loads = len(loads)
+        study.run_convert(study.Recorder(store, "smoke"), cfg)  # stored: nothing recomputed
+        data = results.load(store, p)
+        raw = {r["spec"]["start"]: r["records"] for r in store.measure_rows("convert")}
+    assert len(loads) == n_loads
+    return data, raw, tmp_path
+
+
+def test_curves_hold_every_budget_and_the_paired_gap_to_the_untied_run(stored):
+    data, raw, _ = stored
+    df = curves(data)
+    assert sorted(set(zip(df.tie, df.start))) == [("kv", "avg"), ("kv", "fitted"),
+                                                    ("none", "none")]
+    assert sorted(df.tokens.unique()) == [0, 512]
+    fitted = df[(df.start == "fitted")].set_index("tokens")
+    rec = {r["tokens"]: r for r in raw["fitted"]}
+    for t in (0, 512):
+        assert fitted.loc[t, "gap"] == rec[t]["gap"]
+        want = gap_ci(rec[t]["nll_seq"], {r["tokens"]: r for r in raw["none"]}[t]["nll_seq"], 63)
+        assert (fitted.loc[t, "vs_untied"], fitted.loc[t, "vs_lo"], fitted.loc[t, "vs_hi"]) \
+            == pytest.approx(want, rel=1e-12)
+    assert df[df.tie == "none"].vs_untied.isna().all()  # the baseline has no baseline
+
+
+def test_start_findings_read_the_stored_numbers(stored):
+    data, raw, _ = stored
+    (f,) = start_findings(curves(data))
+    last = {s: raw[s][-1]["gap"] for s in ("fitted", "avg")}
+    assert f.better == min(last, key=last.get) and f.worse == max(last, key=last.get)
+    assert f.last[f.better][1] == last[f.better] and f.target == last[f.worse]
+    assert f.zero_shot == {s: raw[s][0]["gap"] for s in ("fitted", "avg")}
+    text = convert_sentence(data)
+    assert f"after 512 tokens" in text and "Kayyam" in text
+
+
+def test_figure_table_and_csv(stored):
+    data, raw, tmp = stored
+    fig = fig_q3_convert(data, tmp / "figs")
+    assert fig is not None and (tmp / "figs" / "q3_convert.png").stat().st_size > 0
+    csv = pd.read_csv(tmp / "figs" / "q3_convert.csv")
+    assert len(csv) == 6 and "nll_seq" not in csv
+    (table,) = convert_blocks(data)
+    assert len(table.rows) == 6
+
+
+def test_tokens_to_reach_interpolates_between_measured_budgets_only():
+    pts = pd.DataFrame({"tokens": [0, 16384, 65536], "gap": [20.0, 1.0, 0.5]})
+    assert tokens_to_reach(pts, 25.0) == 0
+    assert tokens_to_reach(pts, 0.4) is None  # never extrapolated
+    got = tokens_to_reach(pts, 0.75)  # halfway in log tokens between 16k and 64k
+    assert got == pytest.approx(math.exp((math.log(16384) + math.log(65536)) / 2), rel=1e-12)
+    assert tokens_to_reach(pts, 10.5) == pytest.approx(16384 * 0.5, rel=1e-12)  # linear from 0
