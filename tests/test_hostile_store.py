@@ -204,3 +204,61 @@ def test_a_spec_changed_by_hand_in_the_store_is_not_trained(tmp_path, toy):
     assert counts == {"done": 1, "failed": 1}
     with Store(db, readonly=True) as s:
         assert "hashes to" in s.error(rid)
+
+
+# ---- issue 41: nothing a store or a spec names is imported without the user's opt-in ------------
+def planted(tmp_path: Path, monkeypatch) -> tuple[Path, dict]:
+    """A module on the path that leaves a file when imported, and a spec naming its task."""
+    ran = tmp_path / "ran"
+    (tmp_path / "planted_task.py").write_text(f"open({str(ran)!r}, 'w').write('imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec, _ = toy_runs()[0]
+    return ran, {**spec, "task": "planted_task:Evil"}
+
+
+REFUSED = ("task: 'planted_task:Evil' names code to import, which qkvlab runs only from a "
+           "module you name: --task-module planted_task (Python: qkvlab.train."
+           "allow_task_modules('planted_task')); registered tasks: ")
+
+
+def test_a_task_a_store_names_is_never_imported(tmp_path, monkeypatch):
+    from qkvlab.experiments.store import run_id
+    from qkvlab.experiments.worker import work
+
+    ran, spec = planted(tmp_path, monkeypatch)
+    db = tmp_path / "r.db"
+    with Store(db) as s:  # a store whose ids are honest hashes of specs naming planted code
+        (rid,) = s.add("x", "smoke", [(spec, {})])
+    assert rid == run_id(spec)
+    assert work(str(db), [rid], threads=1) == 1
+    with Store(db, readonly=True) as s:
+        assert s.status(rid) == "failed" and REFUSED in s.error(rid)
+    assert not ran.exists() and "planted_task" not in sys.modules
+
+
+def test_the_train_entry_imports_a_task_module_only_when_named(tmp_path, monkeypatch, capsys):
+    from qkvlab.train.__main__ import main
+
+    ran, spec = planted(tmp_path, monkeypatch)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    assert main([str(path), "--out", str(tmp_path / "out.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"qkvlab.train: error: {path}: {REFUSED}")
+    assert not ran.exists() and "planted_task" not in sys.modules
+
+
+def test_a_stored_spec_that_does_not_hash_to_its_id_is_a_damaged_store(tmp_path):
+    spec, _ = toy_runs()[0]
+    db = tmp_path / "r.db"
+    with Store(db) as s:
+        (rid,) = s.add("x", "smoke", [(spec, {})])
+        s.conn.execute("UPDATE runs SET spec=? WHERE id=?",
+                       (json.dumps({**spec, "task": "lm"}), rid))
+    with Store(db, readonly=True) as s, pytest.raises(InputFileError) as e:
+        s.runs_spec(rid)
+    from qkvlab.experiments.store import run_id
+
+    assert str(e.value) == (f"db: {db}: run {rid}: the spec stored under this id hashes to "
+                            f"{run_id({**spec, 'task': 'lm'})}; the store is damaged or was "
+                            "changed by hand (refused)")

@@ -50,6 +50,9 @@ def configure_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensorboard", default=None, metavar="DIR",
                         help="also log every run's metrics for TensorBoard under DIR "
                              "(needs the tensorboard package)")
+    parser.add_argument("--task-module", action="append", default=[], metavar="MODULE",
+                        help="allow runs whose task is MODULE:Class (MODULE's code runs; "
+                             "repeat for several)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -63,7 +66,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         use_device(args.device)
         counts = sweep(name, args.profile, workers=args.workers, backend=args.backend,
                        db=args.db, progress=not args.no_progress, threads=args.threads,
-                       tensorboard=args.tensorboard,
+                       tensorboard=args.tensorboard, task_modules=args.task_module,
                        log=lambda m: print(m, file=sys.stderr))  # the time breakdown, always
     except ValueError as e:
         return print_error("qkvlab sweep", e)  # on its own line, after any progress bar

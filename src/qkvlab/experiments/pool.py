@@ -19,6 +19,7 @@ import torch
 
 from qkvlab.experiments.store import FINISHED, Store
 from qkvlab.experiments.worker import execute, step_logger, work
+from qkvlab.train.build import TASK_MODULES, allow_task_modules
 
 BACKENDS = ("local", "ray")
 
@@ -87,7 +88,9 @@ def _local_pool(db: str, todo: list[str], workers: int, threads: int, bar, store
     for k in range(workers):
         # each worker starts on its own share, then helps with the rest (claims keep it exact)
         p = ctx.Process(target=work, args=(db, todo[k::workers] + todo, threads, os.getpid()),
-                        kwargs={"tensorboard": tensorboard, "spawned": time.time()}, daemon=False)
+                        kwargs={"tensorboard": tensorboard, "spawned": time.time(),
+                                "task_modules": sorted(TASK_MODULES)},  # this process's opt-in
+                        daemon=False)
         p.start()
         procs.append(p)
     while any(p.is_alive() for p in procs):
@@ -109,7 +112,12 @@ def _ray(store: Store, todo: list[str], progress, tensorboard: str | None = None
     pending = {}
     for rid in todo:
         if store.claim(rid):
-            pending[remote.remote(store.runs_spec(rid), rid)] = rid
+            try:
+                spec = store.runs_spec(rid)  # refused if it does not hash to its id
+            except ValueError as e:
+                store.fail(rid, str(e))
+                continue
+            pending[remote.remote(spec, rid, sorted(TASK_MODULES))] = rid
     while pending:
         done, _ = ray.wait(list(pending), num_returns=1)
         rid = pending.pop(done[0])
@@ -130,7 +138,8 @@ def _ray(store: Store, todo: list[str], progress, tensorboard: str | None = None
         progress.update(1)
 
 
-def _ray_task(spec: Mapping[str, Any], rid: str) -> dict[str, Any]:
+def _ray_task(spec: Mapping[str, Any], rid: str, task_modules=()) -> dict[str, Any]:
+    allow_task_modules(*task_modules)
     with tempfile.TemporaryDirectory() as d:  # checkpoints live on the Ray node
         return execute(spec, Path(d) / rid)
 
