@@ -262,3 +262,80 @@ def test_a_stored_spec_that_does_not_hash_to_its_id_is_a_damaged_store(tmp_path)
     assert str(e.value) == (f"db: {db}: run {rid}: the spec stored under this id hashes to "
                             f"{run_id({**spec, 'task': 'lm'})}; the store is damaged or was "
                             "changed by hand (refused)")
+
+
+# ---- issue 41: arguments are checked before any work, and no sweep restarts workers forever -----
+@pytest.mark.parametrize("extra, said", [
+    (["--threads", "-2"], "--threads: -2 must be a positive integer"),
+    (["--threads", "0"], "--threads: 0 must be a positive integer"),
+    (["--workers", "0"], "--workers: 0 must be a positive integer"),
+    (["--device", ""], "--device: '' names no device; use cpu, cuda or cuda:N (or leave "
+                       "--device out)")])
+def test_sweep_arguments_no_worker_could_use_are_one_line_before_anything(
+        tmp_path, capsys, toy, extra, said):
+    from qkvlab.cli import main
+
+    db = tmp_path / "r.db"
+    assert main(["sweep", toy, "--profile", "smoke", "--db", str(db), "--no-progress",
+                 *extra]) == 2
+    assert capsys.readouterr().err == f"qkvlab sweep: error: {said}\n"
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="threads: -2 must be a positive integer"):
+        sweep(toy, "smoke", db=db, threads=-2, progress=False)  # the API too
+    from qkvlab.train.distributed import use_device
+
+    with pytest.raises(ValueError, match="device: '' names no device"):
+        use_device("")
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["study", "--profile", "smoke", "--out", "{file}"], "--out: {file} is a file, where a "
+                                                         "folder is expected"),
+    (["analyze", "gpt2", "--out", "{file}"], "--out: {file} is a file, where a folder is "
+                                             "expected"),
+    (["results", "all", "--out", "{dir}"], "--out: {dir} is a folder, where a file is expected"),
+    (["results", "all", "--out", "{file}/x.csv"], "--out: {file}/x.csv cannot be made: {file} "
+                                                  "is a file, not a folder"),
+    (["zoo", "fetch", "all", "--dir", "{file}"], "--dir: {file} is a file, where a folder is "
+                                                 "expected"),
+    (["study", "--profile", "smoke", "--out", "{dir}/new/report"], "--out: {dir} is not "
+                                                                   "writable by this user")])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys,
+                                                                     monkeypatch, argv, said):
+    from qkvlab.cli import main
+
+    file, folder = tmp_path / "a-file", tmp_path / "ro"
+    file.write_text("keep")
+    folder.mkdir()
+    if "new/report" in argv[-1]:  # tests run as root, whom no mode bit stops: ask os.access
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, m: Path(p) != folder and real(p, m))
+    fill = {"file": str(file), "dir": str(folder)}
+    db = tmp_path / "r.db"
+    with_db = ["--db", str(db)] if argv[0] in ("study", "results") else []
+    assert main([a.format(**fill) for a in argv] + with_db) == 2
+    command = argv[0]
+    assert capsys.readouterr().err == f"qkvlab {command}: error: {said.format(**fill)}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "ro"]
+    assert file.read_text() == "keep"
+
+
+def test_workers_that_keep_dying_end_the_sweep_with_their_cause(tmp_path, toy):
+    """A worker that cannot run (here: a thread count torch refuses, as ``--threads -2`` once
+    reached it; a full disk alike) was restarted forever; now the sweep stops and says why."""
+    from qkvlab.experiments import pool
+    from qkvlab.progress import bar
+
+    db = tmp_path / "r.db"
+    with Store(db) as s:
+        ids = s.add(toy, "smoke", toy_runs())
+        with pytest.raises(pool.WorkersDied) as e:
+            pool.train_runs(s, ids, ids, "local", 2, -2, bar(total=2, disable=True), None)
+        assert [s.status(i) for i in ids] == ["pending", "pending"]
+    said = str(e.value)
+    assert said.startswith("sweep: every worker process died 3 times in a row without finishing "
+                           "a run; last: RuntimeError: set_num_threads expects a positive "
+                           "integer (traceback in ")
+    saved = Path(said.split("traceback in ")[1].rstrip(")"))
+    assert "torch.set_num_threads(threads)" in saved.read_text()
+    saved.unlink()

@@ -160,10 +160,10 @@ def sweep(name: str | Sequence[str], profile: str = "quick", *, workers: int = 1
     Raises:
         ResultsPending: experiments whose runs still cannot be listed once the others have
             trained (what they need failed); the others' results are stored.
-        ValueError: unknown experiment, profile, backend or worker count.
+        ValueError: unknown experiment, profile, backend, worker or thread count.
     """
     began, t0 = time.time(), time.perf_counter()
-    check_pool(workers, backend)
+    check_pool(workers, backend, threads)
     allow_task_modules(*task_modules)
     names = experiment_names(name)
     if Path(db).is_file():  # earlier results complete the plan of dependent experiments
