@@ -339,3 +339,60 @@ def test_workers_that_keep_dying_end_the_sweep_with_their_cause(tmp_path, toy):
     saved = Path(said.split("traceback in ")[1].rstrip(")"))
     assert "torch.set_num_threads(threads)" in saved.read_text()
     saved.unlink()
+
+
+# ---- issue 41: stores: damaged, look-alike, read without a trace, missing ----------------------
+def test_a_damaged_store_is_refused_before_anything_writes_to_it(tmp_path):
+    db = tmp_path / "d.db"
+    spec, _ = toy_runs()[0]
+    with Store(db) as s:
+        (rid,) = s.add("x", "smoke", [(spec, {})])
+        for step in range(300):
+            s.log(rid, step, {f"m{i}": float(i) for i in range(10)})
+    raw = bytearray(db.read_bytes())
+    size = int.from_bytes(raw[16:18], "big")  # the page size; a metrics page near the end
+    at = (len(raw) // size - 2) * size
+    raw[at + 8:at + size] = b"\xab" * (size - 8)
+    db.write_bytes(raw)
+    before = digest(db)
+    with pytest.raises(InputFileError) as e:
+        Store(db)
+    assert str(e.value).startswith(f"db: {db} fails SQLite's quick_check (*** in database main "
+                                   "*** On tree page ")
+    assert str(e.value).endswith("; the store is damaged, and qkvlab writes nothing to it")
+    assert "\n" not in str(e.value) and digest(db) == before
+
+
+def test_a_runs_table_with_old_column_names_but_no_primary_key_is_not_adopted(tmp_path):
+    from qkvlab.experiments.schema import LEGACY_RUNS
+
+    db = tmp_path / "lookalike.db"
+    with sqlite3.connect(db) as c:
+        c.execute(f"CREATE TABLE runs ({', '.join(sorted(LEGACY_RUNS))})")
+        c.execute("INSERT INTO runs (id, spec) VALUES ('a', 'theirs'), ('a', 'again')")
+    c.close()
+    before = digest(db)
+    for readonly in (False, True):
+        with pytest.raises(InputFileError, match="is a SQLite database but not a qkvlab results "
+                                                 "database .* qkvlab leaves it as it is"):
+            Store(db, readonly=readonly)
+    assert digest(db) == before and sorted(p.name for p in tmp_path.iterdir()) == [db.name]
+
+
+def test_results_reads_a_store_and_leaves_nothing_beside_it(tmp_path, capsys, toy):
+    from qkvlab.cli import main
+
+    db = tmp_path / "r.db"
+    with Store(db) as s:
+        ids = s.add(toy, "smoke", toy_runs())
+    before = digest(db)
+    assert main(["results", toy, "--profile", "smoke", "--db", str(db), "--format", "csv"]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert sorted(r.split(",")[2] for r in rows[1:]) == sorted(ids)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.db"] and digest(db) == before
+    missing = tmp_path / "missing.db"
+    assert main(["results", toy, "--profile", "smoke", "--db", str(missing)]) == 2
+    assert capsys.readouterr().err == (f"qkvlab results: error: db: no results database at "
+                                       f"{missing}; run `qkvlab sweep {toy} --profile smoke "
+                                       f"--db {missing}`\n")
+    assert not missing.exists()

@@ -121,12 +121,12 @@ def _sweep_hint(name: str, profile: str | None, db: str) -> str:
 
 
 def run_results(args: argparse.Namespace) -> int:
-    """Print or write stored results; exit status 1 if there are none (a missing database
-    is never created), 2 for a bad argument or a file that is not a results database."""
+    """Print or write stored results; exit status 1 if the store holds none, 2 for a bad
+    argument, a missing --db (never created) or a file that is not a results database."""
     hint = _sweep_hint(args.name, args.profile, args.db)
-    if not Path(args.db).exists():
-        print(f"error: no results database at {args.db}{hint}", file=sys.stderr)
-        return 1
+    if not Path(args.db).exists():  # a path that names nothing is a bad argument
+        return print_error("qkvlab results", ValueError(f"db: no results database at "
+                                                        f"{args.db}{hint}"))
     try:
         with Store(args.db, readonly=True) as store:  # a read command: never writes
             name = None if args.name == "all" else args.name
