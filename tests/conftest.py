@@ -6,6 +6,12 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/reference.py is the floa
 import contextlib  # noqa: E402
 
 from qkvlab.experiments import registry  # noqa: E402
+from qkvlab.train import allow_task_modules  # noqa: E402
+
+# The suite's own module:Class tasks (ToyTask, BrokenTask): opted in as a user would
+# (--task-module), passed on by a sweep to its workers; no other module's task is imported.
+TEST_TASK_MODULES = ("test_train_trainer", "test_experiments_store")
+allow_task_modules(*TEST_TASK_MODULES)
 
 
 def scored(final: dict) -> dict:

@@ -203,11 +203,12 @@ def test_cli_errors_are_clear(tmp_path, capsys):
     assert not db.exists() and not list(tmp_path.iterdir())  # a rejected sweep creates nothing
     p = argparse.ArgumentParser()
     cli.configure_results(p)
-    assert cli.run_results(p.parse_args(["alt_vs_standard", "--profile", "smoke", "--db", str(db)])) == 1
+    assert cli.run_results(p.parse_args(["alt_vs_standard", "--profile", "smoke", "--db",
+                                         str(db)])) == 2  # a --db naming nothing: bad input
     err = capsys.readouterr().err
     # the suggested command is one that sweep accepts: registered name, same profile and db
     assert f"run `qkvlab sweep alt_vs_standard --profile smoke --db {db}`" in err
-    assert cli.run_results(p.parse_args(["nope", "--db", str(db)])) == 1
+    assert cli.run_results(p.parse_args(["nope", "--db", str(db)])) == 2
     err = capsys.readouterr().err
     assert "not a registered experiment" in err and "qkvlab sweep" not in err
     assert not db.exists()  # results never creates a database either

@@ -46,7 +46,7 @@ def toy(profile):
     return runs
 
 print(sweep("toy_sweep", "smoke", workers=int(sys.argv[2]), db=sys.argv[1], progress=False,
-            threads=1))
+            threads=1, task_modules=["test_train_trainer"]))
 """
 
 

@@ -243,3 +243,65 @@ def test_memory_limit_parsing():
     for bad in ("", "x", "-1G", "0"):
         with pytest.raises(ValueError, match="max-memory"):
             parse_bytes(bad)
+
+
+# ---- issue 41: no code runs from a model folder ---------------------------------------------------
+def test_every_from_pretrained_in_src_passes_trust_remote_code_false():
+    """transformers' default may change and a config may ask: every call says False itself,
+    as a keyword or in the dict literal of its function that it spreads as ``**kw``."""
+    import ast
+
+    def says_false(key, value):
+        return isinstance(key, ast.Constant) and key.value == "trust_remote_code" and \
+            isinstance(value, ast.Constant) and value.value is False
+
+    calls = []
+    for path in sorted((TESTS.parent / "src" / "qkvlab").rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            in_dict = any(says_false(k, v) for d in ast.walk(fn) if isinstance(d, ast.Dict)
+                          for k, v in zip(d.keys, d.values))
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call) and \
+                        getattr(node.func, "attr", "") == "from_pretrained":
+                    ok = any(says_false(ast.Constant(k.arg), k.value) for k in node.keywords) \
+                        or (in_dict and any(k.arg is None for k in node.keywords))
+                    calls.append((f"{path.name}:{node.lineno}", ok))
+    assert len(calls) >= 8 and sorted({c for c, ok in calls if not ok}) == []
+
+
+def remote_code_folder(tmp_path: Path, file: str, key: str) -> Path:
+    """The fuzz seed's Llama folder whose ``file`` also carries ``key``."""
+    import fuzz_inputs
+
+    folder = fuzz_inputs.seeds(tmp_path / "seeds")["llama"][1]
+    path = folder / file
+    cfg = json.loads(path.read_text()) if path.is_file() else {}
+    cfg[key] = {"AutoModelForCausalLM": "evil.Model"} if key == "auto_map" else True
+    path.write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.mark.parametrize("file, key", [("config.json", "auto_map"),
+                                       ("config.json", "trust_remote_code"),
+                                       ("tokenizer_config.json", "auto_map"),
+                                       ("tokenizer_config.json", "trust_remote_code")])
+def test_a_folder_asking_for_its_own_code_is_refused_before_transformers_reads_it(
+        tmp_path, monkeypatch, file, key):
+    import transformers
+
+    from qkvlab.hf.cost import load_lm
+
+    folder = remote_code_folder(tmp_path, file, key)
+    read = []
+    for cls in ("AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoTokenizer"):
+        monkeypatch.setattr(getattr(transformers, cls), "from_pretrained",
+                            lambda *a, **k: read.append(a) or 1 / 0)
+    said = (f"{folder / file}: carries {key!r}, which asks transformers to run the folder's own "
+            "code; qkvlab runs no code from a model folder (refused)")
+    for load in (load_lm, resolve):
+        with pytest.raises(InputFileError) as e:
+            load(str(folder))
+        assert str(e.value) == said
+    assert read == []

@@ -204,3 +204,195 @@ def test_a_spec_changed_by_hand_in_the_store_is_not_trained(tmp_path, toy):
     assert counts == {"done": 1, "failed": 1}
     with Store(db, readonly=True) as s:
         assert "hashes to" in s.error(rid)
+
+
+# ---- issue 41: nothing a store or a spec names is imported without the user's opt-in ------------
+def planted(tmp_path: Path, monkeypatch) -> tuple[Path, dict]:
+    """A module on the path that leaves a file when imported, and a spec naming its task."""
+    ran = tmp_path / "ran"
+    (tmp_path / "planted_task.py").write_text(f"open({str(ran)!r}, 'w').write('imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec, _ = toy_runs()[0]
+    return ran, {**spec, "task": "planted_task:Evil"}
+
+
+REFUSED = ("task: 'planted_task:Evil' names code to import, which qkvlab runs only from a "
+           "module you name: --task-module planted_task (Python: qkvlab.train."
+           "allow_task_modules('planted_task')); registered tasks: ")
+
+
+def test_a_task_a_store_names_is_never_imported(tmp_path, monkeypatch):
+    from qkvlab.experiments.store import run_id
+    from qkvlab.experiments.worker import work
+
+    ran, spec = planted(tmp_path, monkeypatch)
+    db = tmp_path / "r.db"
+    with Store(db) as s:  # a store whose ids are honest hashes of specs naming planted code
+        (rid,) = s.add("x", "smoke", [(spec, {})])
+    assert rid == run_id(spec)
+    assert work(str(db), [rid], threads=1) == 1
+    with Store(db, readonly=True) as s:
+        assert s.status(rid) == "failed" and REFUSED in s.error(rid)
+    assert not ran.exists() and "planted_task" not in sys.modules
+
+
+def test_the_train_entry_imports_a_task_module_only_when_named(tmp_path, monkeypatch, capsys):
+    from qkvlab.train.__main__ import main
+
+    ran, spec = planted(tmp_path, monkeypatch)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    assert main([str(path), "--out", str(tmp_path / "out.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"qkvlab.train: error: {path}: {REFUSED}")
+    assert not ran.exists() and "planted_task" not in sys.modules
+
+
+def test_a_stored_spec_that_does_not_hash_to_its_id_is_a_damaged_store(tmp_path):
+    spec, _ = toy_runs()[0]
+    db = tmp_path / "r.db"
+    with Store(db) as s:
+        (rid,) = s.add("x", "smoke", [(spec, {})])
+        s.conn.execute("UPDATE runs SET spec=? WHERE id=?",
+                       (json.dumps({**spec, "task": "lm"}), rid))
+    with Store(db, readonly=True) as s, pytest.raises(InputFileError) as e:
+        s.runs_spec(rid)
+    from qkvlab.experiments.store import run_id
+
+    assert str(e.value) == (f"db: {db}: run {rid}: the spec stored under this id hashes to "
+                            f"{run_id({**spec, 'task': 'lm'})}; the store is damaged or was "
+                            "changed by hand (refused)")
+
+
+# ---- issue 41: arguments are checked before any work, and no sweep restarts workers forever -----
+@pytest.mark.parametrize("extra, said", [
+    (["--threads", "-2"], "--threads: -2 must be a positive integer"),
+    (["--threads", "0"], "--threads: 0 must be a positive integer"),
+    (["--workers", "0"], "--workers: 0 must be a positive integer"),
+    (["--device", ""], "--device: '' names no device; use cpu, cuda or cuda:N (or leave "
+                       "--device out)")])
+def test_sweep_arguments_no_worker_could_use_are_one_line_before_anything(
+        tmp_path, capsys, toy, extra, said):
+    from qkvlab.cli import main
+
+    db = tmp_path / "r.db"
+    assert main(["sweep", toy, "--profile", "smoke", "--db", str(db), "--no-progress",
+                 *extra]) == 2
+    assert capsys.readouterr().err == f"qkvlab sweep: error: {said}\n"
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="threads: -2 must be a positive integer"):
+        sweep(toy, "smoke", db=db, threads=-2, progress=False)  # the API too
+    from qkvlab.train.distributed import use_device
+
+    with pytest.raises(ValueError, match="device: '' names no device"):
+        use_device("")
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["study", "--profile", "smoke", "--out", "{file}"], "--out: {file} is a file, where a "
+                                                         "folder is expected"),
+    (["analyze", "gpt2", "--out", "{file}"], "--out: {file} is a file, where a folder is "
+                                             "expected"),
+    (["results", "all", "--out", "{dir}"], "--out: {dir} is a folder, where a file is expected"),
+    (["results", "all", "--out", "{file}/x.csv"], "--out: {file}/x.csv cannot be made: {file} "
+                                                  "is a file, not a folder"),
+    (["zoo", "fetch", "all", "--dir", "{file}"], "--dir: {file} is a file, where a folder is "
+                                                 "expected"),
+    (["study", "--profile", "smoke", "--out", "{dir}/new/report"], "--out: {dir} is not "
+                                                                   "writable by this user")])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys,
+                                                                     monkeypatch, argv, said):
+    from qkvlab.cli import main
+
+    file, folder = tmp_path / "a-file", tmp_path / "ro"
+    file.write_text("keep")
+    folder.mkdir()
+    if "new/report" in argv[-1]:  # tests run as root, whom no mode bit stops: ask os.access
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, m: Path(p) != folder and real(p, m))
+    fill = {"file": str(file), "dir": str(folder)}
+    db = tmp_path / "r.db"
+    with_db = ["--db", str(db)] if argv[0] in ("study", "results") else []
+    assert main([a.format(**fill) for a in argv] + with_db) == 2
+    command = argv[0]
+    assert capsys.readouterr().err == f"qkvlab {command}: error: {said.format(**fill)}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "ro"]
+    assert file.read_text() == "keep"
+
+
+def test_workers_that_keep_dying_end_the_sweep_with_their_cause(tmp_path, toy):
+    """A worker that cannot run (here: a thread count torch refuses, as ``--threads -2`` once
+    reached it; a full disk alike) was restarted forever; now the sweep stops and says why."""
+    from qkvlab.experiments import pool
+    from qkvlab.progress import bar
+
+    db = tmp_path / "r.db"
+    with Store(db) as s:
+        ids = s.add(toy, "smoke", toy_runs())
+        with pytest.raises(pool.WorkersDied) as e:
+            pool.train_runs(s, ids, ids, "local", 2, -2, bar(total=2, disable=True), None)
+        assert [s.status(i) for i in ids] == ["pending", "pending"]
+    said = str(e.value)
+    assert said.startswith("sweep: every worker process died 3 times in a row without finishing "
+                           "a run; last: RuntimeError: set_num_threads expects a positive "
+                           "integer (traceback in ")
+    saved = Path(said.split("traceback in ")[1].rstrip(")"))
+    assert "torch.set_num_threads(threads)" in saved.read_text()
+    saved.unlink()
+
+
+# ---- issue 41: stores: damaged, look-alike, read without a trace, missing ----------------------
+def test_a_damaged_store_is_refused_before_anything_writes_to_it(tmp_path):
+    db = tmp_path / "d.db"
+    spec, _ = toy_runs()[0]
+    with Store(db) as s:
+        (rid,) = s.add("x", "smoke", [(spec, {})])
+        for step in range(300):
+            s.log(rid, step, {f"m{i}": float(i) for i in range(10)})
+    raw = bytearray(db.read_bytes())
+    size = int.from_bytes(raw[16:18], "big")  # the page size; a metrics page near the end
+    at = (len(raw) // size - 2) * size
+    raw[at + 8:at + size] = b"\xab" * (size - 8)
+    db.write_bytes(raw)
+    before = digest(db)
+    with pytest.raises(InputFileError) as e:
+        Store(db)
+    assert str(e.value).startswith(f"db: {db} fails SQLite's quick_check (*** in database main "
+                                   "*** On tree page ")
+    assert str(e.value).endswith("; the store is damaged, and qkvlab writes nothing to it")
+    assert "\n" not in str(e.value) and digest(db) == before
+
+
+def test_a_runs_table_with_old_column_names_but_no_primary_key_is_not_adopted(tmp_path):
+    from qkvlab.experiments.schema import LEGACY_RUNS
+
+    db = tmp_path / "lookalike.db"
+    with sqlite3.connect(db) as c:
+        c.execute(f"CREATE TABLE runs ({', '.join(sorted(LEGACY_RUNS))})")
+        c.execute("INSERT INTO runs (id, spec) VALUES ('a', 'theirs'), ('a', 'again')")
+    c.close()
+    before = digest(db)
+    for readonly in (False, True):
+        with pytest.raises(InputFileError, match="is a SQLite database but not a qkvlab results "
+                                                 "database .* qkvlab leaves it as it is"):
+            Store(db, readonly=readonly)
+    assert digest(db) == before and sorted(p.name for p in tmp_path.iterdir()) == [db.name]
+
+
+def test_results_reads_a_store_and_leaves_nothing_beside_it(tmp_path, capsys, toy):
+    from qkvlab.cli import main
+
+    db = tmp_path / "r.db"
+    with Store(db) as s:
+        ids = s.add(toy, "smoke", toy_runs())
+    before = digest(db)
+    assert main(["results", toy, "--profile", "smoke", "--db", str(db), "--format", "csv"]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert sorted(r.split(",")[2] for r in rows[1:]) == sorted(ids)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.db"] and digest(db) == before
+    missing = tmp_path / "missing.db"
+    assert main(["results", toy, "--profile", "smoke", "--db", str(missing)]) == 2
+    assert capsys.readouterr().err == (f"qkvlab results: error: db: no results database at "
+                                       f"{missing}; run `qkvlab sweep {toy} --profile smoke "
+                                       f"--db {missing}`\n")
+    assert not missing.exists()

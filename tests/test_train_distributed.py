@@ -28,7 +28,8 @@ def _torchrun(tmp_path: Path, nproc: int) -> dict:
            "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent / "src"),
                                           os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", "qkvlab.train", str(spec), "--out", str(out)]
+           f"--nproc_per_node={nproc}", "-m", "qkvlab.train", str(spec), "--out", str(out),
+           "--task-module", "test_train_trainer"]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(out.read_text())

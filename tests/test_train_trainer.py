@@ -144,8 +144,11 @@ def test_a_spec_naming_a_callable_that_is_not_a_task_is_refused_before_it_runs(t
     """A spec file or a store is data: ``os:system`` must not become a shell command."""
     target = tmp_path / "ran"
     bad = {**spec(), "task": "os:system", "task_options": {"command": f"touch {target}"}}
+    with pytest.raises(ValueError, match="'os:system' names code to import, which qkvlab runs "
+                                         "only from a module you name: --task-module os"):
+        run_from_spec(bad, progress=False)  # not imported: nobody opted in to module os
     with pytest.raises(ValueError, match="'os:system' is not a task class"):
-        run_from_spec(bad, progress=False)
+        make_task("os:system", {"command": f"touch {target}"}, task_modules=("os",))
     assert not target.exists()
 
 

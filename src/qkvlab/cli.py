@@ -13,6 +13,7 @@ import sys
 
 from qkvlab.attention import DESIGNS, AttentionConfig, build_attention
 from qkvlab.bench.tables import markdown_table
+from qkvlab.cliargs import check_args
 from qkvlab.experiments.registry import load_studies
 from qkvlab.inputs import print_error
 
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="on an error, print its full traceback (also QKVLAB_DEBUG=1)")
     args = parser.parse_args(argv)
     try:
+        check_args(args.command, args)  # counts, devices, outputs: before any work
         return int(args.func(args) or 0)
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

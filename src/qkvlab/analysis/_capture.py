@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from qkvlab.data.corpus import read_bible
+from qkvlab.analysis._files import check_hf_folder
 from qkvlab.inputs import InputFileError, check_memory
 
 DEFAULT_VERSES = 24  # ~700 tokens of KJV: enough samples for CKA of 64-wide heads, fast on CPU
@@ -37,6 +38,7 @@ def hf_model(folder, stored: int):
     """
     from transformers import AutoConfig, AutoModel  # lazy: optional extra [analysis]
 
+    check_hf_folder(folder)  # no config asking for the folder's own code reaches transformers
     kw = {"local_files_only": True, "trust_remote_code": False}
     try:
         config = AutoConfig.from_pretrained(folder, **kw)

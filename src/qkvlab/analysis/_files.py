@@ -90,6 +90,34 @@ def read_json(path: Path) -> dict:
     return data
 
 
+# Keys with which an HF folder asks transformers to import Python code of its own (auto_map
+# names classes in the folder's .py files); qkvlab refuses such a folder before transformers
+# reads a byte of it, whatever trust_remote_code would say.
+REMOTE_CODE_KEYS = ("auto_map", "trust_remote_code")
+HF_FOLDER_CONFIGS = ("config.json", "tokenizer_config.json")
+
+
+def check_hf_folder(path: str | os.PathLike) -> Path:
+    """The folder transformers will read for ``path`` (an HF folder, or the folder of a file
+    in one, such as a ``.gguf``), once none of its configs asks for code of its own.
+
+    Raises:
+        InputFileError: ``config.json`` or ``tokenizer_config.json`` carries ``auto_map`` or
+            ``trust_remote_code`` (named, with the file), or is not a JSON object.
+    """
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    for name in HF_FOLDER_CONFIGS:
+        if (folder / name).exists():
+            cfg = read_json(folder / name)
+            found = [k for k in REMOTE_CODE_KEYS if k in cfg]
+            if found:
+                raise InputFileError(f"{folder / name}: carries {found[0]!r}, which asks "
+                                     "transformers to run the folder's own code; qkvlab runs no "
+                                     "code from a model folder (refused)", path=folder / name)
+    return folder
+
+
 def config_int(cfg: dict, key: str, where, *, bound: str | None = None, lo: int = 1,
                default=None) -> int:
     """``cfg[key]`` as a bounded int (:func:`qkvlab.inputs.bounded_int`); ``default`` when

@@ -26,18 +26,9 @@ import numpy as np
 import torch
 
 from qkvlab.analysis._capture import capture_inputs, hf_model
-from qkvlab.analysis._files import (
-    as_input_error,
-    check_layers,
-    config_int,
-    count_layers,
-    read_json,
-    read_tensors,
-    require_file,
-    safetensors_files,
-    sniff,
-    take,
-)
+from qkvlab.analysis._files import (as_input_error, check_hf_folder, check_layers, config_int,
+                                    count_layers, read_json, read_tensors, require_file,
+                                    safetensors_files, sniff, take)
 from qkvlab.inputs import InputFileError
 from qkvlab.analysis._gguf import check_gguf
 from qkvlab.analysis.heads import ModelView, fold_qk_norm, from_linear
@@ -329,8 +320,9 @@ def load_gguf(path: str | Path, *, name: str | None = None) -> ModelView:
         if cfg["model_type"] == "gemma3":  # transformers' own GGUF reader knows Gemma-3's config
             from transformers import AutoModel
 
-            model = AutoModel.from_pretrained(path.parent, gguf_file=path.name,
-                                              dtype=torch.float32)
+            model = AutoModel.from_pretrained(check_hf_folder(path), gguf_file=path.name,
+                                              dtype=torch.float32, local_files_only=True,
+                                              trust_remote_code=False)
             return _capture(model, tok, texts)
         return _capture(hf_model_from_gguf(cfg, {**gguf_tensors(r, cfg), **sd}), tok, texts)
 
@@ -365,7 +357,8 @@ def gguf_tokenizer(reader, path: Path):
     except (ImportError, KeyError, AttributeError, TypeError, ValueError):
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        return AutoTokenizer.from_pretrained(check_hf_folder(path), gguf_file=path.name,
+                                             local_files_only=True, trust_remote_code=False)
 
 
 def hf_model_from_gguf(cfg: dict, sd: dict[str, torch.Tensor]):

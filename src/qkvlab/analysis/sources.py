@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from qkvlab.analysis._files import read_json, sniff, torch_load_safe
+from qkvlab.analysis._files import check_hf_folder, read_json, sniff, torch_load_safe
 from qkvlab.inputs import InputFileError
 from qkvlab.analysis.heads import ModelView
 from qkvlab.analysis.load_bert import MODEL_TYPES as BERT_TYPES
@@ -103,6 +103,7 @@ def load_path(path: Path, hub_id: str | None = None) -> ModelView:
 
 def _load_folder(folder: Path) -> ModelView:
     if (folder / "config.json").is_file():
+        check_hf_folder(folder)  # a folder asking for its own code is refused, whatever reads it
         cfg = read_json(folder / "config.json")
         mt = cfg.get("model_type")
         if not isinstance(mt, (str, type(None))):

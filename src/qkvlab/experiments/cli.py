@@ -50,6 +50,9 @@ def configure_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensorboard", default=None, metavar="DIR",
                         help="also log every run's metrics for TensorBoard under DIR "
                              "(needs the tensorboard package)")
+    parser.add_argument("--task-module", action="append", default=[], metavar="MODULE",
+                        help="allow runs whose task is MODULE:Class (MODULE's code runs; "
+                             "repeat for several)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -63,7 +66,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         use_device(args.device)
         counts = sweep(name, args.profile, workers=args.workers, backend=args.backend,
                        db=args.db, progress=not args.no_progress, threads=args.threads,
-                       tensorboard=args.tensorboard,
+                       tensorboard=args.tensorboard, task_modules=args.task_module,
                        log=lambda m: print(m, file=sys.stderr))  # the time breakdown, always
     except ValueError as e:
         return print_error("qkvlab sweep", e)  # on its own line, after any progress bar
@@ -118,12 +121,12 @@ def _sweep_hint(name: str, profile: str | None, db: str) -> str:
 
 
 def run_results(args: argparse.Namespace) -> int:
-    """Print or write stored results; exit status 1 if there are none (a missing database
-    is never created), 2 for a bad argument or a file that is not a results database."""
+    """Print or write stored results; exit status 1 if the store holds none, 2 for a bad
+    argument, a missing --db (never created) or a file that is not a results database."""
     hint = _sweep_hint(args.name, args.profile, args.db)
-    if not Path(args.db).exists():
-        print(f"error: no results database at {args.db}{hint}", file=sys.stderr)
-        return 1
+    if not Path(args.db).exists():  # a path that names nothing is a bad argument
+        return print_error("qkvlab results", ValueError(f"db: no results database at "
+                                                        f"{args.db}{hint}"))
     try:
         with Store(args.db, readonly=True) as store:  # a read command: never writes
             name = None if args.name == "all" else args.name

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
 import tempfile
 import time
 import traceback
@@ -19,6 +20,7 @@ import torch
 
 from qkvlab.experiments.store import FINISHED, Store
 from qkvlab.experiments.worker import execute, step_logger, work
+from qkvlab.train.build import TASK_MODULES, allow_task_modules
 
 BACKENDS = ("local", "ray")
 
@@ -26,13 +28,24 @@ BACKENDS = ("local", "ray")
 # two one-thread workers swept 24 quick runs in 134-137 s against 181-202 s for one worker
 # with two threads (AMD EPYC, 2026-11-25): these small models do not split well over threads.
 DEFAULT_WORKERS = min(2, os.cpu_count() or 1)
+# Rounds of worker processes that all died while no run finished or failed, in a row, before a
+# sweep gives up and says why: a worker that cannot run (a full disk, a store it cannot write)
+# dies the same way each time, and restarting it forever would hang the sweep.
+MAX_DEAD_ROUNDS = 3
 
 
-def check_pool(workers: int, backend: str) -> None:
+class WorkersDied(RuntimeError):
+    """Every worker of several rounds in a row died before finishing a run; names the cause."""
+
+
+def check_pool(workers: int, backend: str, threads: int | None = None) -> None:
+    """Refuse a backend, worker or thread count no worker could run with, before any starts
+    (``threads=-2`` made every spawned worker fail at once, and the sweep start new ones)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: {backend!r} is not one of {list(BACKENDS)}")
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise ValueError(f"workers: {workers!r} must be a positive integer")
+    for name, n in (("workers", workers), ("threads", 1 if threads is None else threads)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"{name}: {n!r} must be a positive integer")
 
 
 def train_runs(store: Store, ids: list[str], counted: list[str], backend: str, workers: int,
@@ -40,6 +53,7 @@ def train_runs(store: Store, ids: list[str], counted: list[str], backend: str, w
     """Train every run of ``ids`` not finished, until each is finished or failed once here;
     ``bar`` counts the finished runs of ``counted``."""
     tried: set[str] = set()
+    dead_rounds = 0
     while True:
         store.reclaim()
         show_finished(bar, store, counted)
@@ -57,8 +71,15 @@ def train_runs(store: Store, ids: list[str], counted: list[str], backend: str, w
         elif workers == 1:
             _local_inline(store, todo, threads, bar, tensorboard)
         else:
-            _local_pool(str(store.path), todo, workers, threads, bar, store, counted,
-                        tensorboard)
+            before = {i: store.status(i) for i in todo}
+            causes = _local_pool(str(store.path), todo, workers, threads, bar, store, counted,
+                                 tensorboard)
+            moved = any(store.status(i) in (*FINISHED, "failed") and store.status(i) != s
+                        for i, s in before.items())
+            dead_rounds = 0 if moved or not all(causes) else dead_rounds + 1
+            if dead_rounds >= MAX_DEAD_ROUNDS:
+                raise WorkersDied(f"sweep: every worker process died {dead_rounds} times in a "
+                                  f"row without finishing a run; last: {causes[-1]}")
         tried.update(todo)
     show_finished(bar, store, counted)
 
@@ -81,20 +102,46 @@ def _local_inline(store: Store, todo: list[str], threads: int, bar,
 
 
 def _local_pool(db: str, todo: list[str], workers: int, threads: int, bar, store: Store,
-                counted: list[str], tensorboard: str | None = None) -> None:
+                counted: list[str], tensorboard: str | None = None) -> list[str]:
+    """Train ``todo`` in ``workers`` spawned processes; why each one died ("" if it did not)."""
     ctx = mp.get_context("spawn")  # fork after torch's thread pools start is unsafe
+    errors = ctx.SimpleQueue()
     procs = []
     for k in range(workers):
         # each worker starts on its own share, then helps with the rest (claims keep it exact)
-        p = ctx.Process(target=work, args=(db, todo[k::workers] + todo, threads, os.getpid()),
-                        kwargs={"tensorboard": tensorboard, "spawned": time.time()}, daemon=False)
+        p = ctx.Process(target=_worker, args=(errors, db, todo[k::workers] + todo, threads,
+                                              os.getpid()),
+                        kwargs={"tensorboard": tensorboard, "spawned": time.time(),
+                                "task_modules": sorted(TASK_MODULES)},  # this process's opt-in
+                        daemon=False)
         p.start()
         procs.append(p)
     while any(p.is_alive() for p in procs):
         time.sleep(0.5)
         show_finished(bar, store, counted)
+    said = {}
+    while not errors.empty():
+        pid, why = errors.get()
+        said[pid] = why
     for p in procs:
         p.join()
+    return [said.get(p.pid, "") or (f"exit status {p.exitcode}" if p.exitcode > 0 else
+                                    f"killed by signal {-p.exitcode}") if p.exitcode else ""
+            for p in procs]
+
+
+def _worker(errors, *args, **kwargs) -> None:
+    """A spawned worker: ``work``; if it fails, the sweep is told why in one line (its
+    traceback kept in a file) and the process exits with status 1."""
+    try:
+        work(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 (the sweep says it, once, instead of each worker)
+        fd, path = tempfile.mkstemp(prefix="qkvlab-worker-", suffix=".txt")
+        with os.fdopen(fd, "w") as f:
+            traceback.print_exception(e, file=f)
+        errors.put((os.getpid(), f"{type(e).__name__}: {' '.join(str(e).split())[:500]} "
+                                 f"(traceback in {path})"))
+        sys.exit(1)
 
 
 def _ray(store: Store, todo: list[str], progress, tensorboard: str | None = None) -> None:
@@ -109,7 +156,12 @@ def _ray(store: Store, todo: list[str], progress, tensorboard: str | None = None
     pending = {}
     for rid in todo:
         if store.claim(rid):
-            pending[remote.remote(store.runs_spec(rid), rid)] = rid
+            try:
+                spec = store.runs_spec(rid)  # refused if it does not hash to its id
+            except ValueError as e:
+                store.fail(rid, str(e))
+                continue
+            pending[remote.remote(spec, rid, sorted(TASK_MODULES))] = rid
     while pending:
         done, _ = ray.wait(list(pending), num_returns=1)
         rid = pending.pop(done[0])
@@ -130,7 +182,8 @@ def _ray(store: Store, todo: list[str], progress, tensorboard: str | None = None
         progress.update(1)
 
 
-def _ray_task(spec: Mapping[str, Any], rid: str) -> dict[str, Any]:
+def _ray_task(spec: Mapping[str, Any], rid: str, task_modules=()) -> dict[str, Any]:
+    allow_task_modules(*task_modules)
     with tempfile.TemporaryDirectory() as d:  # checkpoints live on the Ray node
         return execute(spec, Path(d) / rid)
 

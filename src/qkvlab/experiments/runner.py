@@ -26,6 +26,7 @@ from qkvlab.experiments.store import DEFAULT_DB, Store, run_id
 from qkvlab.experiments.tensorboard import check_available
 from qkvlab.experiments.timing import format_breakdown, sum_parts
 from qkvlab.progress import bar as progress_bar
+from qkvlab.train.build import allow_task_modules
 
 
 def experiment_names(name: str | Sequence[str]) -> list[str]:
@@ -127,7 +128,8 @@ def failure_report(store: Store, name: str | Sequence[str], profile: str) -> str
 def sweep(name: str | Sequence[str], profile: str = "quick", *, workers: int = 1,
           backend: str = "local", db: str | os.PathLike = DEFAULT_DB, progress: bool = True,
           threads: int | None = None, tensorboard: str | os.PathLike | None = None,
-          log: Callable[[str], None] | None = None) -> dict[str, int]:
+          log: Callable[[str], None] | None = None,
+          task_modules: Sequence[str] = ()) -> dict[str, int]:
     """Run experiment ``name`` (``all``, or a list of names) at ``profile`` into the store at
     ``db``.
 
@@ -148,7 +150,9 @@ def sweep(name: str | Sequence[str], profile: str = "quick", *, workers: int = 1
     At the end of each stage, and of the sweep when it had several, where the wall time went
     for the runs it trained (model step, data, eval, checkpoints, ...; ``experiments.timing``)
     goes to ``log``, or to ``tqdm.write`` when ``log`` is None and ``progress`` is on.
-    ``timing.time_breakdown`` reads it back.
+    ``timing.time_breakdown`` reads it back. ``task_modules``: modules whose ``module:Class``
+    tasks the runs may name (``train.allow_task_modules``, passed on to the workers); a
+    spec naming any other module fails without an import.
 
     Returns:
         counts per status over the named experiments' runs.
@@ -156,10 +160,11 @@ def sweep(name: str | Sequence[str], profile: str = "quick", *, workers: int = 1
     Raises:
         ResultsPending: experiments whose runs still cannot be listed once the others have
             trained (what they need failed); the others' results are stored.
-        ValueError: unknown experiment, profile, backend or worker count.
+        ValueError: unknown experiment, profile, backend, worker or thread count.
     """
     began, t0 = time.time(), time.perf_counter()
-    check_pool(workers, backend)
+    check_pool(workers, backend, threads)
+    allow_task_modules(*task_modules)
     names = experiment_names(name)
     if Path(db).is_file():  # earlier results complete the plan of dependent experiments
         with Store(db, readonly=True) as known:

@@ -4,7 +4,7 @@ judged and opened as a store.
 
 ``kind(conn)`` tells a store apart by reading alone: ``ours`` (``PRAGMA application_id`` is
 :data:`APPLICATION_ID`), ``legacy`` (no marker, but the ``runs`` table an earlier qkvlab
-made, whose columns together no other program's table has), ``new`` (a SQLite file with
+made: its columns together, with ``id`` its primary key), ``new`` (a SQLite file with
 nothing in it) or ``foreign`` (anything else: left as it is). ``migrate`` creates the tables,
 adds the columns newer than a store, and sets the marker; a legacy store also records that
 its run folders are the shared ``runs/`` it used before (``store_meta.runs_dir``).
@@ -92,8 +92,11 @@ def kind(conn: sqlite3.Connection) -> str:
                            "('table', 'view', 'index', 'trigger')").fetchall()
     if app == 0 and not objects:
         return "new"
-    columns = {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
-    return "legacy" if app == 0 and LEGACY_RUNS <= columns else "foreign"
+    info = conn.execute("PRAGMA table_info(runs)").fetchall()
+    columns, key = {r[1] for r in info}, {r[1] for r in info if r[5]}
+    # qkvlab's runs table always had ``id`` as its primary key: old column names alone are a
+    # look-alike, and adopting it would write into another program's file
+    return "legacy" if app == 0 and LEGACY_RUNS <= columns and key == {"id"} else "foreign"
 
 
 def classify(path: Path) -> str:
@@ -189,7 +192,11 @@ def connect(path: str | os.PathLike, readonly: bool) -> tuple[sqlite3.Connection
     try:
         # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE takes the
         # write lock up front, so two workers never both read "pending" and both claim).
-        target = f"file:{quote(str(shown.resolve()))}?mode=ro" if readonly else str(shown)
+        # Read only, a file that holds every change (no -wal beside it: no writer has it open)
+        # is read immutable, since even a mode=ro connection leaves -wal/-shm beside a WAL
+        # database; where a -wal exists, a writer may be live and locks are needed.
+        ro = "mode=ro&immutable=1" if known is not None else "mode=ro"
+        target = f"file:{quote(str(shown.resolve()))}?{ro}" if readonly else str(shown)
         conn = sqlite3.connect(target, timeout=120, isolation_level=None, uri=readonly)
     except sqlite3.Error as e:
         raise InputFileError(f"db: {shown} cannot be opened as a results database ({e})",
@@ -201,6 +208,12 @@ def connect(path: str | os.PathLike, readonly: bool) -> tuple[sqlite3.Connection
             raise InputFileError(f"db: {shown} is empty, not a results database", path=path)
         if found == "foreign":
             raise InputFileError(foreign_message(conn, shown), path=path)
+        if not readonly and found != "new":  # nothing is written into a damaged file
+            said = " ".join(" ".join(r[0] for r in conn.execute("PRAGMA quick_check(3)")).split())
+            if said != "ok":
+                raise InputFileError(f"db: {shown} fails SQLite's quick_check ({said[:300]}); "
+                                     "the store is damaged, and qkvlab writes nothing to it",
+                                     path=path)
     except sqlite3.DatabaseError as e:
         conn.close()
         raise InputFileError(f"db: {shown} is not a qkvlab results database ({e})",

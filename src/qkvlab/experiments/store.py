@@ -250,10 +250,25 @@ class Store:
         return row["error"] if row else None
 
     def runs_spec(self, rid: str) -> dict[str, Any]:
+        """The spec stored under ``rid``, once it hashes to ``rid`` (the id is its hash).
+
+        Raises:
+            InputFileError: the stored spec is not JSON, or hashes to another id: the store
+                is damaged or was changed by hand, and nothing is built from it.
+        """
         row = self.conn.execute("SELECT spec FROM runs WHERE id=?", (rid,)).fetchone()
         if row is None:
             raise ValueError(f"run: no run with id {rid!r} in {self.path}")
-        return json.loads(row["spec"])
+        try:
+            spec = json.loads(row["spec"])
+            found = run_id(spec)
+        except (TypeError, ValueError, RecursionError) as e:
+            found = f"nothing ({type(e).__name__})"
+        if found != rid:
+            raise InputFileError(f"db: {self.path}: run {rid}: the spec stored under this id "
+                                 f"hashes to {found}; the store is damaged or was changed by "
+                                 "hand (refused)", path=self.path)
+        return spec
 
     def runs(self, experiment: str | None = None,
              profile: str | None = None) -> list[dict[str, Any]]:

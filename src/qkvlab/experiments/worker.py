@@ -24,10 +24,10 @@ import torch
 
 from qkvlab.env import environment
 from qkvlab.experiments.probe import ScaleProbe
-from qkvlab.experiments.store import Store, canonical, run_id
+from qkvlab.experiments.store import Store, canonical
 from qkvlab.experiments.tensorboard import RunLogger
 from qkvlab.models import count_params
-from qkvlab.train import RunSpec, run_from_spec
+from qkvlab.train import RunSpec, allow_task_modules, run_from_spec
 from qkvlab.train.distributed import DistInfo, default_device
 
 
@@ -107,8 +107,11 @@ def step_logger(store: Store, rid: str, spec: Mapping[str, Any], tensorboard: st
 
 def work(db: str, ids: list[str], threads: int, parent: int | None = None,
          progress: bool = False, tensorboard: str | None = None,
-         spawned: float | None = None) -> int:
+         spawned: float | None = None, task_modules=()) -> int:
     """Worker loop: claim and run each id not finished or taken; returns how many it ran.
+
+    ``task_modules``: the modules the sweep's process opted in to for ``module:Class`` tasks
+    (``train.allow_task_modules``); a spec naming any other module is refused, not imported.
 
     ``spawned``: the ``time.time()`` at which the sweep started this process; the seconds
     until here (interpreter start, imports) are recorded as ``startup`` of its first run.
@@ -117,6 +120,7 @@ def work(db: str, ids: list[str], threads: int, parent: int | None = None,
     if parent is not None:
         _die_with_parent(parent)
     torch.set_num_threads(threads)
+    allow_task_modules(*task_modules)
     ran = 0
     t = time.perf_counter()
     with Store(db) as store:
@@ -124,13 +128,13 @@ def work(db: str, ids: list[str], threads: int, parent: int | None = None,
         for rid in ids:
             if not store.claim(rid, by=by):
                 continue
-            spec = store.runs_spec(rid)
             # store time so far (opening it, claims lost to other workers) goes to this run
             spent = {"store": time.perf_counter() - t}
             close = None
-            if run_id(spec) != rid:  # the id is the spec's hash: never train another spec
-                store.fail(rid, f"run {rid}: the spec stored under this id hashes to "
-                                f"{run_id(spec)}; the store was changed by hand, not trained")
+            try:  # the id is the spec's hash: another spec under it is refused, never trained
+                spec = store.runs_spec(rid)
+            except ValueError as e:
+                store.fail(rid, str(e))
                 ran += 1
                 continue
             try:

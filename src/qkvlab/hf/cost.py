@@ -83,10 +83,13 @@ class CostConfig:
 def load_lm(source: str):
     """(model, tokenizer) of a built-in GGUF name (``smollm2``), a ``.gguf`` file or an HF folder.
 
-    GGUF weights are dequantized to float32 by transformers (needs ``gguf``); no remote code.
+    GGUF weights are dequantized to float32 by transformers (needs ``gguf``). No code from the
+    folder runs: one whose configs ask for it is refused first (``_files.check_hf_folder``), and
+    transformers is told ``trust_remote_code=False``.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from qkvlab.analysis._files import check_hf_folder
     from qkvlab.analysis.sources import BUILTINS, builtin_path
 
     if source in BUILTINS:
@@ -96,8 +99,9 @@ def load_lm(source: str):
         if not path.exists():
             raise FileNotFoundError(f"model: {source} is not a built-in name ({sorted(BUILTINS)}) "
                                     f"or an existing .gguf file / HF folder")
-    kw = {"gguf_file": path.name} if path.is_file() else {}
-    folder = str(path.parent if path.is_file() else path)
+    folder = str(check_hf_folder(path))  # before transformers reads anything
+    kw = {"local_files_only": True, "trust_remote_code": False,
+          **({"gguf_file": path.name} if path.is_file() else {})}
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kw).eval()
     return model, AutoTokenizer.from_pretrained(folder, **kw)
 

@@ -1,6 +1,7 @@
 """Training: the trainer, resumable safetensors checkpoints, DDP under torchrun."""
 
-from qkvlab.train.build import apply_init, build_seeded, make_task, model_config
+from qkvlab.train.build import (allow_task_modules, apply_init, build_seeded, make_task,
+                                model_config)
 from qkvlab.train.checkpoints import load_checkpoint, read_checkpoint, save_checkpoint
 from qkvlab.train.config import InitConfig, ProbeConfig, RunSpec, TrainConfig
 from qkvlab.train.distributed import DistInfo, setup, teardown
@@ -16,7 +17,7 @@ from qkvlab.train.trainer import (
 )
 
 __all__ = ["TIMING_PARTS", "DistInfo", "InitConfig", "ProbeConfig", "RunSpec", "TrainConfig",
-           "TrainResult", "apply_init", "build_seeded", "evaluate",
+           "TrainResult", "allow_task_modules", "apply_init", "build_seeded", "evaluate",
            "load_checkpoint", "lr_at", "make_optimizer", "make_task", "model_config",
            "read_checkpoint", "resolve_precision", "run_from_spec", "save_checkpoint", "setup",
            "teardown", "train"]

@@ -20,6 +20,7 @@ import sys
 
 from qkvlab.fileio import atomic_open
 from qkvlab.inputs import print_error
+from qkvlab.train.build import allow_task_modules
 from qkvlab.train.config import load_spec
 from qkvlab.train.distributed import setup, teardown
 from qkvlab.train.trainer import run_from_spec
@@ -37,11 +38,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("spec", help="JSON file: {task, task_options, kind, model, train}")
     p.add_argument("--out", required=True, help="where rank 0 writes the result JSON")
     p.add_argument("--run-dir", default=None, help="checkpoint folder (resumes from it)")
+    p.add_argument("--task-module", action="append", default=[], metavar="MODULE",
+                   help="allow a spec's module:Class task from MODULE (its code runs; repeat "
+                        "for several)")
     p.add_argument("--debug", action="store_true", help="on an error, print its traceback")
     args = p.parse_args(argv)
     debug = args.debug or os.environ.get("QKVLAB_DEBUG") == "1"
     quiet = os.environ.get("RANK", "0") != "0"  # the other ranks fail the same way: say it once
     try:
+        allow_task_modules(*args.task_module)
         spec = load_spec(args.spec)
         info = setup()
         try:

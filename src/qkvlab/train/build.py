@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,19 +16,63 @@ import torch
 from torch import nn
 
 from qkvlab.data import get_task
-from qkvlab.data.base import Task
+from qkvlab.data.base import TASKS, Task
 from qkvlab.models import ModelConfig, build_model
 from qkvlab.train.config import InitConfig, RunSpec
 
 
-def make_task(name: str, options: Mapping[str, Any] | None = None):
-    """A prepared task: a registered name (``qkvlab.data.get_task``) or ``module:Class``.
+# Modules whose Task classes a spec may name as ``module:Class``: empty unless the user opts in
+# (``allow_task_modules``, ``--task-module``), because a spec is data, often read from a store or
+# a file someone else wrote, and importing the module it names runs that module's code.
+TASK_MODULES: set[str] = set()
+STUDY_GROUP = "qkvlab.studies"  # installed studies (entry points) may register tasks of their own
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
-    ``module:Class`` lets a user (or a test) bring a task of their own without registering it;
-    the class must subclass ``qkvlab.data.base.Task``, checked before it is called, so a spec
-    file or a store naming any other callable (``os:system``) is refused, not run.
+
+def allow_task_modules(*modules: str) -> None:
+    """Opt in to ``module:Class`` tasks from ``modules`` in this process (a sweep passes the
+    set on to its workers). Names are checked here, imported only when a run needs one.
+
+    Raises:
+        ValueError: a name that is not a dotted Python module name.
+    """
+    for mod in modules:
+        if not isinstance(mod, str) or not _MODULE.fullmatch(mod):
+            raise ValueError(f"task module: {mod!r} is not a Python module name")
+    TASK_MODULES.update(modules)
+
+
+def check_task_name(name: str, task_modules=()) -> None:
+    """Refuse, without importing anything, a ``module:Class`` task whose module nobody opted in
+    to (``allow_task_modules`` or ``task_modules``); a registered name passes here."""
+    if ":" not in name:
+        return
+    mod = name.partition(":")[0]
+    if mod not in TASK_MODULES and mod not in task_modules:
+        raise ValueError(f"task: {name!r} names code to import, which qkvlab runs only from a "
+                         f"module you name: --task-module {mod} (Python: qkvlab.train."
+                         f"allow_task_modules({mod!r})); registered tasks: {sorted(TASKS)}")
+
+
+def _load_studies() -> None:
+    """Import the installed studies (entry points), which may register tasks of their own."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=STUDY_GROUP):
+        importlib.import_module(ep.value)
+
+
+def make_task(name: str, options: Mapping[str, Any] | None = None, task_modules=()):
+    """A prepared task: a registered name (``qkvlab.data.get_task``, or a task an installed
+    study registers) or ``module:Class``.
+
+    ``module:Class`` lets a user (or a test) bring a task of their own without registering it,
+    only from a module they opted in to (``allow_task_modules``, or ``task_modules`` here): a
+    spec naming any other module is refused before anything is imported. The class must
+    subclass ``qkvlab.data.base.Task``, checked before it is called.
     """
     options = dict(options or {})
+    check_task_name(name, task_modules)
     if ":" in name:
         mod, _, cls = name.partition(":")
         try:
@@ -39,6 +84,8 @@ def make_task(name: str, options: Mapping[str, Any] | None = None):
                              "subclass qkvlab.data.base.Task)")
         task = found(**options)
     else:
+        if name not in TASKS:
+            _load_studies()
         task = get_task(name, **options)
     task.prepare()
     return task

@@ -202,6 +202,9 @@ def load_spec(path: str | os.PathLike) -> RunSpec:
         spec = RunSpec.from_dict(data)
         if ":" not in spec.task:  # a module:Class task is the user's own code, built when run
             get_task(spec.task, **spec.task_options)
+        else:  # and only from a module the user opted in to; nothing is imported here
+            from qkvlab.train.build import check_task_name
+            check_task_name(spec.task)
         ModelConfig.from_dict({"d_vocab": 2, "n_ctx": 2, **spec.model})
     except (ValueError, TypeError, RecursionError) as e:
         raise InputFileError(f"{path}: {e}", path=path) from None

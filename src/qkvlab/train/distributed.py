@@ -55,6 +55,8 @@ def use_device(device: str | None) -> str:
     """
     if device is None:
         return default_device()
+    if not device.strip():  # "" would read as "not set" below: the default, not what was asked
+        raise ValueError(f"device: {device!r} names no device; use cpu, cuda or cuda:N")
     old = os.environ.get(DEVICE_ENV)
     os.environ[DEVICE_ENV] = device
     try:
