@@ -237,3 +237,14 @@ def test_kernel_choice_probes_rotary_kv_as_rotary(kernel, monkeypatch):
     assert seen == [True, False]
     assert kattend.attention_probe(1, 4, 2, 64, 8, shared=True, reps=1, rotary=True) > 0
 
+
+def test_cpu_decode_never_reaches_triton(kernel, monkeypatch):
+    """On the CPU the decode kernel never asks for Triton (it is chosen only for CUDA tensors)."""
+    from qkvlab.kernels import triton_decode
+    for name in ("available", "decode_attention", "_kernels"):
+        monkeypatch.setattr(triton_decode, name, lambda *a, **k: pytest.fail("asked for Triton"))
+    model = build_model(ModelConfig(**TINY, design="tied_kv", positions="rotary")).eval()
+    kernel("auto")
+    model.generate(torch.zeros(1, 2, dtype=torch.long), 3, greedy=True)
+    kernel("blocked")
+    model.generate(torch.zeros(1, 2, dtype=torch.long), 3, greedy=True)

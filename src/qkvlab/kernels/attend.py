@@ -37,6 +37,9 @@ so the query arrives rotated (R_i q) and each block of the cache is rotated to R
 read*, into a block-sized buffer that the next product reads from the CPU's cache, while the same
 block, unrotated, serves as the values: one read of the cache per step, where rotating the
 whole cache first (``Attention.forward`` outside this kernel) reads it twice and writes a copy.
+
+On a CUDA device with Triton importable the step runs ``kernels.triton_decode`` instead (the
+same function, split along the context); nothing on the CPU path imports Triton.
 """
 
 from __future__ import annotations
@@ -88,11 +91,15 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     ``rope``: (cos, sin) tables of at least T rows (dk columns, rotate-half layout): the keys
     are then ``rotate(k, cos[:T], sin[:T])``, rotated block by block as they are read, and the
     values ``v`` unrotated (a rotary K=V cache: ``v`` is ``k``, the pre-rotary keys). ``q`` is
-    already rotated to its own position.
+    already rotated to its own position. On a CUDA device with Triton this runs
+    ``kernels.triton_decode.decode_attention``.
 
     Raises:
         ValueError: more than one query, or G not dividing H.
     """
+    if q.device.type == "cuda" and _triton_runs(q, k, v):
+        from qkvlab.kernels import triton_decode
+        return triton_decode.decode_attention(q, k, v, scale, rope=rope)
     qs, kf, vf, n, tb = _plan(q, k, v, scale, block_bytes, rotary=rope is not None)
     B, H, dv, N, r = q.shape[0], q.shape[1], v.shape[-1], kf.shape[0], qs.shape[-1]
     cos = sin = None
@@ -113,6 +120,13 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
         else:
             out[i:j] = _online(qs[i:j], kf[i:j], tb, cos, sin)
     return out.view(B, H, 1, dv)
+
+
+def _triton_runs(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether the Triton kernel takes this CUDA step: Triton imports and the dtype is one it
+    computes (float16, bfloat16, float32)."""
+    from qkvlab.kernels import triton_decode
+    return triton_decode.available() and triton_decode.supports(q, k, v)
 
 
 def _plan(q: Tensor, k: Tensor, v: Tensor, scale: float, block_bytes: int,
@@ -231,12 +245,18 @@ def decode_attention_kernel(layer, batch: int, context: int, rotary: bool = Fals
 
     The pinned one (:func:`set_attention_kernel`), else on the CPU measured by
     :func:`attention_probe` at the layer's sizes and the context rounded up to a power of two,
-    kept on the layer per (thread count, batch, rounded context, rotary). Not fp32 on the CPU:
-    ``"sdpa"`` (not measured).
+    kept on the layer per (thread count, batch, rounded context, rotary); not fp32 on the CPU:
+    ``"sdpa"`` (not measured). On a CUDA device ``"blocked"`` (the Triton kernel) where Triton
+    imports and the dtype is one it computes, else ``"sdpa"``: not measured against SDPA, no
+    GPU was at hand when it was written.
     """
     if CHOICE.pinned is not None:
         return CHOICE.pinned
     cfg, w = layer.cfg, layer.W_in
+    if w.device.type == "cuda":
+        from qkvlab.kernels import triton_decode
+        return "blocked" if triton_decode.available() and w.dtype in triton_decode.DTYPES \
+            else "sdpa"
     if w.dtype != torch.float32 or w.device.type != "cpu":
         return "sdpa"
     ctx = 1 << max(0, context - 1).bit_length()
