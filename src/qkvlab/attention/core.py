@@ -140,6 +140,7 @@ def attend(
     scale: float,
     dropout_p: float,
     need_weights: bool,
+    key_rope: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(scale * q kᵀ + mask) v with fused SDPA; GQA when k, v have fewer heads.
 
@@ -147,11 +148,16 @@ def attend(
     (B, H, Tq, Tk) can be returned; the default path never materializes them. Inside
     ``kernels.attend.use("blocked")`` (generate's token loop, where measured faster) a step of
     one query with no mask runs ``kernels.attend.decode_attention`` instead of SDPA.
+    ``key_rope`` (cos, sin) tables: the keys are ``k`` rotated to positions 0..Tk-1 (a rotary
+    K=V cache of pre-rotary keys); the kernel rotates them block by block as it reads them.
     """
     H, G = q.shape[1], k.shape[1]
     if (decode_kernels.is_active() and q.shape[2] == 1 and mask is None and not is_causal
             and not need_weights and not dropout_p):
-        return decode_kernels.decode_attention(q, k, v, scale), None
+        return decode_kernels.decode_attention(q, k, v, scale, rope=key_rope), None
+    if key_rope is not None:
+        Tk = k.shape[2]
+        k = decode_kernels.rotate(k, key_rope[0][:Tk].to(k.dtype), key_rope[1][:Tk].to(k.dtype))
     if not need_weights:
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,

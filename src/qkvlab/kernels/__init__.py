@@ -12,8 +12,10 @@ that applies the choice, a ``choice.KernelChoice``: for few-row linear products,
 (``linear``/``Linear``, which every model's projections, MLP and unembedding use;
 ``decode_kernel``; ``use``; ``set_gemv_kernel`` to pin one); for one-query decode attention,
 ``attend`` (``decode_attention``, ``decode_attention_kernel``, ``use``,
-``set_attention_kernel``). Below ``attention`` and ``models``, which import it; it imports
-only the leaf ``qkvlab.timing``.
+``set_attention_kernel``), which on a CUDA device runs ``triton_decode`` (split-context
+FlashDecoding in Triton, the optional ``triton`` extra, imported only there; its jitted kernels
+are ``triton_jit``). Below ``attention`` and ``models``, which import it; it imports only the
+leaf ``qkvlab.timing``.
 """
 
 from qkvlab.kernels import attend, gemv

@@ -25,6 +25,21 @@ Choose and apply it as ``kernels.gemv`` does, around generate's token loop only:
 
 Training, evaluation and every forward outside a ``use("blocked")`` block run SDPA unchanged,
 so stored runs stay bit-identical. Shapes: q (B, H, 1, dk), k (B, G, T, dk), v (B, G, T, dv).
+
+Rotary K=V (``rope=(cos, sin)``): the cache holds the pre-rotary k, which are the values; the
+keys are its rotation to their positions, R_j k_j. With rotary in the rotate-half layout (GPT-NeoX,
+HF Llama: R_p x = x·cos_p + rotate_half(x)·sin_p, rotate_half(x) = [−x₂, x₁], R_p orthogonal,
+R_pᵀ = R_{−p}, R_iᵀ R_j = R_{j−i}) the score of the query at position i against key j is
+
+    ⟨R_i q, R_j k_j⟩ = qᵀ R_{j−i} k_j = ⟨R_{i−j} q, k_j⟩,
+
+so the query arrives rotated (R_i q) and each block of the cache is rotated to R_j k_j *as it is
+read*, into a block-sized buffer that the next product reads from the CPU's cache, while the same
+block, unrotated, serves as the values: one read of the cache per step, where rotating the
+whole cache first (``Attention.forward`` outside this kernel) reads it twice and writes a copy.
+
+On a CUDA device with Triton importable the step runs ``kernels.triton_decode`` instead (the
+same function, split along the context); nothing on the CPU path imports Triton.
 """
 
 from __future__ import annotations
@@ -39,8 +54,8 @@ from qkvlab.kernels.choice import KernelChoice
 from qkvlab.timing import interleaved, seconds
 
 __all__ = ["ATTENTION_KERNELS", "BLOCK_BYTES", "attention_probe", "decode_attention",
-           "decode_attention_kernel", "decode_products", "is_active", "set_attention_kernel",
-           "use"]
+           "decode_attention_kernel", "decode_products", "is_active", "rotate",
+           "set_attention_kernel", "use"]
 
 ATTENTION_KERNELS = ("auto", "sdpa", "blocked")
 # A block of a shared K=V buffer is read twice: 8 MB stays in this EPYC's 32 MB L3 between the
@@ -56,8 +71,16 @@ def shares_storage(k: Tensor, v: Tensor) -> bool:
     return (k.data_ptr() == v.data_ptr() and k.shape == v.shape and k.stride() == v.stride())
 
 
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary in the rotate-half layout: x·cos + [−x₂, x₁]·sin, the tables (T, d) broadcast over
+    x (..., T, d) (``models.Rotary`` and HF Llama compute the same, in x's dtype)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
-                     block_bytes: int = BLOCK_BYTES) -> Tensor:
+                     block_bytes: int = BLOCK_BYTES,
+                     rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """softmax(scale · q kᵀ) v for one query per sequence, GQA/MQA when k has fewer heads.
 
     q (B, H, 1, dk), k (B, G, T, dk), v (B, G, T, dv) with G dividing H (query head h reads kv
@@ -65,29 +88,53 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     views of the cache (``KVCache.keys()``); when they are the same memory the cache is read in
     blocks of ``block_bytes`` so each block is fetched from memory once.
 
+    ``rope``: (cos, sin) tables of at least T rows (dk columns, rotate-half layout): the keys
+    are then ``rotate(k, cos[:T], sin[:T])``, rotated block by block as they are read, and the
+    values ``v`` unrotated (a rotary K=V cache: ``v`` is ``k``, the pre-rotary keys). ``q`` is
+    already rotated to its own position. On a CUDA device with Triton this runs
+    ``kernels.triton_decode.decode_attention``.
+
     Raises:
         ValueError: more than one query, or G not dividing H.
     """
-    qs, kf, vf, n, tb = _plan(q, k, v, scale, block_bytes)
+    if q.device.type == "cuda" and _triton_runs(q, k, v):
+        from qkvlab.kernels import triton_decode
+        return triton_decode.decode_attention(q, k, v, scale, rope=rope)
+    qs, kf, vf, n, tb = _plan(q, k, v, scale, block_bytes, rotary=rope is not None)
     B, H, dv, N, r = q.shape[0], q.shape[1], v.shape[-1], kf.shape[0], qs.shape[-1]
+    cos = sin = None
+    if rope is not None:
+        T = k.shape[2]
+        cos, sin = rope[0][:T].to(k.dtype), rope[1][:T].to(k.dtype)
     if n is None:  # keys and values are separate reads anyway: one pass
-        p = torch.bmm(kf, qs).mT.softmax(dim=-1)  # (N, r, T)
+        keys = kf if cos is None else rotate(kf, cos, sin)
+        p = torch.bmm(keys, qs).mT.softmax(dim=-1)  # (N, r, T)
         return torch.bmm(p, vf).view(B, H, 1, dv)
     out = q.new_empty(N, r, dv)
     for i in range(0, N, n):
         j = min(N, i + n)
         if tb is None:  # the block holds whole sequences: plain softmax
-            p = torch.bmm(kf[i:j], qs[i:j]).mT.softmax(dim=-1)  # (n, r, T)
+            keys = kf[i:j] if cos is None else rotate(kf[i:j], cos, sin)  # block, still cached
+            p = torch.bmm(keys, qs[i:j]).mT.softmax(dim=-1)  # (n, r, T)
             torch.bmm(p, vf[i:j], out=out[i:j])
         else:
-            out[i:j] = _online(qs[i:j], kf[i:j], tb)
+            out[i:j] = _online(qs[i:j], kf[i:j], tb, cos, sin)
     return out.view(B, H, 1, dv)
 
 
-def _plan(q: Tensor, k: Tensor, v: Tensor, scale: float, block_bytes: int):
+def _triton_runs(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether the Triton kernel takes this CUDA step: Triton imports and the dtype is one it
+    computes (float16, bfloat16, float32)."""
+    from qkvlab.kernels import triton_decode
+    return triton_decode.available() and triton_decode.supports(q, k, v)
+
+
+def _plan(q: Tensor, k: Tensor, v: Tensor, scale: float, block_bytes: int,
+          rotary: bool = False):
     """:func:`decode_attention`'s operands and blocks: stacked scaled queries (N, dk, r), the
     cache as (N, T, d) views, sequences per block ``n`` (None: k and v are separate, one
-    pass) and tokens per block ``tb`` (None: whole sequences, else the online softmax)."""
+    pass) and tokens per block ``tb`` (None: whole sequences, else the online softmax). With
+    ``rotary`` a block's rotated copy sits beside it in the CPU's cache: half the bytes each."""
     B, H, Tq, dk = q.shape
     G, T = k.shape[1], k.shape[2]
     if Tq != 1 or H % G:
@@ -97,6 +144,8 @@ def _plan(q: Tensor, k: Tensor, v: Tensor, scale: float, block_bytes: int):
     kf, vf = k.flatten(0, 1), v.flatten(0, 1)  # (N, T, dk|dv), views of the cache
     if not shares_storage(k, v):
         return qs, kf, vf, None, None
+    if rotary:
+        block_bytes //= 2
     per_seq = T * dk * k.element_size()
     n = max(1, block_bytes // per_seq)  # sequences (b, g) per block
     if n > 1 or per_seq <= block_bytes:
@@ -130,14 +179,17 @@ def decode_products(q: Tensor, k: Tensor, v: Tensor, scale: float,
             torch.bmm(torch.bmm(blk, qs[i:j]).mT, blk)
 
 
-def _online(qs: Tensor, kv: Tensor, tb: int) -> Tensor:
+def _online(qs: Tensor, kv: Tensor, tb: int, cos: Tensor | None = None,
+            sin: Tensor | None = None) -> Tensor:
     """One K=V sequence block (n, T, d) in token blocks of ``tb`` with an online softmax:
-    running max m, normalizer norm and unnormalized output acc, rescaled as the max grows."""
+    running max m, normalizer norm and unnormalized output acc, rescaled as the max grows.
+    With rotary tables (T, d) each token block is rotated as it is read to serve as keys."""
     n, T, d = kv.shape
     m = norm = acc = None
     for t in range(0, T, tb):
         blk = kv[:, t:t + tb]  # (n, tb, d): read as keys, then (in cache) as values
-        s = torch.bmm(blk, qs).mT  # (n, r, tb)
+        keys = blk if cos is None else rotate(blk, cos[t:t + tb], sin[t:t + tb])
+        s = torch.bmm(keys, qs).mT  # (n, r, tb)
         m_blk = s.amax(dim=-1, keepdim=True)
         if m is None:
             m = m_blk
@@ -158,43 +210,62 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
 
 
 def attention_probe(batch: int, n_heads: int, n_kv_heads: int, context: int, d_head: int,
-                    shared: bool, reps: int = 3, device="cpu") -> float:
+                    shared: bool, reps: int = 3, device="cpu", rotary: bool = False) -> float:
     """Measured time(SDPA) / time(:func:`decode_attention`) of one decode step's attention at
     these sizes (fp32, random cache, a shared K=V buffer where ``shared``); > 1: the blocked
-    kernel is faster. Alternating after a warm-up, median of ``reps``."""
+    kernel is faster. Alternating after a warm-up, median of ``reps``. ``rotary`` (with
+    ``shared``): the cache holds pre-rotary keys, so SDPA's step is the rotation of the whole
+    cache and then SDPA (``Attention.forward``'s path), the kernel's the rotation per block."""
     g = torch.Generator(device="cpu").manual_seed(0)
     q = torch.randn(batch, n_heads, 1, d_head, generator=g).to(device)
     k = torch.empty(batch, n_kv_heads, context, d_head, device=device).uniform_(-1, 1)
     v = k if shared else torch.empty_like(k).uniform_(-1, 1)
     s = d_head ** -0.5
+    rope = None
+    if rotary and shared:
+        ang = torch.rand(context, d_head, generator=g).to(device)
+        rope = ang.cos(), ang.sin()
 
-    def timer(fn):
-        return lambda: seconds(lambda: fn(q, k, v, s), device=device)
+    def sdpa():
+        return _sdpa(q, k if rope is None else rotate(k, *rope), v, s)
+
+    def blocked():
+        return decode_attention(q, k, v, s, rope=rope)
 
     with torch.no_grad():
-        t = interleaved({"sdpa": timer(_sdpa), "blocked": timer(decode_attention)}, reps)
+        t = interleaved({"sdpa": lambda: seconds(sdpa, device=device),
+                         "blocked": lambda: seconds(blocked, device=device)}, reps)
     return t["sdpa"] / max(t["blocked"], 1e-9)
 
 
-def decode_attention_kernel(layer, batch: int, context: int) -> str:
+def decode_attention_kernel(layer, batch: int, context: int, rotary: bool = False) -> str:
     """The kernel the decode steps of attention ``layer`` should run at ``batch`` sequences of
-    up to ``context`` tokens: ``"blocked"`` or ``"sdpa"``.
+    up to ``context`` tokens: ``"blocked"`` or ``"sdpa"``. ``rotary``: the model rotates keys
+    (it matters where K=V: such a cache holds pre-rotary keys).
 
-    The pinned one (:func:`set_attention_kernel`), else measured by :func:`attention_probe` at
-    the layer's sizes and the context rounded up to a power of two, kept on the layer per
-    (thread count, batch, rounded context). Not fp32 on the CPU: ``"sdpa"`` (not measured).
+    The pinned one (:func:`set_attention_kernel`), else on the CPU measured by
+    :func:`attention_probe` at the layer's sizes and the context rounded up to a power of two,
+    kept on the layer per (thread count, batch, rounded context, rotary); not fp32 on the CPU:
+    ``"sdpa"`` (not measured). On a CUDA device ``"blocked"`` (the Triton kernel) where Triton
+    imports and the dtype is one it computes, else ``"sdpa"``: not measured against SDPA, no
+    GPU was at hand when it was written.
     """
     if CHOICE.pinned is not None:
         return CHOICE.pinned
     cfg, w = layer.cfg, layer.W_in
+    if w.device.type == "cuda":
+        from qkvlab.kernels import triton_decode
+        return "blocked" if triton_decode.available() and w.dtype in triton_decode.DTYPES \
+            else "sdpa"
     if w.dtype != torch.float32 or w.device.type != "cpu":
         return "sdpa"
     ctx = 1 << max(0, context - 1).bit_length()
-    key = (torch.get_num_threads(), batch, ctx)
+    rotary = rotary and layer.kv_shared
+    key = (torch.get_num_threads(), batch, ctx) + (("rotary",) if rotary else ())
     chosen = layer.__dict__.setdefault("_attention_kernel", {})
     if key not in chosen:
         ratio = attention_probe(batch, cfg.n_heads, cfg.n_kv_heads, ctx, cfg.d_head,
-                                layer.kv_shared)
+                                layer.kv_shared, rotary=rotary)
         chosen[key] = "blocked" if ratio >= FASTER_RATIO else "sdpa"
     return chosen[key]
 

@@ -87,7 +87,8 @@ class DecoderLM(nn.Module):
         each measured faster for this model (once, then kept): few-row products
         (``kernels.gemv``) and one-query attention (``kernels.attend``). Only ``generate`` and
         speed measurements of its steps enter it; every other forward stays on PyTorch's ops."""
-        kind = attend.decode_attention_kernel(self.blocks[0].attn, batch, context)
+        kind = attend.decode_attention_kernel(self.blocks[0].attn, batch, context,
+                                              rotary=self.rope is not None)
         with gemv.use(gemv.decode_kernel(self)), attend.use(kind):
             yield
 
