@@ -214,3 +214,24 @@ def test_convert_refuses_a_text_too_short_and_a_tie_the_model_cannot_take(tok, r
             convert(st, "tiny", small("gqa:3", tokens=128), loaded=(m, tok), root=root,
                     log=lambda s: None, progress=False)
         assert st.measure_names() == []  # nothing stored
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--tie", "gqa:0"], "tie: 'gqa:0': gqa:N needs a positive number of kv heads"),
+    (["--tokens", "100"], "tokens: 100 is less than one batch"),
+    (["--tie", "qk", "--start", "avg"], "start: 'avg' is not a start of tie 'qk'"),
+    (["--device", "tpu"], "--device: 'tpu' is not 'cpu' or 'cuda[:N]'"),
+])
+def test_cli_refuses_bad_arguments_in_one_line_before_loading(argv, msg, capsys, tmp_path):
+    from qkvlab.cli import main
+    assert main(["convert", "nosuchmodel", "--db", str(tmp_path / "s.db"), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0]
+    assert not (tmp_path / "s.db").exists()  # nothing written
+
+
+def test_cli_refuses_an_out_that_is_a_file(capsys, tmp_path):
+    from qkvlab.cli import main
+    (tmp_path / "f").write_text("x")
+    assert main(["convert", "nosuchmodel", "--out", str(tmp_path / "f")]) == 2
+    assert "--out" in capsys.readouterr().err

@@ -78,7 +78,7 @@ def test_start_findings_read_the_stored_numbers(stored):
     assert f.last[f.better][1] == last[f.better] and f.target == last[f.worse]
     assert f.zero_shot == {s: raw[s][0]["gap"] for s in ("fitted", "avg")}
     text = convert_sentence(data)
-    assert f"after 512 tokens" in text and "Kayyam" in text
+    assert "after 512 tokens" in text and "Kayyam" in text
 
 
 def test_figure_table_and_csv(stored):

@@ -23,6 +23,7 @@ OUTPUTS: dict[str, tuple[tuple[str, str, tuple[str, ...] | None], ...]] = {
     "results": (("out", "file", None),),
     "bench": (("out", "file", None),),
     "zoo": (("dir", "folder", ("fetch",)),),
+    "convert": (("out", "folder", None),),
 }
 
 

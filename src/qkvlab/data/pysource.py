@@ -61,7 +61,8 @@ def _splits(root: str) -> dict[str, tuple[tuple[str, str], ...]]:
                    if not SKIP_PARTS.intersection(p.relative_to(base).parts[:-1]))
     if not files:
         raise FileNotFoundError(f"{base}: no Python source files; install Debian's "
-                                "libpython3.11-stdlib or set QKVLAB_PYSOURCE to a folder of .py files")
+                                "libpython3.11-stdlib or set QKVLAB_PYSOURCE to a folder of .py "
+                                "files")
     out: dict[str, list[tuple[str, str, str]]] = {s: [] for s in SPLITS}
     for p in files:
         rel = p.relative_to(base).as_posix()

@@ -147,7 +147,8 @@ def gap_ci(nll_seq: list[float], base_seq: list[float], tokens_per_seq: int,
         return np.expm1((x.mean(axis) - y.mean(axis)) / tokens_per_seq)
     res = bootstrap((a, b), stat, paired=True, n_resamples=n_boot, method="percentile",
                     random_state=np.random.default_rng(seed), vectorized=True)
-    return float(stat(a, b)), float(res.confidence_interval.low), float(res.confidence_interval.high)
+    low, high = res.confidence_interval
+    return float(stat(a, b)), float(low), float(high)
 
 
 # ---- the conversion ------------------------------------------------------------------------------
@@ -209,7 +210,8 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
                                 skip=cfg.calib_tokens, root=root).to(device)
     tspec = {"model": source, "eval_tokens": cfg.eval_tokens, "seq_len": u.seq_len,
              "corpus": corpus, "version": VERSION}
-    teacher_rec = store.measure("convert_teacher", tspec, lambda: _teacher(setup()), env=environment())[0]
+    teacher_rec = store.measure("convert_teacher", tspec, lambda: _teacher(setup()),
+                                env=environment())[0]
 
     def compute():
         c = setup()
@@ -223,8 +225,9 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
         base_cache, base_params = footprint(teacher)
         cache_, params_ = footprint(student)
         records = {r["steps"]: r for r in trainer.state["records"]}
-        bar = make_bar(total=cfg.steps * u.tokens_per_step, initial=trainer.step * u.tokens_per_step,
-                       unit="tok", desc=f"convert {cfg.tie}/{cfg.start}", disable=not progress)
+        bar = make_bar(total=cfg.steps * u.tokens_per_step,
+                       initial=trainer.step * u.tokens_per_step, unit="tok",
+                       desc=f"convert {cfg.tie}/{cfg.start}", disable=not progress)
         with bar:
             for steps in budgets(cfg):
                 if steps in records:
@@ -241,7 +244,8 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
                 records[steps] = rec
                 trainer.state["records"] = list(records.values())
                 trainer.save()
-                log(f"convert: {cfg.tie}/{cfg.start} at {rec['tokens']} tokens: ppl {rec['ppl']:.3f} "
+                log(f"convert: {cfg.tie}/{cfg.start} at {rec['tokens']} tokens: "
+                    f"ppl {rec['ppl']:.3f} "
                     f"(teacher {rec['ppl_teacher']:.3f}, gap {100 * rec['gap']:+.1f}% "
                     f"[{100 * rec['gap_lo']:+.1f}, {100 * rec['gap_hi']:+.1f}])")
         if out:

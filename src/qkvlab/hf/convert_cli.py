@@ -45,7 +45,8 @@ def configure_convert(parser: argparse.ArgumentParser) -> None:
                              "activations; default), avg, keep_k, keep_v (K=V only), mean_pool "
                              "(gqa/mqa)")
     parser.add_argument("--tokens", type=_positive, default=d,
-                        help=f"uptraining tokens (default {d}); scored at 0, 16k, 64k, ... and here")
+                        help=f"uptraining tokens (default {d}); scored at 0, 16k, 64k, ... "
+                             "and there")
     parser.add_argument("--lr", type=_rate, default=u.lr, help=f"AdamW rate (default {u.lr:g})")
     parser.add_argument("--batch", type=_positive, default=u.batch)
     parser.add_argument("--seq-len", type=_positive, default=u.seq_len)
@@ -76,8 +77,6 @@ def run_convert(args) -> int:
         raise ValueError(f"--device: {args.device!r} is not 'cpu' or 'cuda[:N]'")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device: {args.device} asked for, but no CUDA device is available")
-    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ValueError(f"--out: {args.out} exists and is not a folder")
     if args.threads:
         torch.set_num_threads(args.threads)
     Path(args.db).parent.mkdir(parents=True, exist_ok=True)
