@@ -33,9 +33,10 @@ def configure(parser) -> None:
     parser.add_argument("--device", default=None,
                         help="cpu or cuda[:N] (default: cuda where PyTorch sees a GPU, else cpu); "
                              "fold_alt runs on the CPU")
-    parser.add_argument("--only", choices=["kv"], default=None,
+    parser.add_argument("--only", choices=["kv", "convert"], default=None,
                         help="kv: only the KV-cache decode sweep, at its full size (contexts to "
-                             "32k, batch to 16); the default bench runs a small one")
+                             "32k, batch to 16); the default bench runs a small one. convert: "
+                             "uptraining SmolLM2 tied K=V, qkvlab against a plain HF loop")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: PyTorch's; on a loaded 2-core machine 1 "
                              "gives steadier ratios)")
@@ -58,6 +59,14 @@ def run(args) -> int:
     if args.only == "kv":
         res = {"cpu_model": cpu_model(), "device": device,
                "kv_decode": bench_kv("full", device=device, log=log)}
+    elif args.only == "convert":
+        from qkvlab.bench.convert import bench_convert, convert_table
+        res = {"cpu_model": cpu_model(), "device": device,
+               "convert": bench_convert(rounds=3 if args.quick else 5, log=log)}
+        res["load_average"] = list(os.getloadavg())
+        _write_json(Path(args.out).with_name("bench_convert.json"), res)
+        print(convert_table(res["convert"]))
+        return 0
     else:
         res = run_bench(sizes, peers=not args.no_peers, quick=args.quick, nanogpt=args.nanogpt,
                         compile=args.compile, device=device, log=log)

@@ -14,8 +14,9 @@ of a tie is read against as well as against the teacher (distilling on code move
 Records (measure ``convert``, one per budget): model, tie, start, tokens, steps, nll, ppl,
 ppl_teacher, gap (exp(nll − nll_teacher) − 1, per token), gap_lo/gap_hi (95% bootstrap over the
 evaluation sequences, paired), nll_seq (per-sequence summed nll, for pairing with other runs),
-eval_tokens, kv_cache and attn_params (relative to the teacher), lr, seconds, tokens_per_s,
-precision. The teacher's per-sequence nll is measure ``convert_teacher``. Checkpoints live in
+eval_tokens, kv_cache and attn_params (relative to the teacher), lr, train_seconds,
+tokens_per_s, precision, peak_rss_gb (the process's peak resident memory so far, teacher and
+student included). The teacher's per-sequence nll is measure ``convert_teacher``. Checkpoints live in
 ``<store>-runs/convert/<key>/``, keyed by everything but ``tokens``, so a killed run resumes and
 a larger budget continues the same run.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,6 +241,7 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
                 rec = _record(seq, teacher_rec, cfg, steps, u.seq_len)
                 rec |= {"kv_cache": cache_ / base_cache, "attn_params": params_ / base_params,
                         "precision": precision, "train_seconds": train_s,
+                        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                         "tokens_per_s": ((steps - s0) * u.tokens_per_step / train_s
                                          if steps > s0 else None)}
                 records[steps] = rec

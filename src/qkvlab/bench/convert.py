@@ -1,0 +1,94 @@
+"""``qkvlab bench --only convert``: uptraining a converted decoder, qkvlab against a plain loop.
+
+The peer is what a user writes with Hugging Face alone: the teacher's and the student's full
+logits from ``model(x).logits`` (fp32, every position × the whole vocabulary at once), KL at
+T = 2 plus next-token loss, backward, AdamW. qkvlab's step (``hf.uptrain``) computes the same
+loss from the final hidden states in chunks of positions, the student's body in bf16 autocast
+where the CPU has native bf16 (``train.precision``), the output layer and the loss in fp32.
+Both train the same student (SmolLM2-135M tied K=V) from the same weights on the same batch,
+interleaved round by round (``timing.interleaved_rounds``); the ratio is read by
+``timing.ratio_stats``. The physical bound beside it: the step's matrix FLOPs (≈ 6 × the
+student's and 2 × the teacher's parameters per token, the output layer included) over the
+tokens/s, as a FLOP rate.
+"""
+
+from __future__ import annotations
+
+import copy
+import resource
+
+import torch
+from torch import nn
+
+from qkvlab.timing import interleaved_rounds, rate, ratio_stats
+
+
+def _plain_step(student, teacher, opt, x, alpha=0.5, temp=2.0):
+    zs = student(input_ids=x).logits[:, :-1].flatten(0, 1)
+    with torch.no_grad():
+        zt = teacher(input_ids=x).logits[:, :-1].flatten(0, 1)
+    kl = nn.functional.kl_div(nn.functional.log_softmax(zs / temp, -1),
+                              nn.functional.log_softmax(zt / temp, -1), log_target=True,
+                              reduction="batchmean")
+    loss = alpha * temp * temp * kl + (1 - alpha) * nn.functional.cross_entropy(
+        zs, x[:, 1:].flatten())
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
+def bench_convert(source: str = "smollm2", rounds: int = 3, batch: int = 4, seq_len: int = 256,
+                  log=print) -> dict:
+    """Tokens/s of one uptraining step, qkvlab vs the plain loop; records and the ratio."""
+    from qkvlab.hf.cost import load_lm
+    from qkvlab.hf.tie import tie
+    from qkvlab.hf.uptrain import UptrainConfig, distill_loss
+    from qkvlab.train.precision import autocast, resolve_precision
+
+    teacher, _ = load_lm(source)
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    base = tie(copy.deepcopy(teacher), "kv", start="avg")  # the start does not change the speed
+    students = {k: copy.deepcopy(base) for k in ("qkvlab", "plain")}
+    for s in students.values():
+        s.train()
+    opts = {k: torch.optim.AdamW(s.parameters(), lr=1e-5) for k, s in students.items()}
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, teacher.config.vocab_size, (batch, seq_len), generator=g)
+    cfg = UptrainConfig(batch=batch, seq_len=seq_len)
+    precision = resolve_precision(cfg.precision, "cpu")
+
+    def ours():
+        loss = distill_loss(students["qkvlab"], teacher, x, cfg, lambda: autocast(precision, "cpu"))
+        opts["qkvlab"].zero_grad(set_to_none=True)
+        loss.backward()
+        opts["qkvlab"].step()
+
+    tokens = batch * seq_len
+    log(f"convert bench: {source}, batch {batch} × {seq_len}, {rounds} interleaved rounds, "
+        f"qkvlab in {precision}")
+    got = interleaved_rounds({"qkvlab": rate(ours, tokens),
+                              "plain": rate(lambda: _plain_step(students["plain"], teacher,
+                                                                opts["plain"], x), tokens)},
+                             rounds)
+    n_student = sum(p.numel() for p in {id(p): p for p in base.parameters()}.values())
+    n_teacher = sum(p.numel() for p in teacher.parameters())
+    flops_per_token = 6 * n_student + 2 * n_teacher
+    rows = [{"contender": k, "tokens_per_s": sorted(v)[len(v) // 2], "rounds": v,
+             "precision": precision if k == "qkvlab" else "fp32",
+             "tflop_s": flops_per_token * sorted(v)[len(v) // 2] / 1e12} for k, v in got.items()]
+    return {"model": source, "batch": batch, "seq_len": seq_len, "rows": rows,
+            "ratio": ratio_stats(got["qkvlab"], got["plain"]),
+            "flops_per_token": flops_per_token,
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
+
+
+def convert_table(res: dict) -> str:
+    """The bench's rows as a markdown table, the ratio and its verdict under it."""
+    r = res["ratio"]
+    lines = ["| contender | precision | tokens/s (median) | matrix TFLOP/s |", "|---|---|---|---|"]
+    lines += [f"| {x['contender']} | {x['precision']} | {x['tokens_per_s']:.1f} | "
+              f"{x['tflop_s']:.3f} |" for x in res["rows"]]
+    lines.append(f"\nqkvlab / plain loop: {r['ratio']:.2f}× (min {r['min']:.2f}, max "
+                 f"{r['max']:.2f}; {r['verdict']}); process peak RSS {res['peak_rss_gb']:.1f} GiB")
+    return "\n".join(lines)
