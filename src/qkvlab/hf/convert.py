@@ -16,9 +16,9 @@ ppl_teacher, gap (exp(nll − nll_teacher) − 1, per token), gap_lo/gap_hi (95%
 evaluation sequences, paired), nll_seq (per-sequence summed nll, for pairing with other runs),
 eval_tokens, kv_cache and attn_params (relative to the teacher), lr, train_seconds,
 tokens_per_s, precision, peak_rss_gb (the process's peak resident memory so far, teacher and
-student included). The teacher's per-sequence nll is measure ``convert_teacher``. Checkpoints live in
-``<store>-runs/convert/<key>/``, keyed by everything but ``tokens``, so a killed run resumes and
-a larger budget continues the same run.
+student included). The teacher's per-sequence nll is measure ``convert_teacher``. Checkpoints
+live in ``<store>-runs/convert/<key>/``, keyed by everything but ``tokens``, so a killed run
+resumes and a larger budget continues the same run.
 """
 
 from __future__ import annotations
