@@ -317,6 +317,8 @@ def load_converted(folder: str | Path):
     folder = Path(folder)
     if not (folder / META).is_file():
         raise FileNotFoundError(f"{folder}: no {META}; not a folder written by qkvlab convert")
+    from qkvlab.analysis._files import check_hf_folder
+    check_hf_folder(folder)  # no code from the folder: refuse auto_map before transformers reads
     meta = json.loads((folder / META).read_text())
     kind, _ = parse_tie(meta["tie"])
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
