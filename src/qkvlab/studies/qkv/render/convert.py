@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
 from qkvlab.report.blocks import Block, Figure, Para, Table
 from qkvlab.studies.qkv.compute.convert import curves, start_findings
@@ -25,6 +25,7 @@ SHORT = {"fitted": "fitted", "avg": "avg", "keep_k": "keep W_K", "keep_v": "keep
          "mean_pool": "mean-pooled", "none": "untied"}
 TIES = {"kv": "K=V", "qk": "Q=K", "qkv": "Q=K=V", "mqa": "MQA", "none": "untied"}
 ZERO_X = 2 ** 9  # where the zero-shot point is drawn on the log token axis (labelled "0")
+Y_TICKS = (1, 1.1, 1.5, 2, 5, 10, 100, 1e3, 1e4, 1e5, 1e6)  # perplexity ratios
 
 
 def _title(model: str) -> str:
@@ -36,7 +37,9 @@ def pct(x: float) -> str:
     """A gap in % (``+12.3%``), or a factor above +100% (``×20.7``)."""
     if not math.isfinite(x):
         return "—"
-    return f"{100 * x:+.1f}%" if x < 1 else f"×{1 + x:.3g}"
+    if x < 1:
+        return f"{100 * x:+.1f}%"
+    return f"×{1 + x:.3g}" if x < 999 else f"×{1 + x:,.0f}"
 
 
 def ci(g: float, lo: float, hi: float) -> str:
@@ -67,15 +70,21 @@ def fig_q3_convert(data: StudyData, out: Path) -> Figure | None:
             ax.fill_between(x, 1 + c.gap_lo, 1 + c.gap_hi, color=line.get_color(), alpha=0.15)
         for start, pts in KAYYAM_CONVERT.items():
             ax.plot([t for t, _ in pts], [1 + p / 100 for _, p in pts], marker="D", mfc="none",
-                    ls=":", lw=1, label=f"published K=V, {SHORT[start]} ({KAYYAM_CONVERT_CITE})")
+                    ls=":", lw=1, label=f"published: K=V, {SHORT[start]} start")
         ax.axhline(1 + KAYYAM_SCRATCH_KV_PCT / 100, color="#444444", ls="--", lw=0.8,
                    label=f"published K=V trained from scratch (+{KAYYAM_SCRATCH_KV_PCT}%)")
         ax.axhline(1, color="#999999", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.xaxis.set_major_locator(FixedLocator([ZERO_X, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9]))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.xaxis.set_major_formatter(FuncFormatter(
-            lambda v, _: "0" if v <= ZERO_X else f"{v / 1e6:g}M" if v >= 1e6 else f"{v / 1e3:g}k"))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{100 * (v - 1):+.0f}%"))
+            lambda v, _: "0" if v <= ZERO_X else f"{v / 1e9:g}B" if v >= 1e9
+            else f"{v / 1e6:g}M" if v >= 1e6 else f"{v / 1e3:g}k"))
+        ax.yaxis.set_major_locator(FixedLocator(Y_TICKS))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_major_formatter(FuncFormatter(
+            lambda v, _: f"{100 * (v - 1):+.0f}%" if v < 2 else f"×{v:,g}"))
         ax.set_xlabel("uptraining tokens (0 = the tie as imposed)")
         ax.set_ylabel("perplexity over the teacher's, per token")
         ax.set_title(f"{_title(model)}: converted, then distilled from the untied model",
@@ -90,8 +99,9 @@ def fig_q3_convert(data: StudyData, out: Path) -> Figure | None:
                 "warmup, so every budget is a prefix of one run) on Python's standard library "
                 "source; held-out test files, per-token perplexity over the teacher's, 95% "
                 "paired bootstrap over the evaluation sequences. Grey: the untied model uptrained "
-                "the same way (the text's own effect). Hollow diamonds: " + KAYYAM_CONVERT_UNIT
-                + "; another model, text and tokenizer, so only their shape is comparable.")
+                "the same way (the text's own effect). Hollow diamonds, " + KAYYAM_CONVERT_CITE
+                + ": " + KAYYAM_CONVERT_UNIT + "; another model, text and tokenizer, so only "
+                "their shape is comparable.")
 
 
 def convert_blocks(data: StudyData) -> list[Block]:
