@@ -98,3 +98,18 @@ def test_tokens_to_reach_interpolates_between_measured_budgets_only():
     got = tokens_to_reach(pts, 0.75)  # halfway in log tokens between 16k and 64k
     assert got == pytest.approx(math.exp((math.log(16384) + math.log(65536)) / 2), rel=1e-12)
     assert tokens_to_reach(pts, 10.5) == pytest.approx(16384 * 0.5, rel=1e-12)  # linear from 0
+
+
+def test_a_start_that_begins_below_the_others_final_gap_saved_all_its_tokens():
+    df = pd.DataFrame({"model": "m", "tie": "kv", "start": ["fitted"] * 3 + ["avg"] * 3,
+                       "tokens": [0, 16384, 65536] * 2,
+                       "gap": [19.7, 9.0, 4.9, 3.9e5, 585.0, 524.0]})
+    df = df.assign(gap_lo=df.gap * 0.9, gap_hi=df.gap * 1.1)
+    (f,) = start_findings(df)
+    assert (f.better, f.worse, f.began_below, f.saved, f.tokens_better) == \
+        ("fitted", "avg", True, None, 0.0)
+    assert f.separated and f.zero_shot == {"fitted": 19.7, "avg": 3.9e5}
+    df.loc[(df.start == "fitted") & (df.tokens == 0), "gap"] = 1000.0  # now it needs 1k-16k
+    (f,) = start_findings(df)
+    assert not f.began_below and 0 < f.tokens_better < 16384
+    assert f.saved == pytest.approx(65536 / f.tokens_better, rel=1e-12)

@@ -91,7 +91,9 @@ class StartFinding:
     target: float            # the worse start's gap at the largest common budget
     tokens_better: float | None   # tokens the better start needed to reach ``target``
     tokens_worse: float
-    saved: float | None      # tokens_worse / tokens_better where the better start got there sooner
+    saved: float | None      # tokens_worse / tokens_better where the better start got there
+                             # sooner after some uptraining (None when it began there: no ratio)
+    began_below: bool        # the better start's zero-shot gap is already below ``target``
 
 
 def start_findings(df: pd.DataFrame) -> list[StartFinding]:
@@ -123,5 +125,6 @@ def start_findings(df: pd.DataFrame) -> list[StartFinding]:
                  for x in (best, s)},
                 separated=bool(b.gap_hi < w.gap_lo), target=float(w.gap),
                 tokens_better=reach, tokens_worse=float(top),
-                saved=top / max(reach, 1.0) if reach is not None and reach < top else None))
+                saved=top / reach if reach is not None and 0 < reach < top else None,
+                began_below=reach == 0))
     return out

@@ -143,7 +143,11 @@ def convert_sentence(data: StudyData) -> str:
                 f"{ci(*f.last[f.worse][1:])}")
         said += (" (the intervals do not overlap)" if f.separated
                  else " (the intervals overlap: not separated at this budget)")
-        if f.saved is not None:
+        if f.began_below:
+            said += (f"; the {SHORT[f.better]} start began below the gap {SHORT[f.worse]} "
+                     f"reached after {f.tokens_worse:,.0f} tokens: it needed no uptraining to "
+                     "get there")
+        elif f.saved is not None:
             said += (f"; the {SHORT[f.better]} start reached {SHORT[f.worse]}'s final gap "
                      f"after about {f.tokens_better:,.0f} tokens, {f.saved:.3g}× fewer")
         parts.append(said)
