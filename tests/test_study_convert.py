@@ -113,3 +113,12 @@ def test_a_start_that_begins_below_the_others_final_gap_saved_all_its_tokens():
     (f,) = start_findings(df)
     assert not f.began_below and 0 < f.tokens_better < 16384
     assert f.saved == pytest.approx(65536 / f.tokens_better, rel=1e-12)
+
+
+def test_the_answers_open_with_the_conversion_where_nothing_else_ran(stored):
+    from qkvlab.studies.qkv.render.answers import answer_blocks
+    data, _, _ = stored
+    assert data.comparisons.empty
+    blocks = answer_blocks(data)
+    assert blocks[-1].text.endswith(convert_sentence(data))
+    assert "only converts trained decoders" in blocks[-1].text

@@ -15,6 +15,7 @@ from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.plan.claims import QUESTIONS
 from qkvlab.studies.qkv.plan.references import REF_KV_CHARS_PER_TOKEN, per_char
 from qkvlab.studies.qkv.plan.vocab import ARMS, LM_CHARS_PER_TOKEN, label
+from qkvlab.studies.qkv.render.convert import convert_sentence
 from qkvlab.studies.qkv.render.figures_scaling import answer_sentence
 
 # a task in plain words (its name in the tables after it, on first mention)
@@ -209,14 +210,20 @@ def answer_blocks(data: StudyData, lead: dict[str, str] | None = None) -> list[B
     ``lead``: a question's opening words (Q1: where 1/√d_k sits, from ``render.scale``), which
     word its per-width findings."""
     out: list[Block] = [Section("answers", "The answers")]
-    at_scale = answer_sentence(data)
+    at_scale, converted = answer_sentence(data), convert_sentence(data)
     if data.comparisons.empty and at_scale:  # a profile of the scaling experiments alone
         return [*out, Para(f"Profile {data.profile.name} trains only the gap of each tie "
                            f"against training budget and model size (the quick and standard "
                            f"profiles answer Q1–Q3 at one size). {at_scale}")]
+    if data.comparisons.empty and converted:  # a profile of conversions alone
+        return [*out, Para(f"Profile {data.profile.name} only converts trained decoders to a "
+                           f"tie and uptrains them (the quick and standard profiles answer "
+                           f"Q1–Q3 from scratch). {converted}")]
     for q, a in answers(data).items():
         first = (lead or {}).get(q)
         text = f"{first} {answer_text(without_widths(a), True)}" if first else answer_text(a)
+        if q.lower() == "q3" and converted:
+            text += " " + converted
         out.append(Para(f"{QUESTIONS[q][0]}. {text}"))
     if at_scale:
         out.append(Para(at_scale))
