@@ -235,3 +235,51 @@ def test_cli_refuses_an_out_that_is_a_file(capsys, tmp_path):
     (tmp_path / "f").write_text("x")
     assert main(["convert", "nosuchmodel", "--out", str(tmp_path / "f")]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+def test_a_kill_between_checkpoint_files_resumes_the_pair_state_json_names(tok, root, tmp_path):
+    """Weights of a later step written before its state.json (a kill between them) are ignored;
+    a checkpoint of the first layout (student.safetensors, optim.pt) still resumes."""
+    import contextlib
+    import json
+    import shutil
+
+    import safetensors.torch
+
+    from qkvlab.hf.uptrain import Uptrainer
+    teacher = tiny(tok)
+    ids = token_rows(tok, "train", 512, 64, root=root)
+    cfg = UptrainConfig(batch=2, seq_len=64, precision="fp32", warmup=1, lr=1e-3)
+
+    def trainer(folder):
+        s = tie(tiny(tok, seed=1), "kv", start="avg")
+        return Uptrainer(s, teacher, ids, cfg, folder, contextlib.nullcontext)
+    a = trainer(tmp_path / "ck")
+    a.run_to(1)
+    at_1 = {k: v.clone() for k, v in a.student.state_dict().items()}
+    a.run_to(2, every_s=1e9)  # saved at its end: step 2's pair and state.json
+    shutil.copy(tmp_path / "ck" / "student-2.safetensors", tmp_path / "s2")
+    # back to step 1's state, with step 2's weights left beside it as a kill would leave them
+    a2 = trainer(tmp_path / "ck1")
+    a2.run_to(1)
+    shutil.copy(tmp_path / "s2", tmp_path / "ck1" / "student-2.safetensors")
+    b = trainer(tmp_path / "ck1")
+    assert b.resume() and b.step == 1
+    for k, v in b.student.state_dict().items():
+        torch.testing.assert_close(v, at_1[k], rtol=0, atol=0)
+    b.run_to(2)
+    assert sorted(p.name for p in (tmp_path / "ck1").glob("student*")) == [
+        "student-2.safetensors"]
+    # the first layout: fixed names, no names in state.json
+    old = tmp_path / "old"
+    shutil.copytree(tmp_path / "ck1", old)
+    state = json.loads((old / "state.json").read_text())
+    (old / state.pop("student")).rename(old / "student.safetensors")
+    (old / state.pop("optim")).rename(old / "optim.pt")
+    (old / "state.json").write_text(json.dumps(state))
+    c = trainer(old)
+    assert c.resume() and c.step == 2
+    want = safetensors.torch.load_file(str(old / "student.safetensors"))
+    got = c.student.state_dict()
+    for k, v in want.items():
+        torch.testing.assert_close(got[k], v, rtol=0, atol=0)

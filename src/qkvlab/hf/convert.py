@@ -283,7 +283,9 @@ def _export_stored(store, spec, source, cfg, out, setup, log) -> None:
     c = setup()
     ckpt = store.runs_dir / "convert" / _key({k: v for k, v in spec.items() if k != "tokens"})
     student = make_student(c["model"], cfg, c["calib"])
-    safetensors.torch.load_model(student, ckpt / "student.safetensors", strict=True)
+    state = json.loads((ckpt / "state.json").read_text())
+    safetensors.torch.load_model(student, ckpt / state.get("student", "student.safetensors"),
+                                 strict=True)
     save_converted(student, c["tok"], out, {"source": source, "tie": cfg.tie, "start": cfg.start})
     log(f"convert: wrote {out} from the stored run's checkpoint")
 

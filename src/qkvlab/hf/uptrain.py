@@ -16,10 +16,12 @@ resumes from the last checkpoint instead of starting again. Batches are consecut
 training ids, so step s always reads the same tokens: a killed run resumes from its checkpoint
 to the same weights.
 
-Checkpoints (``ckpt_dir``): ``student.safetensors`` (shared Parameters stored once, by
-``safetensors.torch.save_model``), ``optim.pt`` (the optimizer's tensors, read back with
-``torch.load(weights_only=True)``, our own file) and ``state.json`` (step, records so far),
-each written atomically, ``state.json`` last: a kill between files leaves the previous state.
+Checkpoints (``ckpt_dir``, every 5 minutes and at every scored budget):
+``student-<step>.safetensors`` (shared Parameters stored once, by
+``safetensors.torch.save_model``), ``optim-<step>.pt`` (the optimizer's tensors, read back with
+``torch.load(weights_only=True)``, our own file), then ``state.json`` (step, the two files'
+names, records so far), each written atomically; older pairs are removed only after. A kill at
+any point leaves ``state.json`` naming a complete pair.
 """
 
 from __future__ import annotations
@@ -192,9 +194,11 @@ class Uptrainer:
         if saved.get("config") != self.cfg.to_dict():
             raise ValueError(f"{self.dir}: checkpoint made with another configuration "
                              f"({saved.get('config')}); delete the folder or use another store")
-        missing, unexpected = safetensors.torch.load_model(
-            self.student, self.dir / "student.safetensors", strict=True)
-        self.opt.load_state_dict(torch.load(self.dir / "optim.pt", weights_only=True))
+        # a checkpoint of the first layout (one fixed pair of names) reads as well
+        student = saved.get("student", "student.safetensors")
+        optim = saved.get("optim", "optim.pt")
+        safetensors.torch.load_model(self.student, self.dir / student, strict=True)
+        self.opt.load_state_dict(torch.load(self.dir / optim, weights_only=True))
         self.sched.load_state_dict(saved["sched"])
         self.step, self.state = saved["step"], {k: saved[k] for k in ("records", "losses")}
         return True
@@ -202,19 +206,27 @@ class Uptrainer:
     def save(self) -> None:
         import safetensors.torch
         self.dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.dir / "student.safetensors",
+        files = {"student": f"student-{self.step}.safetensors", "optim": f"optim-{self.step}.pt"}
+        atomic_write(self.dir / files["student"],
                      lambda p: safetensors.torch.save_model(self.student, str(p)))
-        atomic_write(self.dir / "optim.pt", lambda p: torch.save(self.opt.state_dict(), p))
+        atomic_write(self.dir / files["optim"], lambda p: torch.save(self.opt.state_dict(), p))
         atomic_write_text(self.dir / "state.json", json.dumps(
-            {"step": self.step, "config": self.cfg.to_dict(),
+            {"step": self.step, "config": self.cfg.to_dict(), **files,
              "sched": self.sched.state_dict(), **self.state}))
+        for old in [*self.dir.glob("student*.safetensors"), *self.dir.glob("optim*.pt")]:
+            if old.name not in files.values():  # state.json names the pair in use
+                old.unlink(missing_ok=True)
 
     # ---- training ----------------------------------------------------------------------------
     def steps_available(self) -> int:
         return len(self.ids) // self.cfg.batch
 
-    def run_to(self, step: int, bar=None, every: int = 16) -> None:
-        """Train until ``self.step == step``, checkpointing every ``every`` steps and at the end."""
+    def run_to(self, step: int, bar=None, every_s: float = 300.0) -> None:
+        """Train until ``self.step == step``, checkpointing every ``every_s`` seconds (a step
+        takes seconds on a CPU, milliseconds on a GPU, where a per-step rule would spend the run
+        writing) and at the end."""
+        import time
+        last = time.monotonic()
         if step > self.steps_available():
             raise ValueError(f"text: {len(self.ids)} training sequences hold "
                              f"{self.steps_available()} steps of {self.cfg.batch}, need {step}")
@@ -235,6 +247,7 @@ class Uptrainer:
             if bar is not None:
                 bar.update(self.cfg.tokens_per_step)
                 bar.set_postfix(loss=f"{loss.item():.3f}")
-            if self.step % every == 0 or self.step == step:
+            if self.step == step or time.monotonic() - last >= every_s:
                 self.save()
+                last = time.monotonic()
         self.student.eval()

@@ -38,6 +38,7 @@ def curves(data: StudyData) -> pd.DataFrame:
     if df.empty:
         return df
     df["model"] = df["spec.model"]
+    df["batch"] = df["spec.uptrain.batch"]
     # a budget measured in several runs (a 64k run and a 256k run that resumed it) is one point
     df = df.drop_duplicates(["model", "tie", "start", "tokens", *SAME_RUN[1:]], keep="last")
     keys = [c for c in SAME_RUN if c in df]
@@ -54,7 +55,7 @@ def curves(data: StudyData) -> pd.DataFrame:
     df[["vs_untied", "vs_lo", "vs_hi"]] = pd.DataFrame(rows, index=df.index)
     cols = ["model", "tie", "start", "tokens", "steps", "ppl", "ppl_teacher", "gap", "gap_lo",
             "gap_hi", "vs_untied", "vs_lo", "vs_hi", "kv_cache", "attn_params", "lr",
-            "eval_tokens", "tokens_per_s", "precision"]
+            "eval_tokens", "tokens_per_s", "precision", "batch"]
     return df[[c for c in cols if c in df]].sort_values(
         ["model", "tie", "start", "tokens"], kind="stable").reset_index(drop=True)
 

@@ -62,11 +62,13 @@ def fig_q3_convert(data: StudyData, out: Path) -> Figure | None:
     fig, axes = plt.subplots(1, len(models), figsize=(7.2 * len(models), 4.4), squeeze=False)
     for ax, model in zip(axes[0], models):
         g = df[df.model == model]
-        for (tie, start), c in g.groupby(["tie", "start"], sort=False):
+        several = g.batch.nunique() > 1  # e.g. a GPU curve at a larger batch beside the CPU's
+        for (tie, start, batch), c in g.groupby(["tie", "start", "batch"], sort=False):
             x = c.tokens.clip(lower=ZERO_X)
             lw, colr = (1.0, "#777777") if tie == "none" else (1.6, None)
             line, = ax.plot(x, 1 + c.gap, marker="o", ms=4, lw=lw, color=colr,
-                            label=f"{tie_label(tie)}, {SHORT.get(start, start)}")
+                            label=f"{tie_label(tie)}, {SHORT.get(start, start)}"
+                            + (f", batch {batch}" if several else ""))
             ax.fill_between(x, 1 + c.gap_lo, 1 + c.gap_hi, color=line.get_color(), alpha=0.15)
         for start, pts in KAYYAM_CONVERT.items():
             ax.plot([t for t, _ in pts], [1 + p / 100 for _, p in pts], marker="D", mfc="none",
