@@ -32,6 +32,13 @@ def _rate(text: str) -> float:
     return v
 
 
+def _gap(x: float) -> str:
+    """+12.3% below +100%, else the perplexity ratio as a factor (×20.7, ×389,503)."""
+    if x < 1:
+        return f"{100 * x:+.1f}%"
+    return f"×{1 + x:.3g}" if x < 999 else f"×{1 + x:,.0f}"
+
+
 def configure_convert(parser: argparse.ArgumentParser) -> None:
     starts = sorted({s for v in STARTS.values() for s in v})
     d, u = 262144, UptrainConfig()
@@ -83,13 +90,13 @@ def run_convert(args) -> int:
     with Store(args.db) as store:
         recs = convert(store, args.source, cfg, device=args.device, out=args.out,
                        log=lambda s: print(s, file=sys.stderr, flush=True))
-    print(f"| {args.source} {cfg.tie}/{cfg.start} | tokens | ppl | teacher ppl | gap % per token "
-          "(95% CI) | KV cache × | tokens/s |")
+    print(f"| {args.source} {cfg.tie}/{cfg.start} | tokens | ppl | teacher ppl | perplexity over "
+          "the teacher's, per token (95% CI) | KV cache × | tokens/s |")
     print("|---|---|---|---|---|---|---|")
     for r in recs:
         tps = f"{r['tokens_per_s']:.0f}" if r.get("tokens_per_s") else ""
-        print(f"| | {r['tokens']:,} | {r['ppl']:.3f} | {r['ppl_teacher']:.3f} | "
-              f"{100 * r['gap']:+.1f} ({100 * r['gap_lo']:+.1f} to {100 * r['gap_hi']:+.1f}) | "
+        print(f"| | {r['tokens']:,} | {r['ppl']:,.3f} | {r['ppl_teacher']:.3f} | "
+              f"{_gap(r['gap'])} ({_gap(r['gap_lo'])} to {_gap(r['gap_hi'])}) | "
               f"{r['kv_cache']:.2f} | {tps} |")
     if args.out:
         print(f"wrote {args.out} (load it with qkvlab.hf.convert.load_converted)")
