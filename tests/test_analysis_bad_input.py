@@ -247,3 +247,80 @@ def test_cli_reports_bad_input_with_exit_code_2(tmp_path, capsys):
     configure_analyze(p)
     assert run_analyze(p.parse_args([str(tmp_path / "missing"), "--quiet"])) == 2
     assert "error:" in capsys.readouterr().err
+
+
+# ---- issue 41, item 5: a NaN or an infinity is refused before any eigh -------------------------
+def damaged_llama(folder, value):
+    """The tiny Llama folder with ``value`` at one place of layer 1's q_proj.weight."""
+    from safetensors.torch import load_file, save_file
+    from test_analysis_loaders import tiny_llama
+
+    tiny_llama().float().save_pretrained(folder)
+    sd = load_file(folder / "model.safetensors")
+    sd["model.layers.1.self_attn.q_proj.weight"][5, 3] = value
+    save_file(sd, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+# per-head W_Q is (heads, d_model, d_head): row 5 of q_proj is head 0's column 5, input 3
+@pytest.mark.parametrize("value, count", [(float("nan"), "1 NaN and 0 infinite"),
+                                          (float("inf"), "0 NaN and 1 infinite"),
+                                          (float("-inf"), "0 NaN and 1 infinite")])
+def test_a_nan_or_inf_in_w_q_is_refused_naming_the_weight(tmp_path, value, count):
+    d = damaged_llama(tmp_path, value)
+    with pytest.raises(InputFileError) as e:
+        resolve(str(d))
+    assert str(e.value) == (f"{d}: weight W_Q of layer decoder.1 is not finite ({count} of "
+                            "4,096 values, the first at index [0, 3, 5]); the weights are "
+                            "damaged (refused)")
+
+
+def test_analyze_of_a_nan_weight_prints_one_line_and_exits_2(tmp_path, capsys):
+    """It was a traceback out of torch.linalg.eigh."""
+    import argparse
+
+    from qkvlab.analysis.cli import configure_analyze, run_analyze
+
+    d = damaged_llama(tmp_path / "m", float("nan"))
+    p = argparse.ArgumentParser()
+    configure_analyze(p)
+    assert run_analyze(p.parse_args([str(d), "--quiet", "--no-cka",
+                                     "--out", str(tmp_path / "out")])) == 2
+    assert capsys.readouterr().err == (
+        f"qkvlab analyze: error: {d}: weight W_Q of layer decoder.1 is not finite (1 NaN and 0 "
+        "infinite of 4,096 values, the first at index [0, 3, 5]); the weights are damaged "
+        "(refused)\n")
+
+
+@pytest.mark.parametrize("scale, count", [(0.0, "0 NaN and 8 infinite"),
+                                          (float("nan"), "8 NaN and 0 infinite")])
+def test_a_zero_or_nan_int8_scale_is_refused_naming_the_weight(tmp_path, scale, count):
+    """CTranslate2 dequantizes w = q / scale: a zero scale makes a row infinite (a zero q NaN)."""
+    import fuzz_formats
+
+    v = fuzz_formats.ct2_vars()
+    v["decoder/layer_0/attention/linear_2/weight_scale"][0] = scale
+    v["decoder/layer_0/attention/linear_2/weight"][0] = 1  # no 0 / 0 in the row
+    f = tmp_path / "model.bin"
+    f.write_bytes(fuzz_formats.ct2_bytes(v))
+    with pytest.raises(InputFileError) as e:
+        resolve(str(f))
+    assert str(e.value) == (f"{f}: weight W_O of layer cross.0 is not finite ({count} of "
+                            "64 values, the first at index [0, 0, 0]); the weights are damaged "
+                            "(refused)")
+
+
+def test_a_nan_q8_0_scale_in_a_gguf_is_refused_naming_the_weight(tmp_path):
+    """A Q8_0 block is an fp16 scale then 32 int8 values: a NaN scale is 32 NaN weights."""
+    import fuzz_formats
+
+    meta, tensors = fuzz_formats.gguf_seed(q8=True)
+    tensors = [(n, dims, t, np.float16(np.nan).tobytes() + data[2:]
+                if n == "blk.0.attn_q.weight" else data) for n, dims, t, data in tensors]
+    f = tmp_path / "m.gguf"
+    f.write_bytes(fuzz_formats.gguf_bytes(meta, tensors))
+    with pytest.raises(InputFileError) as e:
+        resolve(str(f))
+    assert str(e.value) == (f"{f}: weight W_Q of layer decoder.0 is not finite (32 NaN and 0 "
+                            "infinite of 1,024 values, the first at index [0, 0, 0]); the weights "
+                            "are damaged (refused)")

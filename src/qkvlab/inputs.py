@@ -25,7 +25,7 @@ import traceback
 from typing import Any
 
 __all__ = ["InputFileError", "BOUNDS", "bounded_int", "memory_limit", "check_memory",
-           "format_bytes", "parse_bytes", "print_error"]
+           "check_finite", "format_bytes", "parse_bytes", "print_error"]
 
 
 class InputFileError(ValueError):
@@ -120,6 +120,25 @@ def check_memory(where: str | os.PathLike, need: float, what: str) -> None:
         raise InputFileError(f"{where}: {what} needs about {format_bytes(need)}, above the "
                              f"memory limit of {format_bytes(limit)}; if the machine has it, "
                              f"raise the limit with --max-memory or ${MEMORY_ENV} (e.g. 64G)",
+                             path=where)
+
+
+def check_finite(where: str | os.PathLike, tensors, what: str = "tensor") -> None:
+    """Refuse ``where`` when a tensor of ``tensors`` (``(name, tensor)`` pairs, checked in
+    order) holds a NaN or an infinity: a damaged file, not a model to measure.
+
+    Raises:
+        InputFileError: naming the first such tensor, how many of its values are NaN and
+            infinite, and where the first one is.
+    """
+    for name, t in tensors:
+        if t is None or not t.is_floating_point() or bool(t.isfinite().all()):
+            continue
+        bad = ~t.isfinite()
+        n_nan, first = int(t.isnan().sum()), tuple(int(i) for i in bad.nonzero()[0])
+        raise InputFileError(f"{where}: {what} {name} is not finite ({n_nan} NaN and "
+                             f"{int(bad.sum()) - n_nan} infinite of {t.numel():,} values, the "
+                             f"first at index {list(first)}); the weights are damaged (refused)",
                              path=where)
 
 

@@ -22,9 +22,10 @@ import torch
 from torch import Tensor
 
 from qkvlab.attention import repeat_kv
-from qkvlab.inputs import InputFileError
+from qkvlab.inputs import InputFileError, check_finite
 
 ROLES = ("encoder", "decoder", "cross")
+WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")  # a LayerView's tensors
 
 
 def _f64(t: Tensor | None) -> Tensor | None:
@@ -55,7 +56,7 @@ class LayerView:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role: {self.role!r} is not one of {list(ROLES)}")
-        for k in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
+        for k in WEIGHTS:
             setattr(self, k, _f64(getattr(self, k)))
         H, D, dk = self.W_Q.shape
         checks = {"W_K": (H, D, dk), "W_V": (H, D, self.W_V.shape[-1]), "b_Q": (H, dk),
@@ -102,6 +103,10 @@ class ModelView:
     ``capture``, when set, maps a list of texts to the inputs of every attention layer on those
     texts: ``{layer.name: (x (N, D), s (M, D))}`` in float64, padding removed; the measures use
     it for the CKA of q/k/v activations.
+
+    Every loader's view is built here, so here a view with a NaN or an infinity in any of its
+    weights is refused, naming the first (a damaged file, a NaN or zero quantization scale),
+    before a measure's eigh or svd meets it.
     """
 
     name: str
@@ -115,6 +120,8 @@ class ModelView:
     def __post_init__(self) -> None:
         if not self.layers:
             raise InputFileError(f"{self.source}: no attention layers found", path=self.source)
+        check_finite(self.source, ((f"{k} of layer {lay.name}", getattr(lay, k))
+                                   for lay in self.layers for k in WEIGHTS), what="weight")
 
 
 # ---- layout helpers shared by the loaders ---------------------------------------------------

@@ -85,12 +85,15 @@ def load_lm(source: str):
 
     GGUF weights are dequantized to float32 by transformers (needs ``gguf``). No code from the
     folder runs: one whose configs ask for it is refused first (``_files.check_hf_folder``), and
-    transformers is told ``trust_remote_code=False``.
+    transformers is told ``trust_remote_code=False``. A file that does not fill the model its
+    config describes, or holds a NaN or an infinity, is refused (``loading.load_checked``):
+    transformers would fill the gaps at random and the model would still get a perplexity.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from qkvlab.analysis._files import check_hf_folder
     from qkvlab.analysis.sources import BUILTINS, builtin_path
+    from qkvlab.hf.loading import load_checked
 
     if source in BUILTINS:
         path = builtin_path(source)
@@ -102,7 +105,7 @@ def load_lm(source: str):
     folder = str(check_hf_folder(path))  # before transformers reads anything
     kw = {"local_files_only": True, "trust_remote_code": False,
           **({"gguf_file": path.name} if path.is_file() else {})}
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kw).eval()
+    model = load_checked(AutoModelForCausalLM, path, folder, dtype=torch.float32, **kw).eval()
     return model, AutoTokenizer.from_pretrained(folder, **kw)
 
 
