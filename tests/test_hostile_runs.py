@@ -11,8 +11,11 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 from qkvlab.experiments.store import Store
+from test_train_trainer import spec as toy_spec
 
 
 def tree(folder: Path) -> dict[str, bytes]:
@@ -46,3 +49,43 @@ def test_a_report_that_fails_midway_leaves_the_old_report_whole(tmp_path, monkey
     new = tree(out)  # the new report replaced the old folder whole: no stale figure
     assert set(new) == {"index.html", "report.md", "verdicts.json", "comparisons.csv"}
     assert all(new[k] != old[k] for k in new) and os.listdir(out.parent) == ["smoke"]
+
+
+# ---- 2: a killed checkpoint save ----------------------------------------------------------------
+def test_a_failed_or_killed_checkpoint_save_leaves_no_temp_file(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    from qkvlab.train.checkpoints import read_checkpoint, save_checkpoint
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    path = save_checkpoint(tmp_path / "checkpoint.safetensors", model, None, step=1)
+    saved = path.read_bytes()
+    real = safetensors.torch.save_file
+
+    def half_then_full(tensors, name, metadata=None):
+        Path(name).write_bytes(b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device", str(name))
+    monkeypatch.setattr(safetensors.torch, "save_file", half_then_full)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(path, model, None, step=2)
+    assert os.listdir(tmp_path) == ["checkpoint.safetensors"] and path.read_bytes() == saved
+    monkeypatch.setattr(safetensors.torch, "save_file", real)
+    left = tmp_path / ".checkpoint.safetensors.0123456789ab.tmp"  # what a kill leaves
+    left.touch()
+    save_checkpoint(path, model, None, step=3)
+    assert os.listdir(tmp_path) == ["checkpoint.safetensors"]
+    assert read_checkpoint(path)[1]["step"] == 3
+
+
+def test_a_leftover_temp_file_is_not_resumed_and_is_removed(tmp_path):
+    from qkvlab.train import run_from_spec
+
+    clean = run_from_spec(toy_spec(checkpoint_every=4), run_dir=tmp_path / "a", progress=False)
+    run_dir = tmp_path / "b"
+    run_dir.mkdir()
+    (run_dir / ".checkpoint.safetensors.0123456789ab.tmp").touch()  # killed before any rename
+    (run_dir / ".model.safetensors.ba9876543210.tmp").write_bytes(b"half")
+    again = run_from_spec(toy_spec(checkpoint_every=4), run_dir=run_dir, progress=False)
+    assert (again.status, again.step, again.history) == (clean.status, clean.step, clean.history)
+    assert sorted(os.listdir(run_dir)) == sorted(os.listdir(tmp_path / "a"))

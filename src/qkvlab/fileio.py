@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
@@ -28,7 +29,10 @@ from pathlib import Path
 from typing import IO, Any
 
 __all__ = ["atomic_path", "atomic_write", "atomic_write_text", "atomic_write_bytes", "atomic_open",
-           "atomic_dir"]
+           "atomic_dir", "temp_files"]
+
+
+_TEMP = re.compile(r"\..+\.[0-9a-f]{12}\.tmp", re.DOTALL)  # what _create_temp names
 
 
 def _create_temp(path: Path) -> Path:
@@ -131,6 +135,19 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         OSError: as :func:`atomic_path`.
     """
     return atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+def temp_files(folder: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """The temporary files :func:`atomic_path` made in ``folder`` (for the file ``name``, or
+    for any) that are still there: a writer killed before its rename leaves one, often empty.
+    They are never the file itself; only the one writer of the folder (a run's folder: the
+    worker that claimed the run) may remove them."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    pattern = f".{glob_escape(name)}.*.tmp" if name is not None else ".*.tmp"
+    return sorted(p for p in folder.glob(pattern)
+                  if _TEMP.fullmatch(p.name) and not p.is_dir())
 
 
 def glob_escape(name: str) -> str:
