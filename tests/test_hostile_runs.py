@@ -7,6 +7,7 @@ marks the run failed and ends the sweep in one line (5)."""
 from __future__ import annotations
 
 import errno
+import math
 import os
 from pathlib import Path
 
@@ -89,3 +90,36 @@ def test_a_leftover_temp_file_is_not_resumed_and_is_removed(tmp_path):
     again = run_from_spec(toy_spec(checkpoint_every=4), run_dir=run_dir, progress=False)
     assert (again.status, again.step, again.history) == (clean.status, clean.step, clean.history)
     assert sorted(os.listdir(run_dir)) == sorted(os.listdir(tmp_path / "a"))
+
+
+# ---- 3: non-finite and out-of-range numbers in a config ----------------------------------------
+@pytest.mark.parametrize("section, values, said", [
+    ("model", {"dropout": math.nan}, "model.dropout: nan is not a finite number in [0, 1)"),
+    ("model", {"attn_dropout": 1.0}, "model.attn_dropout: 1.0 is not a finite number in [0, 1)"),
+    ("model", {"rope_base": 0.0}, "model.rope_base: 0.0 is not a finite number > 0"),
+    ("model", {"init_std": math.inf}, "model.init_std: inf is not a finite number >= 0"),
+    ("train", {"lr": math.nan}, "train.lr: nan is not a finite number >= 0"),
+    ("train", {"beta2": 1.0}, "train.beta2: 1.0 is not a finite number in [0, 1)"),
+    ("train", {"min_lr_ratio": -math.inf},
+     "train.min_lr_ratio: -inf is not a finite number in [0, 1]"),
+    ("train", {"keep_at": [0, math.nan]}, "train.keep_at: nan is not a step (a whole number >= 0)"),
+    ("probe", {"sat": math.nan}, "probe.sat: nan is not a finite number in (0, 1)"),
+    ("probe", {"steps": [-1]}, "probe.steps: -1 is not a step (a whole number >= 0)"),
+])
+def test_a_non_finite_or_out_of_range_number_is_refused_naming_its_field(section, values, said):
+    from qkvlab.train import RunSpec
+
+    with pytest.raises(ValueError) as e:
+        RunSpec.from_dict({"task": "lm", section: values})
+    assert str(e.value) == said
+
+
+def test_the_configs_themselves_refuse_a_nan_dropout():
+    from qkvlab.attention import AttentionConfig
+    from qkvlab.models import ModelConfig
+
+    for make in (lambda: ModelConfig(d_vocab=2, n_ctx=2, dropout=math.nan),
+                 lambda: AttentionConfig(d_model=8, n_heads=2, dropout=math.nan)):
+        with pytest.raises(ValueError) as e:
+            make()
+        assert str(e.value) == "dropout: nan is not a finite number in [0, 1)"
