@@ -9,12 +9,15 @@ from __future__ import annotations
 import errno
 import math
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from conftest import toy_runs
+from qkvlab.experiments import cli
 from qkvlab.experiments.store import Store
 from test_train_trainer import spec as toy_spec
 
@@ -123,3 +126,33 @@ def test_the_configs_themselves_refuse_a_nan_dropout():
         with pytest.raises(ValueError) as e:
             make()
         assert str(e.value) == "dropout: nan is not a finite number in [0, 1)"
+
+
+# ---- 4: a store whose text is not UTF-8 ----------------------------------------------------------
+def test_text_that_is_not_utf8_is_one_line_naming_the_store_and_the_row(tmp_path, capsys):
+    db = tmp_path / "r.db"
+    with Store(db) as s:
+        ids = s.add("toy", "smoke", toy_runs())
+    with sqlite3.connect(db) as c:  # bytes that are no UTF-8, stored as TEXT
+        c.execute("UPDATE runs SET error = CAST(? AS TEXT) WHERE id=?", (b"bad \xff", ids[1]))
+    args = ["all", "--db", str(db), "--errors"]
+    assert cli.run_results(_parser(cli.configure_results).parse_args(args)) == 2
+    assert capsys.readouterr().err == (
+        f"error: db: {db}: table runs, row id '{ids[1]}', column error is not UTF-8 text "
+        "(invalid start byte at byte 4); the store is damaged or was changed by hand\n")
+    with sqlite3.connect(db) as c:
+        c.execute("UPDATE runs SET error = NULL, spec = CAST(? AS TEXT) WHERE id=?",
+                  (b'{"task": "\xfe"}', ids[0]))
+    with Store(db, readonly=True) as s, pytest.raises(ValueError) as e:
+        s.runs_spec(ids[0])
+    assert str(e.value) == (f"db: {db}: table runs, row id '{ids[0]}', column spec is not UTF-8 "
+                            "text (invalid start byte at byte 10); the store is damaged or was "
+                            "changed by hand")
+
+
+def _parser(configure):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    configure(p)
+    return p
