@@ -19,6 +19,7 @@ from torch import nn
 from conftest import toy_runs
 from qkvlab.experiments import cli
 from qkvlab.experiments.store import Store
+from qkvlab.inputs import EnvironmentFailure, print_error
 from test_train_trainer import spec as toy_spec
 
 
@@ -156,3 +157,44 @@ def _parser(configure):
     p = argparse.ArgumentParser()
     configure(p)
     return p
+
+
+# ---- 5: a full disk mid-sweep -------------------------------------------------------------------
+def test_a_full_disk_fails_the_run_and_ends_the_sweep_in_one_line(tmp_path, monkeypatch, capsys):
+    from qkvlab.experiments import pool
+    from qkvlab.progress import bar
+    from qkvlab.train import checkpoints
+
+    def full(path, write):
+        raise OSError(errno.ENOSPC, "No space left on device", os.fspath(path))
+    monkeypatch.setattr(checkpoints, "atomic_write", full)
+    db = tmp_path / "r.db"
+    with Store(db) as s:
+        ids = s.add("toy", "smoke", toy_runs(checkpoint_every=4))
+        with pytest.raises(EnvironmentFailure) as e:
+            pool.train_runs(s, ids, ids, "local", 1, 1, bar(total=2, disable=True), None)
+        said = (f"sweep: no space left on device: {s.runs_dir / ids[0] / 'checkpoint.safetensors'}"
+                f" (run {ids[0]} failed; a later sweep retries it)")
+        assert str(e.value) == said
+        assert [s.status(i) for i in ids] == ["failed", "pending"]  # nothing left "running"
+        assert "OSError: [Errno 28] No space left on device" in s.error(ids[0])
+    assert print_error("qkvlab sweep", e.value) == 1
+    assert capsys.readouterr().err == f"qkvlab sweep: error: {said}\n"
+    monkeypatch.undo()  # space again: the next sweep retries the failed run
+    with Store(db) as s:
+        pool.train_runs(s, ids, ids, "local", 1, 1, bar(total=2, disable=True), None)
+        assert [s.status(i) for i in ids] == ["done", "done"]
+
+
+def test_the_causes_that_stop_a_sweep_are_named_with_their_path(tmp_path):
+    from qkvlab.experiments.worker import no_space
+
+    quota = OSError(errno.EDQUOT, "Disk quota exceeded", "/data/x.tmp")
+    full_store = sqlite3.OperationalError("database or disk is full")
+    full_store.sqlite_errorcode = sqlite3.SQLITE_FULL
+    wrapped = RuntimeError("while saving")
+    wrapped.__cause__ = OSError(errno.ENOSPC, "No space left on device")
+    assert [no_space(e, tmp_path / "run", tmp_path / "r.db") for e in
+            (quota, full_store, wrapped, OSError(errno.ENOENT, "gone"), ValueError("bad"))] == [
+        "disk quota exceeded: /data/x.tmp", f"no space left on device: {tmp_path / 'r.db'}",
+        f"no space left on device: {tmp_path / 'run'}", None, None]
