@@ -10,6 +10,10 @@ share a temp file: the last rename wins and the file is always complete.
 The temporary file is created with mode ``0o666`` filtered by the process umask, exactly
 as ``open(path, "w")`` creates a new file (``tempfile.mkstemp`` would leave it ``0o600``).
 
+A set of files that belongs together (a report: its page, its tables, its figures) is written
+with :func:`atomic_dir`: into a fresh folder beside the destination, which takes the
+destination's place only once every file is in it.
+
 This module imports nothing from qkvlab, so any layer may use it.
 """
 
@@ -17,12 +21,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_path", "atomic_write", "atomic_write_text", "atomic_write_bytes", "atomic_open"]
+__all__ = ["atomic_path", "atomic_write", "atomic_write_text", "atomic_write_bytes", "atomic_open",
+           "atomic_dir", "temp_files"]
+
+
+_TEMP = re.compile(r"\..+\.[0-9a-f]{12}\.tmp", re.DOTALL)  # what _create_temp names
 
 
 def _create_temp(path: Path) -> Path:
@@ -125,3 +135,85 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         OSError: as :func:`atomic_path`.
     """
     return atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+def temp_files(folder: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """The temporary files :func:`atomic_path` made in ``folder`` (for the file ``name``, or
+    for any) that are still there: a writer killed before its rename leaves one, often empty.
+    They are never the file itself; only the one writer of the folder (a run's folder: the
+    worker that claimed the run) may remove them."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    pattern = f".{glob_escape(name)}.*.tmp" if name is not None else ".*.tmp"
+    return sorted(p for p in folder.glob(pattern)
+                  if _TEMP.fullmatch(p.name) and not p.is_dir())
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with glob's special characters taken literally."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def _fsync_tree(folder: Path) -> None:
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            with open(Path(root) / name, "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(Path(root))
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a new, empty folder beside ``path`` to fill; on a clean exit it takes ``path``'s
+    place, and only then is the folder that was there (if any) removed. On an exception the
+    new folder is removed and ``path`` is left as it was.
+
+    POSIX cannot rename a folder over a non-empty one, so the swap is two renames (the old
+    folder aside to ``.<name>.<pid>.<hex>.old``, the new one into place); a kill between them
+    leaves the old report aside and no ``path``. Folders that a killed writer left beside
+    ``path`` (``.<name>.<pid>.<hex>.tmp`` or ``.old``, its process gone) are removed on the
+    next successful write.
+
+    Raises:
+        OSError: the parent cannot be created or written, or a rename fails (the old folder
+            is then put back where it can be).
+        Whatever the caller's block raises, after removing the new folder.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stem = f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}"
+    tmp, old = path.with_name(stem + ".tmp"), path.with_name(stem + ".old")
+    os.mkdir(tmp)
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        if os.path.lexists(path):
+            os.rename(path, old)
+            try:
+                os.rename(tmp, path)
+            except OSError:
+                os.rename(old, path)
+                raise
+        else:
+            os.rename(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        if os.path.lexists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+    for left in path.parent.glob(f".{glob_escape(path.name)}.*.*"):
+        parts = left.name[len(path.name) + 2:].split(".")
+        if (len(parts) == 3 and parts[0].isdigit() and parts[2] in ("tmp", "old")
+                and left.is_dir() and not _pid_alive(int(parts[0]))):
+            shutil.rmtree(left, ignore_errors=True)

@@ -24,8 +24,8 @@ import tempfile
 import traceback
 from typing import Any
 
-__all__ = ["InputFileError", "BOUNDS", "bounded_int", "memory_limit", "check_memory",
-           "check_finite", "format_bytes", "parse_bytes", "print_error"]
+__all__ = ["InputFileError", "EnvironmentFailure", "BOUNDS", "bounded_int", "memory_limit",
+           "check_memory", "check_finite", "format_bytes", "parse_bytes", "print_error"]
 
 
 class InputFileError(ValueError):
@@ -35,6 +35,12 @@ class InputFileError(ValueError):
     def __init__(self, message: str, path: str | os.PathLike | None = None):
         super().__init__(message)
         self.path = None if path is None else os.fspath(path)
+
+
+class EnvironmentFailure(RuntimeError):
+    """The machine stopped a command, not its input nor a fault in qkvlab (a disk that is
+    full): the message names the cause and the path; the command line prints it as one line,
+    exit status 1, with no traceback file (a full disk could not hold one)."""
 
 
 # Upper bounds on the sizes a header or a config may state, with the reason for each: far above
@@ -144,7 +150,8 @@ def check_finite(where: str | os.PathLike, tensors, what: str = "tensor") -> Non
 
 def print_error(prog: str, exc: BaseException, debug: bool = False) -> int:
     """Print ``exc`` for a person and return the exit status: 2 for bad input (any
-    ``ValueError``, ``InputFileError`` included), 1 for anything else.
+    ``ValueError``, ``InputFileError`` included), 1 for anything else (an
+    ``EnvironmentFailure`` one line too, without a traceback file).
 
     The message goes on its own line, after any progress bar still drawn on stderr. A
     ``ValueError`` is one line. Anything else is a fault in qkvlab: one line naming it and a
@@ -153,9 +160,9 @@ def print_error(prog: str, exc: BaseException, debug: bool = False) -> int:
     _close_bars()
     if debug:
         traceback.print_exception(exc, file=sys.stderr)
-    if isinstance(exc, ValueError):
+    if isinstance(exc, (ValueError, EnvironmentFailure)):
         print(f"{prog}: error: {_one_line(str(exc))}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(exc, ValueError) else 1
     where = "" if debug else f"; traceback in {_save_traceback(exc)} (--debug prints it)"
     print(f"{prog}: internal error: {type(exc).__name__}: {_one_line(str(exc))}{where}",
           file=sys.stderr)

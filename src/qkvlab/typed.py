@@ -16,6 +16,8 @@ become tuples where the field is a tuple, and ``to_dict`` is the inverse (tuples
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
@@ -36,6 +38,42 @@ def check_keys(d: Mapping[str, Any], allowed: Iterable[str], where: str = "") ->
     bad = sorted(set(d) - allowed, key=str)
     if bad:
         raise unknown_key(where, bad[0], allowed)
+
+
+def check_number(value: Any, name: str, lo: float = 0.0, hi: float = math.inf, *,
+                 lo_open: bool = False, hi_open: bool = False) -> float:
+    """``value`` as a float if it is a real number (not a bool), finite, in the interval from
+    ``lo`` to ``hi`` (``[lo, hi]``; ``lo_open``/``hi_open`` leave an end out).
+
+    Raises:
+        ValueError: ``name: nan is not a finite number in [0, 1)`` (the interval as allowed).
+    """
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and (value > lo if lo_open else value >= lo) and (
+            value < hi if hi_open else value <= hi):
+        return float(value)
+    if math.isinf(hi):
+        where = f"{'>' if lo_open else '>='} {lo:g}"
+    else:
+        where = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    raise ValueError(f"{name}: {value!r} is not a finite number {where}")
+
+
+def check_step_list(values: Any, name: str) -> tuple[int, ...]:
+    """``values`` (training steps) as a tuple of ints: each a whole number >= 0.
+
+    Raises:
+        ValueError: ``name: nan is not a step (a whole number >= 0)``.
+    """
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(f"{name}: {values!r} must be a list of steps")
+    out = []
+    for v in values:
+        ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok or v < 0 or v != int(v):
+            raise ValueError(f"{name}: {v!r} is not a step (a whole number >= 0)")
+        out.append(int(v))
+    return tuple(out)
 
 
 def field_names(cls: type) -> list[str]:

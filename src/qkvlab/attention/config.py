@@ -83,8 +83,7 @@ class AttentionConfig:
             object.__setattr__(self, "scale", DESIGNS[self.design].default_scale)
         if self.scale not in SCALES:
             raise ValueError(f"scale: {self.scale!r} is not one of {list(SCALES)}")
-        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
-            raise ValueError(f"dropout: {self.dropout!r} must be a float in [0, 1)")
+        typed.check_number(self.dropout, "dropout", 0.0, 1.0, hi_open=True)
         if self.mix_init not in MIX_INITS:
             raise ValueError(f"mix_init: {self.mix_init!r} is not one of {list(MIX_INITS)}")
         DESIGNS[self.design].check_config(self)

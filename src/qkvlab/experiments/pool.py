@@ -20,6 +20,7 @@ import torch
 
 from qkvlab.experiments.store import FINISHED, Store
 from qkvlab.experiments.worker import execute, step_logger, work
+from qkvlab.inputs import EnvironmentFailure
 from qkvlab.train.build import TASK_MODULES, allow_task_modules
 
 BACKENDS = ("local", "ray")
@@ -119,12 +120,15 @@ def _local_pool(db: str, todo: list[str], workers: int, threads: int, bar, store
     while any(p.is_alive() for p in procs):
         time.sleep(0.5)
         show_finished(bar, store, counted)
-    said = {}
+    said, stop = {}, []
     while not errors.empty():
-        pid, why = errors.get()
+        pid, why, environment = errors.get()
         said[pid] = why
+        stop += [why] if environment else []
     for p in procs:
         p.join()
+    if stop:  # a full disk: the next workers would fail the same way
+        raise EnvironmentFailure(stop[0])
     return [said.get(p.pid, "") or (f"exit status {p.exitcode}" if p.exitcode > 0 else
                                     f"killed by signal {-p.exitcode}") if p.exitcode else ""
             for p in procs]
@@ -132,15 +136,22 @@ def _local_pool(db: str, todo: list[str], workers: int, threads: int, bar, store
 
 def _worker(errors, *args, **kwargs) -> None:
     """A spawned worker: ``work``; if it fails, the sweep is told why in one line (its
-    traceback kept in a file) and the process exits with status 1."""
+    traceback kept in a file; an ``EnvironmentFailure``, a full disk, stops the sweep with its
+    line) and the process exits with status 1."""
     try:
         work(*args, **kwargs)
+    except EnvironmentFailure as e:  # its message is the line; the disk may hold no file
+        errors.put((os.getpid(), " ".join(str(e).split()), True))
+        sys.exit(1)
     except Exception as e:  # noqa: BLE001 (the sweep says it, once, instead of each worker)
-        fd, path = tempfile.mkstemp(prefix="qkvlab-worker-", suffix=".txt")
-        with os.fdopen(fd, "w") as f:
-            traceback.print_exception(e, file=f)
+        try:
+            fd, path = tempfile.mkstemp(prefix="qkvlab-worker-", suffix=".txt")
+            with os.fdopen(fd, "w") as f:
+                traceback.print_exception(e, file=f)
+        except OSError:  # a full disk: the line alone, not a second traceback
+            path = "(could not be written)"
         errors.put((os.getpid(), f"{type(e).__name__}: {' '.join(str(e).split())[:500]} "
-                                 f"(traceback in {path})"))
+                                 f"(traceback in {path})", False))
         sys.exit(1)
 
 

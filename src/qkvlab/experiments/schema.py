@@ -202,6 +202,7 @@ def connect(path: str | os.PathLike, readonly: bool) -> tuple[sqlite3.Connection
         raise InputFileError(f"db: {shown} cannot be opened as a results database ({e})",
                              path=path) from None
     conn.row_factory = sqlite3.Row
+    conn.text_factory = text_reader(shown, target, readonly)
     try:
         found = "new" if fresh else known or kind(conn)
         if found == "new" and readonly:
@@ -222,3 +223,45 @@ def connect(path: str | os.PathLike, readonly: bool) -> tuple[sqlite3.Connection
         conn.close()
         raise
     return conn, found
+
+
+def text_reader(shown: Path, target: str, uri: bool):
+    """The store's ``text_factory``: TEXT to ``str``; a value that is not UTF-8 (a store
+    damaged or changed by hand) is an ``InputFileError`` naming the store and the row and
+    column that hold it, where sqlite3 would raise an ``OperationalError`` with neither."""
+    def text(raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputFileError(f"db: {shown}: {locate(target, uri, raw)} is not UTF-8 text "
+                                 f"({e.reason} at byte {e.start}); the store is damaged or was "
+                                 "changed by hand", path=shown) from None
+    return text
+
+
+def locate(target: str, uri: bool, raw: bytes) -> str:
+    """Where the text value ``raw`` sits in the store, found on a second connection:
+    ``table runs, row id '…', column spec`` (or ``a text value`` if it cannot be found)."""
+    def show(v) -> str:
+        return repr(v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else v)
+    try:
+        c = sqlite3.connect(target, uri=uri, timeout=5)
+    except sqlite3.Error:
+        return "a text value"
+    try:
+        c.text_factory = bytes
+        tables = [r[0].decode() for r in c.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
+        for t in tables:
+            cols = [r[1].decode() for r in c.execute(f'PRAGMA table_info("{t}")')]
+            key = next((k for k in ("id", "run_id", "key") if k in cols), "rowid")
+            for col in cols:
+                row = c.execute(f'SELECT "{key}" FROM "{t}" WHERE typeof("{col}") = \'text\' '
+                                f'AND CAST("{col}" AS BLOB) = ? LIMIT 1', (raw,)).fetchone()
+                if row is not None:
+                    return f"table {t}, row {key} {show(row[0])}, column {col}"
+    except (sqlite3.Error, UnicodeDecodeError):
+        pass
+    finally:
+        c.close()
+    return "a text value"

@@ -285,9 +285,17 @@ class Store:
             finals.setdefault(r["run_id"], {})[r["name"]] = r["value"]
         for r in rows:
             for k in ("tags", "spec", "params", "versions", "hardware", "timings"):
-                r[k] = json.loads(r[k]) if r[k] else None
+                r[k] = self._json(r[k], r["id"], k)
             r["final"] = finals.get(r["id"], {})
         return rows
+
+    def _json(self, text: str | None, rid: str, column: str) -> Any:
+        try:
+            return json.loads(text) if text else None
+        except (ValueError, RecursionError) as e:  # text that is not UTF-8: schema.text_reader
+            raise InputFileError(f"db: {self.path}: run {rid!r}: its {column} column is not "
+                                 f"JSON ({type(e).__name__}); the store is damaged or "
+                                 "was changed by hand", path=self.path) from None
 
     def timings(self, ids: Iterable[str], since: float | None = None,
                 by: str | None = None) -> dict[str, dict[str, float]]:

@@ -6,15 +6,20 @@ each run atomically in SQLite, so two sweeps of the same experiment (or overlapp
 experiments) share the work instead of repeating it. A worker that dies (SIGKILL, OOM) leaves
 its run ``running``; the next sweep sees the process is gone, marks the run pending, and its
 worker resumes it from its last checkpoint. Workers die with their sweep (PR_SET_PDEATHSIG on
-Linux), so a killed sweep leaves no orphan writing to the store.
+Linux), so a killed sweep leaves no orphan writing to the store. A run that fails for want of
+disk space (``ENOSPC``, ``EDQUOT``) is marked failed, so a later sweep retries it, and stops its
+worker with an ``EnvironmentFailure`` naming the cause and the path: every run after it would
+fail the same way.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
 import socket
+import sqlite3
 import time
 import traceback
 from pathlib import Path
@@ -26,6 +31,7 @@ from qkvlab.env import environment
 from qkvlab.experiments.probe import ScaleProbe
 from qkvlab.experiments.store import Store, canonical
 from qkvlab.experiments.tensorboard import RunLogger
+from qkvlab.inputs import EnvironmentFailure
 from qkvlab.models import count_params
 from qkvlab.train import RunSpec, allow_task_modules, run_from_spec
 from qkvlab.train.distributed import DistInfo, default_device
@@ -146,14 +152,42 @@ def work(db: str, ids: list[str], threads: int, parent: int | None = None,
                 store.record_timings(rid, _run_timings(out["info"]["timings"], spent, startup,
                                                        time.perf_counter() - t))
                 startup = 0.0
-            except Exception:  # one bad config must not stop the sweep; the store keeps the trace
-                store.fail(rid, traceback.format_exc())
+            except Exception as e:  # one bad config must not stop the sweep; the store
+                # keeps the trace. A full disk stops it: every run after would fail alike
+                full = no_space(e, store.runs_dir / rid, store.path)
+                try:
+                    store.fail(rid, traceback.format_exc())
+                except sqlite3.Error:  # the store's disk is full too: reclaimed as pending
+                    if full is None:
+                        raise
+                if full is not None:
+                    raise EnvironmentFailure(f"sweep: {full} (run {rid} failed; a later sweep "
+                                             "retries it)") from e
             finally:
                 if close is not None:
                     close()
             ran += 1
             t = time.perf_counter()
     return ran
+
+
+NO_SPACE = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+
+
+def no_space(exc: BaseException, where: Path, db: Path | None = None) -> str | None:
+    """``no space left on device: PATH`` if ``exc`` (or an exception it was raised from) is
+    an ``OSError`` for want of space, naming the file it names or else ``where``, or SQLite's
+    ``database or disk is full``, naming the store ``db``."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in NO_SPACE:
+            return f"{NO_SPACE[exc.errno]}: {exc.filename or where}"
+        if isinstance(exc, sqlite3.Error) and db is not None and \
+                getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            return f"{NO_SPACE[errno.ENOSPC]}: {db}"
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _run_timings(trained: Mapping[str, float], spent: Mapping[str, float], startup: float,

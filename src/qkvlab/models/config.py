@@ -27,6 +27,23 @@ ROLE_OPTIONS = ("design", "scale", "self_mask", "n_kv_heads", "d_head", "d_v", "
 # config read from a file cannot ask for a model no machine holds before anything checks it.
 SIZE_BOUNDS = {"d_vocab": "vocab", "n_ctx": "context", "d_model": "width", "n_layers": "layers",
                "n_heads": "heads", "d_head": "width", "d_v": "width"}
+# The number options and their intervals (lo, hi, lo_open, hi_open), checked where a config is
+# made and in a RunSpec's model options (``check_numbers``), so a NaN or an out-of-range value
+# is one error naming its field before anything is built, not a failure deep inside a run.
+NUMBERS = {"dropout": (0.0, 1.0, False, True), "attn_dropout": (0.0, 1.0, False, True),
+           "rope_base": (0.0, math.inf, True, False), "init_std": (0.0, math.inf, False, False)}
+
+
+def check_numbers(options: Mapping[str, Any], where: str = "") -> None:
+    """The number options present in ``options`` are finite and in their intervals.
+
+    Raises:
+        ValueError: ``model.dropout: nan is not a finite number in [0, 1)`` (``where`` first).
+    """
+    for name, (lo, hi, lo_open, hi_open) in NUMBERS.items():
+        if name in options:
+            typed.check_number(options[name], f"{where}.{name}" if where else name, lo, hi,
+                               lo_open=lo_open, hi_open=hi_open)
 
 
 @dataclass(frozen=True)
@@ -75,17 +92,11 @@ class ModelConfig:
         for name in ("bias", "self_mask", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: {getattr(self, name)!r} must be true or false")
-        for name in ("rope_base", "init_std", "dropout"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
-                    or v < 0:
-                raise ValueError(f"{name}: {v!r} must be a finite number >= 0")
+        check_numbers({name: getattr(self, name) for name in NUMBERS})
         if self.positions not in POSITIONS:
             raise ValueError(f"positions: {self.positions!r} is not one of {list(POSITIONS)}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation: {self.activation!r} is not one of {list(ACTIVATIONS)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout: {self.dropout!r} must be in [0, 1)")
         if not isinstance(self.roles, Mapping):
             raise ValueError(f"roles: {self.roles!r} must map a role to attention options")
         for role, opts in self.roles.items():

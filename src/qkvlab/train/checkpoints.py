@@ -10,7 +10,10 @@ state such as the metrics history) and ``qkvlab_digest`` (sha256 of every tensor
 truncated or bit-flipped file is a clear ``ValueError`` instead of a silently wrong resume.
 
 Files are written to a temp file in the same folder and renamed: a kill at any moment leaves
-either the previous checkpoint or the new one, never half of one.
+either the previous checkpoint or the new one, never half of one. A kill before the rename
+leaves the temp file (``.checkpoint.safetensors.<hex>.tmp``, often empty): it is never read as
+a checkpoint, and the next save or resume in that folder removes it
+(:func:`discard_temp_files`); a save that fails removes its own.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import safetensors.torch
 import torch
 from torch import Tensor, nn
 
-from qkvlab.fileio import atomic_write
+from qkvlab.fileio import atomic_write, temp_files
 from qkvlab.inputs import InputFileError
 
 FORMAT = 1
@@ -88,8 +91,19 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module,
     meta = {"format": FORMAT, "step": int(step), "param_groups": groups, "state": state or {}}
     header = {"qkvlab_checkpoint": json.dumps(meta, sort_keys=True),
               "qkvlab_digest": _digest(tensors)}
+    discard_temp_files(path.parent, path.name)
     atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, tmp, metadata=header))
     return path
+
+
+def discard_temp_files(folder: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """Remove the temp files that killed saves left in ``folder`` (of the file ``name``, or of
+    any file); returns them. Only the folder's one writer calls this: a run's folder belongs
+    to the worker that claimed the run."""
+    found = temp_files(folder, name)
+    for tmp in found:
+        tmp.unlink(missing_ok=True)
+    return found
 
 
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, Any]]:

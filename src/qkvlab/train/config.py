@@ -14,7 +14,6 @@ Round trip through plain dicts (JSON in the store, spec files for ``torchrun``):
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from qkvlab import typed
 from qkvlab.data.base import MODEL_KINDS
 from qkvlab.inputs import InputFileError
 from qkvlab.models import ModelConfig
+from qkvlab.models.config import check_numbers
 
 # "bf16" falls back to fp32 (with a warning) where bf16 is slow, "bf16_force" does not:
 # see qkvlab.train.precision
@@ -80,15 +80,15 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"train.{name}: {v!r} must be a non-negative integer")
-        for name in ("lr", "weight_decay", "grad_clip", "min_lr_ratio", "beta1", "beta2"):
-            v = getattr(self, name)
-            if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
-                    or v < 0):
-                raise ValueError(f"train.{name}: {v!r} must be a finite number >= 0")
+        for name in ("lr", "weight_decay", "grad_clip"):
+            typed.check_number(getattr(self, name), f"train.{name}")
+        typed.check_number(self.min_lr_ratio, "train.min_lr_ratio", 0.0, 1.0)
+        for name in ("beta1", "beta2"):  # AdamW's own range
+            typed.check_number(getattr(self, name), f"train.{name}", 0.0, 1.0, hi_open=True)
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision: {self.precision!r} "
                              f"is not one of {list(PRECISIONS)}")
-        object.__setattr__(self, "keep_at", tuple(int(s) for s in self.keep_at))
+        object.__setattr__(self, "keep_at", typed.check_step_list(self.keep_at, "train.keep_at"))
 
     def to_dict(self) -> dict[str, Any]:
         return typed.to_dict(self)
@@ -107,9 +107,8 @@ class ProbeConfig:
     sat: float = 0.99
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "steps", tuple(int(s) for s in self.steps))
-        if not 0.0 < self.sat < 1.0:
-            raise ValueError(f"probe.sat: {self.sat!r} must be in (0, 1)")
+        object.__setattr__(self, "steps", typed.check_step_list(self.steps, "probe.steps"))
+        typed.check_number(self.sat, "probe.sat", 0.0, 1.0, lo_open=True, hi_open=True)
 
 
 @dataclass(frozen=True)
@@ -156,6 +155,7 @@ class RunSpec:
             if not isinstance(getattr(self, name), Mapping):
                 raise ValueError(f"{name}: {getattr(self, name)!r} must be a mapping")
         typed.check_keys(self.model, MODEL_KEYS, "model")
+        check_numbers(self.model, "model")  # NaN dropout: refused here, not deep in a run
         object.__setattr__(self, "task_options", dict(self.task_options))
         object.__setattr__(self, "model", dict(self.model))
 

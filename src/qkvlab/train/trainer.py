@@ -33,7 +33,7 @@ from qkvlab.train.build import (
     make_task,
     model_config,
 )
-from qkvlab.train.checkpoints import load_checkpoint, save_checkpoint
+from qkvlab.train.checkpoints import discard_temp_files, load_checkpoint, save_checkpoint
 from qkvlab.train.config import RunSpec, TrainConfig
 from qkvlab.train.distributed import DistInfo, mean_across, shard, wrap
 from qkvlab.train.precision import autocast, resolve_precision
@@ -190,6 +190,8 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
     torch.manual_seed(cfg.seed)
     run_dir = Path(run_dir) if run_dir is not None else None
     start, history, tokens, train_s = 0, [], 0, 0.0
+    if run_dir is not None and info.main:  # a killed save's temp file is never a checkpoint
+        discard_temp_files(run_dir)
     if run_dir is not None and (run_dir / CHECKPOINT).exists():
         ck = load_checkpoint(run_dir / CHECKPOINT, model, opt)
         start, st = ck["step"], ck["state"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from qkvlab.experiments.timing import format_breakdown
-from qkvlab.fileio import atomic_write_text
+from qkvlab.fileio import atomic_dir, atomic_write_text
 from qkvlab.report.blocks import (
     Block,
     Figure,
@@ -215,15 +215,17 @@ def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Ve
 def write_report(data: StudyData, report_dir: Path) -> Path:
     """Figures, ``index.html``, ``report.md``, ``verdicts.json`` and the comparisons with
     their verdicts as CSV (``compute.agreement.CSV``) in ``report_dir``; returns the path of
-    ``index.html``."""
+    ``index.html``. The report is written as a set (``fileio.atomic_dir``): into a folder
+    beside ``report_dir`` that replaces it once every file is written, so a failure or a kill
+    midway leaves the previous report whole, never a page without its CSV or figures."""
     report_dir = Path(report_dir)
-    report_dir.mkdir(parents=True, exist_ok=True)
-    figs = F.all_figures(data, report_dir / "figures")
-    verdicts = all_verdicts(data)
-    index = write_page(build(data, figs, verdicts), report_dir)
-    atomic_write_text(report_dir / "verdicts.json", json.dumps(
-        {q: {"headline": v.headline, "details": list(v.details)} for q, v in verdicts.items()},
-        indent=1, ensure_ascii=False))
-    # every comparison row with its verdict as the tables word it (``qkvlab study --agree``)
-    atomic_write_text(report_dir / CSV, with_verdicts(data).to_csv(index=False))
-    return index
+    with atomic_dir(report_dir) as folder:
+        figs = F.all_figures(data, folder / "figures")
+        verdicts = all_verdicts(data)
+        write_page(build(data, figs, verdicts), folder)
+        atomic_write_text(folder / "verdicts.json", json.dumps(
+            {q: {"headline": v.headline, "details": list(v.details)}
+             for q, v in verdicts.items()}, indent=1, ensure_ascii=False))
+        # every comparison row with its verdict as the tables word it (``qkvlab study --agree``)
+        atomic_write_text(folder / CSV, with_verdicts(data).to_csv(index=False))
+    return report_dir / "index.html"
