@@ -140,7 +140,7 @@ def test_every_experiment_builds_at_every_profile_with_matched_arms():
                                        "alt_init", "directed_relation", "scale_tune",
                                        "scale_tune_edge", "scale_train", "scaling_tune", "scaling_tune_edge",
                                        "scaling_budget", "scaling_size"}
-    assert profile_names() == ["smoke", "quick", "standard", "full", "scaling"]
+    assert profile_names() == ["smoke", "quick", "standard", "full", "convert", "scaling"]
     # empty where a profile has no grid / no widths / no scaling sizes
     optional = {"lr_tune", "lm_scaling", "scale_tune", "scale_tune_edge", "scaling_tune"}
     tuned = {"alt_vs_standard", "tied_qk_qkv", "kv_translate", "lm_tied_kv", "lm_gqa",
