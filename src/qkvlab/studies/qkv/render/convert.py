@@ -17,6 +17,7 @@ from qkvlab.studies.qkv.compute.zoo import manifest
 from qkvlab.studies.qkv.plan.references import (KAYYAM_CONVERT, KAYYAM_CONVERT_CITE,
                                                 KAYYAM_CONVERT_UNIT, KAYYAM_SCRATCH_KV_PCT)
 from qkvlab.studies.qkv.render.figures_q import save
+from qkvlab.studies.qkv.render.ties import ppl_text
 
 START_LABELS = {"fitted": "fitted (qkvlab: V = K·M least squares, M folded into W_O)",
                 "avg": "avg: (W_K + W_V)/2", "keep_k": "keep W_K", "keep_v": "keep W_V",
@@ -26,6 +27,9 @@ SHORT = {"fitted": "fitted", "avg": "avg", "keep_k": "keep W_K", "keep_v": "keep
 TIES = {"kv": "K=V", "qk": "Q=K", "qkv": "Q=K=V", "mqa": "MQA", "none": "untied"}
 ZERO_X = 2 ** 9  # where the zero-shot point is drawn on the log token axis (labelled "0")
 Y_TICKS = (1, 1.1, 1.5, 2, 5, 10, 100, 1e3, 1e4, 1e5, 1e6)  # perplexity ratios
+DECADES = (1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7)  # where the curves span more than ×1,000
+START_COLORS = {"fitted": "#d95f02", "avg": "#1b9e77", "keep_k": "#7570b3", "keep_v": "#e7298a",
+                "mean_pool": "#66a61e", "none": "#777777"}
 
 
 def _title(model: str) -> str:
@@ -65,14 +69,16 @@ def fig_q3_convert(data: StudyData, out: Path) -> Figure | None:
         several = g.batch.nunique() > 1  # e.g. a GPU curve at a larger batch beside the CPU's
         for (tie, start, batch), c in g.groupby(["tie", "start", "batch"], sort=False):
             x = c.tokens.clip(lower=ZERO_X)
-            lw, colr = (1.0, "#777777") if tie == "none" else (1.6, None)
-            line, = ax.plot(x, 1 + c.gap, marker="o", ms=4, lw=lw, color=colr,
-                            label=f"{tie_label(tie)}, {SHORT.get(start, start)}"
-                            + (f", batch {batch}" if several else ""))
+            name = ("untied, uptrained the same way" if tie == "none"
+                    else f"{tie_label(tie)}, {SHORT.get(start, start)} start")
+            line, = ax.plot(x, 1 + c.gap, marker="o", ms=4, lw=1.0 if tie == "none" else 1.6,
+                            color=START_COLORS.get(start) if tie in ("kv", "none") else None,
+                            label=name + (f", batch {batch}" if several else ""))
             ax.fill_between(x, 1 + c.gap_lo, 1 + c.gap_hi, color=line.get_color(), alpha=0.15)
         for start, pts in KAYYAM_CONVERT.items():
             ax.plot([t for t, _ in pts], [1 + p / 100 for _, p in pts], marker="D", mfc="none",
-                    ls=":", lw=1, label=f"published: K=V, {SHORT[start]} start")
+                    ls=":", lw=1, color=START_COLORS[start],
+                    label=f"published: K=V, {SHORT[start]} start")
         ax.axhline(1 + KAYYAM_SCRATCH_KV_PCT / 100, color="#444444", ls="--", lw=0.8,
                    label=f"published K=V trained from scratch (+{KAYYAM_SCRATCH_KV_PCT}%)")
         ax.axhline(1, color="#999999", lw=0.8)
@@ -83,10 +89,11 @@ def fig_q3_convert(data: StudyData, out: Path) -> Figure | None:
         ax.xaxis.set_major_formatter(FuncFormatter(
             lambda v, _: "0" if v <= ZERO_X else f"{v / 1e9:g}B" if v >= 1e9
             else f"{v / 1e6:g}M" if v >= 1e6 else f"{v / 1e3:g}k"))
-        ax.yaxis.set_major_locator(FixedLocator(Y_TICKS))
+        wide = (1 + g.gap_hi).max() > 1e3
+        ax.yaxis.set_major_locator(FixedLocator(DECADES if wide else Y_TICKS))
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.yaxis.set_major_formatter(FuncFormatter(
-            lambda v, _: f"{100 * (v - 1):+.0f}%" if v < 2 else f"×{v:,g}"))
+            lambda v, _: f"{100 * (v - 1):+.0f}%" if v < 2 else f"×{v:,.0f}"))
         ax.set_xlabel("uptraining tokens (0 = the tie as imposed)")
         ax.set_ylabel("perplexity over the teacher's, per token")
         ax.set_title(f"{_title(model)}: converted, then distilled from the untied model",
@@ -116,7 +123,7 @@ def convert_blocks(data: StudyData) -> list[Block]:
                         else "; `qkvlab convert smollm2 --tie kv --start fitted` stores it")
                      + ".", note=True)]
     rows = tuple((_title(r["model"]), tie_label(r["tie"]), SHORT.get(r["start"], r["start"]),
-                  f"{int(r['tokens']):,}", f"{r['ppl']:.3f}", f"{r['ppl_teacher']:.3f}",
+                  f"{int(r['tokens']):,}", ppl_text(r["ppl"]), ppl_text(r["ppl_teacher"]),
                   ci(r["gap"], r["gap_lo"], r["gap_hi"]),
                   ci(r["vs_untied"], r["vs_lo"], r["vs_hi"]), f"{r['kv_cache']:.2f}")
                  for r in df.to_dict("records"))
