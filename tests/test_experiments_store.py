@@ -163,8 +163,8 @@ def test_every_experiment_builds_at_every_profile_with_matched_arms():
                     assert runs_of(name, prof) == []
                 continue
             runs = runs_of(name, prof)
-            # the scaling profile runs only the scaling experiments (it has no seeds)
-            assert runs or name in optional or prof == "scaling", (prof, name)
+            # the scaling and convert profiles run no comparison of their own (no seeds)
+            assert runs or name in optional or prof in ("scaling", "convert"), (prof, name)
             assert all(RunSpec.from_dict(s.to_dict()) == s for s, _ in runs)
     quick = runs_of("tied_qk_qkv", "quick")
     assert {t["seed"] for _, t in quick} == {0, 1, 2}  # >= 3 seeds where a verdict depends on it

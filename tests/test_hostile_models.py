@@ -83,11 +83,12 @@ def _set(sd: dict, key: str, index, value: float) -> None:
      f"the weights do not fill the Qwen2ForCausalLM its config describes; 6 tensors {RANDOM}: "
      "model.layers.0.self_attn.k_proj.bias, model.layers.0.self_attn.q_proj.bias, "
      "model.layers.0.self_attn.v_proj.bias, and 3 more (refused)"),
-    (lambda sd: sd.update({"model.layers.0.self_attn.extra.weight": sd["model.norm.weight"]}),
+    (lambda sd: sd.update({"model.layers.0.self_attn.extra.weight":
+                           sd["model.norm.weight"].clone()}),
      None, f"{FILL}1 tensor in the file but not in the model: "
            "model.layers.0.self_attn.extra.weight (refused)"),
     (lambda sd: sd.update({"model.layers.0.self_attn.q_proj.weight":
-                           sd["model.layers.0.self_attn.k_proj.weight"]}), None,
+                           sd["model.layers.0.self_attn.k_proj.weight"].clone()}), None,
      f"{FILL}1 tensor of the wrong shape: model.layers.0.self_attn.q_proj.weight (shape (8, 16) "
      "in the file, (16, 16) in the model) (refused)"),
     (lambda sd: _set(sd, "model.layers.0.self_attn.q_proj.weight", (2, 7), float("nan")), None,
