@@ -31,3 +31,16 @@ def test_special_token_ids_inside_the_vocabulary_load(tmp_path):
     path = tmp_path / "m.gguf"
     path.write_bytes(fuzz_formats.gguf_bytes(meta, tensors))
     assert resolve(str(path)) is not None
+
+
+# ---- 2: tensors sharing bytes were analysed -----------------------------------------------------
+def test_tensors_whose_data_overlap_are_refused_naming_both(tmp_path):
+    meta, tensors = fuzz_formats.gguf_seed()  # token_embd.weight: 384 bytes at offset 0
+    path = tmp_path / "m.gguf"
+    path.write_bytes(fuzz_formats.gguf_bytes(meta, tensors,
+                                             infos={"blk.0.attn_q.weight": {"offset": 352}}))
+    with pytest.raises(InputFileError) as e:
+        resolve(str(path))
+    assert str(e.value) == (f"{path}: the data of GGUF tensor 'blk.0.attn_q.weight' (256 bytes at "
+                            "offset 352) overlaps that of tensor 'token_embd.weight' (384 bytes "
+                            "at offset 0)")

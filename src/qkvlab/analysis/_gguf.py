@@ -15,8 +15,8 @@ the file::
 
 Arrays hold scalars or strings (no model qkvlab reads nests them), at most
 :data:`MAX_ARRAY_ITEMS` items in all; tensors have 1-4 dimensions, a known ggml type, an aligned
-offset, and data that ends inside the file. The tokenizer's
-``bos_token_id`` and ``eos_token_id`` are indices into ``tokenizer.ggml.tokens``.
+offset, and data that ends inside the file and shares no byte with another tensor's. The
+tokenizer's ``bos_token_id`` and ``eos_token_id`` are indices into ``tokenizer.ggml.tokens``.
 """
 
 from __future__ import annotations
@@ -180,6 +180,7 @@ def _check_tensors(w: _Walk, tensors: list, start: int, alignment: int) -> None:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # lazy: optional extra [analysis]
 
     data = len(w.buf) - start
+    ranges = []
     for name, dims, gtype, offset in tensors:
         where = f"tensor {name!r}"
         try:
@@ -202,3 +203,10 @@ def _check_tensors(w: _Walk, tensors: list, start: int, alignment: int) -> None:
         if offset + nbytes > data:
             raise w.fail(f"{where} ({qtype.name}, dimensions {dims}) needs {nbytes:,} bytes at "
                          f"offset {offset:,}; the tensor data holds {max(data, 0):,} bytes")
+        ranges.append((offset, offset + nbytes, name))
+    ranges.sort()
+    for a, b in zip(ranges, ranges[1:]):  # sorted by offset: an overlap shows in a neighbour
+        if b[0] < a[1]:
+            raise InputFileError(f"{w.path}: the data of GGUF tensor {b[2]!r} ({b[1] - b[0]:,} "
+                                 f"bytes at offset {b[0]:,}) overlaps that of tensor {a[2]!r} "
+                                 f"({a[1] - a[0]:,} bytes at offset {a[0]:,})", path=w.path)
