@@ -44,3 +44,27 @@ def test_tensors_whose_data_overlap_are_refused_naming_both(tmp_path):
     assert str(e.value) == (f"{path}: the data of GGUF tensor 'blk.0.attn_q.weight' (256 bytes at "
                             "offset 352) overlaps that of tensor 'token_embd.weight' (384 bytes "
                             "at offset 0)")
+
+
+# ---- 3: an empty --db was refused by sweep, adopted by study and tiecost ----------------------------
+def test_an_empty_db_file_is_refused_by_every_command_in_the_same_line(tmp_path, capsys):
+    from conftest import temporary_experiment, toy_runs
+    from qkvlab.cli import main
+    from qkvlab.experiments.store import Store
+
+    db = tmp_path / "empty.db"
+    db.touch()
+    with temporary_experiment("toy_empty_db", toy_runs()) as toy:
+        for argv in (["sweep", toy, "--profile", "smoke", "--no-progress"],
+                     ["study", "--profile", "smoke", "--no-progress", "--out", str(tmp_path)],
+                     ["tiecost", "no/such-model"], ["results", "all"]):
+            assert main([*argv, "--db", str(db)]) == 2, argv
+            err = capsys.readouterr().err.strip().splitlines()
+            prefix = "" if argv[0] == "results" else f"qkvlab {argv[0]}: "  # results' own
+            assert err == [f"{prefix}error: db: {db} is empty, not a results database"], argv
+    for readonly in (False, True):
+        with pytest.raises(InputFileError):
+            Store(db, readonly=readonly)
+    assert db.stat().st_size == 0 and sorted(tmp_path.iterdir()) == [db]
+    with Store(tmp_path / "new.db") as store:  # a path that names nothing is a new store
+        assert store.runs(None, None) == []

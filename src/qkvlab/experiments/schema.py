@@ -165,15 +165,19 @@ def connect(path: str | os.PathLike, readonly: bool) -> tuple[sqlite3.Connection
     (:func:`classify`).
 
     Raises:
-        InputFileError: the path is a folder, or a file that is not a qkvlab store, or, read
-            only, a store that does not exist or is empty.
+        InputFileError: the path is a folder, an empty file (only a path that names nothing
+            becomes a new store: an empty file may be another program's, or a store cut short),
+            a file that is not a qkvlab store, or, read only, a store that does not exist or is
+            empty.
     """
     shown = Path(path)
     if shown.is_dir():
         raise InputFileError(f"db: {shown} is a folder, not a results database", path=path)
     if readonly and not shown.is_file():
         raise InputFileError(f"db: no results database at {shown}", path=path)
-    fresh = not shown.exists() or shown.stat().st_size == 0
+    fresh = not shown.exists()
+    if not fresh and shown.stat().st_size == 0:  # as a sweep (which reads it first) says
+        raise InputFileError(f"db: {shown} is empty, not a results database", path=path)
     known = None  # without a -wal file the file holds everything: judge it before connecting
     if not fresh and not Path(f"{shown}-wal").exists():
         known = classify(shown)
