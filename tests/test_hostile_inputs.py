@@ -68,3 +68,21 @@ def test_an_empty_db_file_is_refused_by_every_command_in_the_same_line(tmp_path,
     assert db.stat().st_size == 0 and sorted(tmp_path.iterdir()) == [db]
     with Store(tmp_path / "new.db") as store:  # a path that names nothing is a new store
         assert store.runs(None, None) == []
+
+
+# ---- 4: `results --stats nosuch` printed a table of NaNs ------------------------------------------
+def test_results_stats_refuses_a_metric_no_run_records_listing_those_they_do(tmp_path, capsys):
+    from conftest import toy_runs
+    from qkvlab.cli import main
+    from qkvlab.experiments.store import Store
+
+    db = tmp_path / "r.db"
+    with Store(db) as s:
+        for rid in s.add("toy", "smoke", toy_runs()):
+            s.finish(rid, "done", 12, {"val_loss": 1.5, "accuracy": 0.25}, {"n_params": 100})
+    assert main(["results", "all", "--db", str(db), "--stats", "nosuch"]) == 2
+    assert capsys.readouterr().err == ("error: --stats: unknown metric 'nosuch'; the runs shown "
+                                       "record: accuracy, val_loss\n")
+    assert main(["results", "all", "--db", str(db), "--stats", "val_loss"]) == 0
+    out = capsys.readouterr().out  # one seed each: a mean, no interval
+    assert out.count("val_loss 1.5 ± nan (n=1, params 100)") == 2

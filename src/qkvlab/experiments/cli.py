@@ -142,6 +142,8 @@ def run_results(args: argparse.Namespace) -> int:
         if args.stats:
             from qkvlab.stats import compare  # scipy: only this command needs it
 
+            check_metric(args.stats, rows)
+
             print(format_stats(compare(rows, args.stats), args.stats))
             return 0
         text = export(df, args.format, args.out)
@@ -153,6 +155,15 @@ def run_results(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {args.out}")
     return 0
+
+
+def check_metric(metric: str, rows: list[dict]) -> None:
+    """Refuse a ``--stats`` metric that no run of ``rows`` records a final value of (it gave a
+    table of NaNs): one line listing those they record."""
+    known = sorted({k for r in rows for k in r["final"]})
+    if metric not in known:
+        have = ", ".join(known) if known else "none yet"
+        raise ValueError(f"--stats: unknown metric {metric!r}; the runs shown record: {have}")
 
 
 def _f(x, digits: int = 4) -> str:
