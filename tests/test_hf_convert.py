@@ -221,6 +221,7 @@ def test_convert_refuses_a_text_too_short_and_a_tie_the_model_cannot_take(tok, r
     (["--tokens", "100"], "tokens: 100 is less than one batch"),
     (["--tie", "qk", "--start", "avg"], "start: 'avg' is not a start of tie 'qk'"),
     (["--device", "tpu"], "--device: 'tpu' is not 'cpu' or 'cuda[:N]'"),
+    (["--eval-tokens", "256"], "eval_tokens: 256 is one sequence of 256"),
 ])
 def test_cli_refuses_bad_arguments_in_one_line_before_loading(argv, msg, capsys, tmp_path):
     from qkvlab.cli import main

@@ -68,6 +68,9 @@ class ConvertConfig:
             v = getattr(self, name)
             if v < u.seq_len or v % u.seq_len:
                 raise ValueError(f"{name}: {v} must be a positive multiple of seq_len {u.seq_len}")
+        if self.eval_tokens < 2 * u.seq_len:  # the CI resamples whole sequences
+            raise ValueError(f"eval_tokens: {self.eval_tokens} is one sequence of {u.seq_len}; "
+                             "the gap's bootstrap CI needs at least two")
 
     @property
     def steps(self) -> int:
