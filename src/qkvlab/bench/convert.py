@@ -50,8 +50,8 @@ def bench_convert(source: str = "smollm2", rounds: int = 3, batch: int = 4, seq_
         p.requires_grad_(False)
     base = tie(copy.deepcopy(teacher), "kv", start="avg")  # the start does not change the speed
     students = {k: copy.deepcopy(base) for k in ("qkvlab", "plain")}
-    for s in students.values():
-        s.train()
+    for s in students.values():  # copies of the frozen teacher: every parameter trains again
+        s.train().requires_grad_(True)
     opts = {k: torch.optim.AdamW(s.parameters(), lr=1e-5) for k, s in students.items()}
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, teacher.config.vocab_size, (batch, seq_len), generator=g)
