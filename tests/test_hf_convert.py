@@ -284,3 +284,14 @@ def test_a_kill_between_checkpoint_files_resumes_the_pair_state_json_names(tok, 
     got = c.student.state_dict()
     for k, v in want.items():
         torch.testing.assert_close(got[k], v, rtol=0, atol=0)
+
+
+def test_bench_convert_trains_both_contenders_on_one_batch(tok, monkeypatch):
+    from qkvlab.bench.convert import bench_convert, convert_table
+    from qkvlab.hf import cost
+    monkeypatch.setattr(cost, "load_lm", lambda source: (tiny(tok), tok))
+    res = bench_convert("tiny", rounds=2, batch=2, seq_len=16, log=lambda s: None)
+    assert [r["contender"] for r in res["rows"]] == ["qkvlab", "plain"]
+    assert all(len(r["rounds"]) == 2 and r["tokens_per_s"] > 0 for r in res["rows"])
+    assert res["ratio"]["verdict"] in ("faster", "slower", "level", "undecided")
+    assert "qkvlab / plain loop" in convert_table(res)
