@@ -110,12 +110,12 @@ def published_match(model: str, family: str, role: str
 
 
 # ---- a pretrained model converted to K=V, then distilled ----------------------------------------
-# Kayyam et al.'s later commits (Brainchip-Inc/Do-Transformers-Need-3-Projections; the numbers as
-# shared/REFERENCES.md records them from its CSVs): their 300M model, pretrained on 10B tokens,
-# converted to K=V and distilled (KL at T = 2 plus next-token loss) for 500M tokens. The gap is
-# to the teacher, % perplexity per GPT-2 token on their validation text. Only points whose token
-# count is stated are drawn: the average of W_K and W_V at 100M and 500M tokens (+14.5, +11.9
-# and +10.5 lie between, at counts not recorded), W_K alone and W_V alone at 500M.
+# Kayyam et al.'s later commits of their code, read from its result CSVs: their 300M model,
+# pretrained on 10B tokens, converted to K=V and distilled (KL at T = 2 plus next-token loss) for
+# 500M tokens. The gap is to the teacher, % perplexity per GPT-2 token on their validation text.
+# Only points whose token count is stated are drawn: the average of W_K and W_V at 100M and 500M
+# tokens (+14.5, +11.9 and +10.5 lie between, at counts not stated with them), W_K alone and W_V
+# alone at 500M.
 KAYYAM_CONVERT_CITE = "Kayyam et al. 2026 (later commits of their code)"
 KAYYAM_CONVERT_UNIT = ("% perplexity per GPT-2 token over the teacher, their validation text, "
                        "their 300M model (5% of its 10B-token pretraining at 500M tokens)")

@@ -88,10 +88,11 @@ def scale_sentence(probe: list[dict]) -> str:
     if finite(sat_m["inside"]) and finite(sat_m["none"]):
         if sat_m["none"] > sat_m["inside"] + 0.05:
             s += " Without 1/√d_k inside the softmax the rows saturate"
-            s += (" and the gradient reaching W_Q shrinks, as the seed-001 comment warns"
+            s += (" and the gradient reaching W_Q shrinks, as the question's commenters warned "
+                  "(\"the scale belongs inside the softmax, or gradients may vanish\")"
                   if finite(g_m["none"]) and g_m["none"] < g_m["inside"] else
-                  " (the gradient reaching W_Q at init is not smaller here, unlike the seed-001 "
-                  "comment's worry)")
+                  " (the gradient reaching W_Q at init is not smaller here, against the "
+                  "commenters' worry that without the inner scale gradients may vanish)")
             s += ("; an outer factor does not prevent it." if finite(sat_m["outside"])
                   and sat_m["outside"] > sat_m["inside"] + 0.05 else ".")
         else:
