@@ -1,4 +1,4 @@
-"""Regenerate the README's conversion table, sentence and figure from a store's convert records:
+"""Regenerate docs/convert.md's conversion table, sentence and figure from a store's convert records:
 `python scripts/convert-report.py [DB] [FIGURE_DIR]` (defaults results/qkvlab.db, docs/figures).
 
 Reads a copy of the store (a live sweep may be writing it); trains nothing. The numbers are the
