@@ -1,5 +1,6 @@
-"""Regenerate docs/convert.md's conversion table, sentence and figure from a store's convert records:
-`python scripts/convert-report.py [DB] [FIGURE_DIR]` (defaults results/qkvlab.db, docs/figures).
+"""Regenerate docs/convert.md's conversion table, sentence and figure from a store's convert
+records: `python scripts/convert-report.py [DB] [FIGURE_DIR]` (defaults results/qkvlab.db,
+docs/figures).
 
 Reads a copy of the store (a live sweep may be writing it); trains nothing. The numbers are the
 study's own (``compute.convert``), worded and drawn by its render functions."""

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from qkvlab.data import pysource
+from qkvlab.hf.cost import footprint
 from qkvlab.hf.tie import STARTS, TieError, calibrate, check, decoder_layers, tie
 from qkvlab.hf.uptrain import UptrainConfig, Uptrainer, sequence_nll
 
@@ -157,16 +158,6 @@ def gap_ci(nll_seq: list[float], base_seq: list[float], tokens_per_seq: int,
 
 
 # ---- the conversion ------------------------------------------------------------------------------
-def footprint(model) -> tuple[int, int]:
-    """(KV cache entries per token: one tensor for a K=V layer, distinct attention parameters)."""
-    cache = params = 0
-    for layer in decoder_layers(model):
-        a = layer.self_attn
-        cache += a.k_proj.out_features * (1 if a.v_proj.weight is a.k_proj.weight else 2)
-        params += sum(p.numel() for p in {id(p): p for p in a.parameters()}.values())
-    return cache, params
-
-
 def make_student(teacher, cfg: ConvertConfig, calib_ids: torch.Tensor | None):
     """A copy of ``teacher`` with the tie imposed from ``cfg.start``."""
     kind, kv_heads = parse_tie(cfg.tie)
