@@ -295,3 +295,63 @@ def test_bench_convert_trains_both_contenders_on_one_batch(tok, monkeypatch):
     assert all(len(r["rounds"]) == 2 and r["tokens_per_s"] > 0 for r in res["rows"])
     assert res["ratio"]["verdict"] in ("faster", "slower", "level", "undecided")
     assert "qkvlab / plain loop" in convert_table(res)
+
+
+def test_a_time_limit_stores_the_budgets_reached_as_the_shorter_run(tok, root, tmp_path,
+                                                                    monkeypatch):
+    """Budgets at 1 and 4 steps; the limit strikes inside the second: the first is stored as the
+    128-token run, and the same call without a limit resumes to what a straight run gives."""
+    import qkvlab.hf.convert as hc
+    from qkvlab.hf.uptrain import Uptrainer
+    monkeypatch.setattr(hc, "FIRST_BUDGET", 128)
+    assert budgets(small(tokens=512)) == [0, 1, 4]
+    m = tiny(tok)
+    quiet = {"loaded": (m, tok), "root": root, "log": lambda s: None, "progress": False}
+    with Store(tmp_path / "a.db") as st:
+        straight = convert(st, "tiny", small(tokens=512), **quiet)
+    run_to = Uptrainer.run_to
+
+    def limited(self, step, bar=None, every_s=300.0, deadline=None):  # time runs out at step 2
+        if step > 2:
+            run_to(self, 2, bar, every_s)
+            return run_to(self, step, bar, every_s, deadline=0.0)
+        return run_to(self, step, bar, every_s)
+    with Store(tmp_path / "b.db") as st:
+        monkeypatch.setattr(Uptrainer, "run_to", limited)
+        logs = []
+        part = convert(st, "tiny", small(tokens=512), time_limit=1e9,
+                       **quiet | {"log": logs.append})
+        monkeypatch.setattr(Uptrainer, "run_to", run_to)
+        assert [r["steps"] for r in part] == [0, 1]
+        assert any("stored as the run of 128 tokens" in s for s in logs)
+        assert [s["spec"]["tokens"] for s in st.measure_rows("convert")] == [128]
+        # the 128-token run is read back, not computed (its records are the straight run's)
+        again = convert(st, "tiny", small(tokens=128), **quiet | {"loaded": None})
+        assert [r["nll_seq"] for r in again] == [r["nll_seq"] for r in straight[:2]]
+        logs = []
+        resumed = convert(st, "tiny", small(tokens=512), **quiet | {"log": logs.append})
+    assert any("resumed at step 2" in s for s in logs)
+    assert [r["nll_seq"] for r in resumed] == [r["nll_seq"] for r in straight]
+
+
+def test_more_text_follows_the_train_split_and_joins_the_fingerprint(tok, root, tmp_path):
+    from qkvlab.data import pysource
+    more = tmp_path / "more"
+    (more / "pkg" / "tests").mkdir(parents=True)
+    (more / "pkg" / "a.py").write_text("def more_a():\n    return 1\n" * 50)
+    (more / "pkg" / "tests" / "t.py").write_text("left out")
+    train = token_rows(tok, "train", 128 * 2, 64, root=root)
+    n_train = sum(len(tok(t, add_special_tokens=False)["input_ids"])
+                  for t in pysource.texts("train", root))
+    with pytest.raises(ValueError, match="--more-text adds training text"):
+        token_rows(tok, "train", n_train + 64, 64, root=root)
+    both = token_rows(tok, "train", (n_train // 64 + 2) * 64, 64, root=root, more=str(more))
+    whole = torch.tensor(tok(("".join(pysource.texts("train", root))
+                              + "def more_a():\n    return 1\n" * 50 + pysource.SEPARATOR),
+                             add_special_tokens=False)["input_ids"])
+    assert torch.equal(both[:len(train)], train)
+    assert [p.name for p in pysource.more_files(more)] == ["a.py"]
+    assert len(both.view(-1)) <= len(whole)  # byte-level BPE: joined text tokenizes the same
+    fp = pysource.more_fingerprint(more)
+    (more / "pkg" / "a.py").write_text("x = 1\n")
+    assert pysource.more_fingerprint(more) != fp

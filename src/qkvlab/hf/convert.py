@@ -24,6 +24,8 @@ resumes and a larger budget continues the same run.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import itertools
 import json
 import math
 import resource
@@ -122,20 +124,27 @@ def budgets(cfg: ConvertConfig) -> list[int]:
 
 # ---- text ---------------------------------------------------------------------------------------
 def token_rows(tokenizer, split: str, n_tokens: int, seq_len: int, skip: int = 0,
-               root: str | None = None) -> torch.Tensor:
-    """[n_tokens // seq_len, seq_len] ids of ``split``'s stdlib source after ``skip`` tokens.
+               root: str | None = None, more: str | None = None) -> torch.Tensor:
+    """[n_tokens // seq_len, seq_len] ids of ``split``'s stdlib source after ``skip`` tokens,
+    then of ``more``'s files (:func:`qkvlab.data.pysource.more_texts`) if given.
+
+    Files are tokenized 64 at a time (the fast tokenizer's batch runs on every core; each file's
+    ids are the same as alone).
 
     Raises:
-        ValueError: the split holds fewer tokens than asked (names both counts).
+        ValueError: the text holds fewer tokens than asked (names both counts).
     """
     need, got = skip + n_tokens, []
-    for text in pysource.texts(split, root):
-        got.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if len(got) >= need:
-            break
+    texts = pysource.texts(split, root)
+    if more is not None:
+        texts = itertools.chain(texts, pysource.more_texts(more))
+    while len(got) < need and (batch := list(itertools.islice(texts, 64))):
+        for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
+            got.extend(ids)
     if len(got) < need:
-        raise ValueError(f"text: the {split} split of the Python source holds {len(got)} tokens, "
-                         f"need {need} (--tokens or --eval-tokens too large for it)")
+        what = f"the {split} split of the Python source" + (f" and {more}" if more else "")
+        raise ValueError(f"text: {what} holds {len(got)} tokens, need {need} (--tokens or "
+                         "--eval-tokens too large for it; --more-text adds training text)")
     return torch.tensor(got[skip:need], dtype=torch.long).view(-1, seq_len)
 
 
@@ -169,18 +178,29 @@ def make_student(teacher, cfg: ConvertConfig, calib_ids: torch.Tensor | None):
 
 
 def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out: str | None = None,
-            log=print, progress: bool = True, root: str | None = None, loaded=None) -> list[dict]:
+            log=print, progress: bool = True, root: str | None = None, loaded=None,
+            more_text: str | None = None, time_limit: float | None = None) -> list[dict]:
     """The records of ``cfg`` on ``source`` (computed, or read back from ``store``); see module.
 
     ``loaded``: an already loaded (model, tokenizer), for tests and for several conversions of
     one model. ``out``: also write the uptrained student there (:func:`save_converted`).
+    ``more_text``: a folder of Python source read for training after the stdlib's train split
+    (its fingerprint joins the spec's corpus; val and test stay the stdlib's).
+    ``time_limit``: seconds from the call on; when they run out the uptraining checkpoints and
+    stops, and the budgets reached are stored as the run with ``tokens`` = the last of them
+    (every budget is a prefix of the same run, so those records are the ones that shorter run
+    gives). A later call with the same arguments resumes from the checkpoint.
     """
     from qkvlab.env import environment
     from qkvlab.hf.cost import load_lm
     from qkvlab.progress import bar as make_bar
     from qkvlab.train.precision import autocast, resolve_precision
 
+    started = time.monotonic()
+    deadline = None if time_limit is None else started + time_limit
     corpus = pysource.fingerprint(root)
+    if more_text is not None:
+        corpus += "+more:" + pysource.more_fingerprint(more_text)
     spec = cfg.spec(source, corpus)
     u = cfg.uptrain
     cache: dict = {}
@@ -203,7 +223,7 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
         if kind != "none":
             check(c["model"], kind, kv_heads, cfg.start)
         c["train"] = token_rows(c["tok"], "train", cfg.steps * u.tokens_per_step, u.seq_len,
-                                skip=cfg.calib_tokens, root=root).to(device)
+                                skip=cfg.calib_tokens, root=root, more=more_text).to(device)
     tspec = {"model": source, "eval_tokens": cfg.eval_tokens, "seq_len": u.seq_len,
              "corpus": corpus, "version": VERSION}
     teacher_rec = store.measure("convert_teacher", tspec, lambda: _teacher(setup()),
@@ -228,14 +248,23 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
             for steps in budgets(cfg):
                 if steps in records:
                     continue
+                if trainer.step > steps:
+                    raise ValueError(f"{ckpt}: the checkpoint is at step {trainer.step}, past "
+                                     f"this run's budget at step {steps}; use another store")
                 t0, s0 = time.perf_counter(), trainer.step
-                trainer.run_to(steps, bar)
+                if not trainer.run_to(steps, bar, deadline=deadline):
+                    log(f"convert: time limit of {time_limit:g} s reached at step {trainer.step} "
+                        f"({trainer.step * u.tokens_per_step} tokens); checkpointed, stopping")
+                    break
                 train_s = time.perf_counter() - t0
                 seq = sequence_nll(student, c["test"])
                 rec = _record(seq, teacher_rec, cfg, steps, u.seq_len)
                 rec |= {"kv_cache": cache_ / base_cache, "attn_params": params_ / base_params,
-                        "precision": precision, "train_seconds": train_s,
+                        "precision": precision, "head_precision": trainer.head_precision,
+                        "train_seconds": train_s,
                         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                        "peak_gpu_gb": (torch.cuda.max_memory_allocated(device) / 2**30
+                                        if str(device).startswith("cuda") else None),
                         "tokens_per_s": ((steps - s0) * u.tokens_per_step / train_s
                                          if steps > s0 else None)}
                 records[steps] = rec
@@ -248,9 +277,22 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
         if out:
             save_converted(student, c["tok"], out, {"source": source, "tie": cfg.tie,
                                                     "start": cfg.start, "records": len(records)})
-        return [records[s] for s in sorted(records)]
+        return [records[s] for s in budgets(cfg) if s in records]
 
-    recs = store.measure("convert", spec, compute, env=environment())
+    if deadline is None or any(r["spec"] == spec for r in store.measure_rows("convert")):
+        recs = store.measure("convert", spec, compute, env=environment())
+    else:
+        recs = compute()
+        reached = max(r["steps"] for r in recs)
+        if reached == 0:
+            log("convert: stopped before the first budget; nothing stored (the checkpoint "
+                "resumes)")
+            return recs
+        if reached < cfg.steps:  # the shorter run these records are
+            short = dataclasses.replace(cfg, tokens=reached * u.tokens_per_step)
+            spec, recs = short.spec(source, corpus), [r for r in recs if r["steps"] <= reached]
+            log(f"convert: stored as the run of {short.tokens} tokens")
+        recs = store.measure("convert", spec, lambda: recs, env=environment())
     if out and not cache:  # stored already: the student is in its checkpoint folder
         _export_stored(store, spec, source, cfg, out, setup, log)
     return recs

@@ -132,7 +132,7 @@ def calibrate(model: nn.Module, input_ids: torch.Tensor, batch: int = 4) -> Cali
             x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
             x = x.reshape(-1, d).double()
             xh = torch.cat([x, x.new_ones(len(x), 1)], 1)
-            moments[i] += xh.T @ xh
+            moments[i] += (xh.T @ xh).cpu()  # the fits run on the CPU, in float64
         return pre
 
     handles = [layer.self_attn.register_forward_pre_hook(hook(i), with_kwargs=True)

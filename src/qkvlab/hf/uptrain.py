@@ -26,6 +26,7 @@ any point leaves ``state.json`` naming a complete pair.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -153,6 +154,20 @@ def sequence_nll(model: nn.Module, ids: torch.Tensor, batch: int = 4) -> list[fl
     return out
 
 
+@contextlib.contextmanager
+def _matmul_precision(level: str | None):
+    """``torch.set_float32_matmul_precision(level)`` inside, the caller's setting after."""
+    if level is None:
+        yield
+        return
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(level)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
 def trainable(model: nn.Module, which: str) -> list[nn.Parameter]:
     """Distinct Parameters to train: all of them, or those of the attention modules."""
     if which == "all":
@@ -221,10 +236,20 @@ class Uptrainer:
     def steps_available(self) -> int:
         return len(self.ids) // self.cfg.batch
 
-    def run_to(self, step: int, bar=None, every_s: float = 300.0) -> None:
+    @property
+    def head_precision(self) -> str:
+        """The output layer's matmuls while training: TF32 on CUDA when the body runs in bf16
+        (plain fp32 without tensor cores would take about half of a step there), else fp32.
+        Scoring is fp32 everywhere."""
+        cuda = next(self.student.parameters()).is_cuda
+        return "tf32" if cuda and self.cfg.precision == "bf16" else "fp32"
+
+    def run_to(self, step: int, bar=None, every_s: float = 300.0,
+               deadline: float | None = None) -> bool:
         """Train until ``self.step == step``, checkpointing every ``every_s`` seconds (a step
         takes seconds on a CPU, milliseconds on a GPU, where a per-step rule would spend the run
-        writing) and at the end."""
+        writing) and at the end. Past ``deadline`` (``time.monotonic()``) it checkpoints and
+        returns False before reaching ``step``; True when it got there."""
         import time
         last = time.monotonic()
         if step > self.steps_available():
@@ -232,13 +257,19 @@ class Uptrainer:
                              f"{self.steps_available()} steps of {self.cfg.batch}, need {step}")
         self.student.train()
         while self.step < step:
+            if deadline is not None and time.monotonic() >= deadline:
+                self.save()
+                self.student.eval()
+                return False
             b = self.cfg.batch
             x = self.ids[self.step * b:(self.step + 1) * b]
-            loss = distill_loss(self.student, self.teacher, x, self.cfg, self.autocast)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"uptraining diverged at step {self.step}: loss {loss}")
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
+            with _matmul_precision("high" if self.head_precision == "tf32" else None):
+                loss = distill_loss(self.student, self.teacher, x, self.cfg, self.autocast)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"uptraining diverged at step {self.step}: "
+                                             f"loss {loss}")
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
             torch.nn.utils.clip_grad_norm_(self.params, 1.0)
             self.opt.step()
             self.sched.step()
@@ -251,3 +282,4 @@ class Uptrainer:
                 self.save()
                 last = time.monotonic()
         self.student.eval()
+        return True
