@@ -1,31 +1,67 @@
 """Regenerate docs/convert.md's conversion table, sentence and figure from a store's convert
-records: `python scripts/convert-report.py [DB] [FIGURE_DIR]` (defaults results/qkvlab.db,
-docs/figures).
+records: `python scripts/convert-report.py [DB] [FIGURE_DIR] [--add JSON ...] [--bench JSON ...]
+[--doc docs/convert.md]` (defaults results/qkvlab.db, docs/figures).
 
-Reads a copy of the store (a live sweep may be writing it); trains nothing. The numbers are the
-study's own (``compute.convert``), worded and drawn by its render functions."""
+With ``--doc`` the generated part (table, sentence, figure, the bench's tables) replaces what
+lies between the page's two ``convert-report`` markers, so no number on it is typed by hand;
+without it the part is printed.
 
+Reads a copy of the store (a live sweep may be writing it); trains nothing. ``--add`` puts the
+measure rows a device machine's store gave (kept as JSON in docs/convert/) into that copy
+first, so its curves are drawn beside the store's own. The numbers are the study's own
+(``compute.convert``), worded and drawn by its render functions."""
+
+import argparse
+import json
+import os
 import sqlite3
 import sys
 import tempfile
 from pathlib import Path
 
+from qkvlab.bench.convert import convert_table
 from qkvlab.experiments.registry import get_profile
 from qkvlab.experiments.store import Store
 from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.render.convert import convert_blocks, convert_sentence, fig_q3_convert
 
-db = sys.argv[1] if len(sys.argv) > 1 else "results/qkvlab.db"
-out = Path(sys.argv[2] if len(sys.argv) > 2 else "docs/figures")
+BEGIN, END = "<!-- convert-report: begin -->", "<!-- convert-report: end -->"
+p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+p.add_argument("db", nargs="?", default="results/qkvlab.db")
+p.add_argument("figures", nargs="?", default="docs/figures")
+p.add_argument("--add", action="append", default=[], metavar="JSON",
+               help="measure rows kept as JSON ({'rows': [...]}) to add to the copy")
+p.add_argument("--bench", action="append", default=[], metavar="JSON",
+               help="a `qkvlab bench --only convert --out` JSON whose table goes on the page")
+p.add_argument("--doc", default=None, help="the page whose generated part is replaced")
+args = p.parse_args()
+out = Path(args.figures)
 copy = Path(tempfile.mkdtemp()) / "copy.db"
-src, dst = sqlite3.connect(f"file:{db}?mode=ro", uri=True), sqlite3.connect(copy)
+src, dst = sqlite3.connect(f"file:{args.db}?mode=ro", uri=True), sqlite3.connect(copy)
 src.backup(dst)
 dst.close()
 with Store(copy) as store:
+    for path in args.add:
+        store.add_measure_rows(json.loads(Path(path).read_text())["rows"])
     data = results.load(store, get_profile("convert"))
 fig = fig_q3_convert(data, out)
-for block in convert_blocks(data):
-    print(block.markdown())
-print()
-print(convert_sentence(data))
-print(f"\nfigure: {out / fig.png}" if fig else "\nno convert records in this store")
+part = [block.markdown() for block in convert_blocks(data)] + [convert_sentence(data)]
+if fig:
+    img = out / fig.png
+    link = os.path.relpath(img, Path(args.doc).parent) if args.doc else img
+    part.append(f"![Converting a trained decoder to a tie, then uptraining it]({link})")
+for path in args.bench:
+    res = json.loads(Path(path).read_text())
+    part.append(f"Speed, `qkvlab bench --only convert` ({res['cpu_model']}, {res['device']}; "
+                f"`{path}`):\n\n" + convert_table(res["convert"]))
+text = "\n\n".join(part)
+if args.doc:
+    page = Path(args.doc).read_text()
+    head, sep, rest = page.partition(BEGIN)
+    _, sep2, tail = rest.partition(END)
+    if not (sep and sep2):
+        sys.exit(f"{args.doc}: no '{BEGIN}' ... '{END}' markers to write between")
+    Path(args.doc).write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    print(f"wrote {args.doc} and {out / fig.png if fig else 'no figure'}")
+else:
+    print(text)

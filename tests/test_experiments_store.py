@@ -302,3 +302,20 @@ def test_width_price_runs_one_head_per_m_and_d_head():
             assert spec.model["d_head"] == round(4 * t["d_head"] / 3)
     quick = runs_of("bind_vs_dhead", "quick")
     assert {t["arm"] for _, t in quick} == {"equal"}
+
+
+def test_measure_rows_move_to_another_store_whole_and_once(tmp_path):
+    """A device machine's measures kept as JSON come back under the same id, spec and env."""
+    import json
+
+    from qkvlab.experiments.store import Store
+    with Store(tmp_path / "device.db") as st:
+        st.measure("m", {"a": 1}, lambda: [{"x": 1.5}, {"x": 2.5}], env={"gpu": "H200"})
+        rows = json.loads(json.dumps(st.measure_rows()))
+    with Store(tmp_path / "home.db") as home:
+        assert home.add_measure_rows(rows) == 1
+        assert home.add_measure_rows(rows) == 0  # held already: left as it is
+        assert home.measure_rows() == rows
+        bad = [dict(rows[0], spec={"a": 2})]
+        with pytest.raises(ValueError, match="not the hash of its name and spec"):
+            home.add_measure_rows(bad)

@@ -17,7 +17,8 @@ from qkvlab.hf.convert import ConvertConfig, gap_ci  # noqa: E402
 from qkvlab.hf.uptrain import UptrainConfig  # noqa: E402
 from qkvlab.studies.qkv import study  # noqa: E402
 from qkvlab.studies.qkv.compute import results  # noqa: E402
-from qkvlab.studies.qkv.compute.convert import curves, start_findings, tokens_to_reach  # noqa: E402
+from qkvlab.studies.qkv.compute.convert import (curve_ends, curves, start_findings,  # noqa: E402
+                                                tokens_to_reach)
 from qkvlab.studies.qkv.render.convert import (convert_blocks, convert_sentence,  # noqa: E402
                                                fig_q3_convert)
 from test_hf_convert import make_root, make_tok, tiny  # noqa: E402
@@ -122,3 +123,25 @@ def test_the_answers_open_with_the_conversion_where_nothing_else_ran(stored):
     blocks = answer_blocks(data)
     assert blocks[-1].text.endswith(convert_sentence(data))
     assert "only converts trained decoders" in blocks[-1].text
+
+
+def test_a_gpu_curve_at_another_batch_is_its_own_curve_and_ends_where_measured():
+    """CPU starts (batch 4) are compared with each other; a GPU curve (batch 32, more text) is
+    not mixed into them, and its end is read at the last budget with an untied baseline."""
+    cpu = pd.DataFrame({"model": "m", "tie": "kv", "start": ["fitted"] * 2 + ["avg"] * 2,
+                        "tokens": [0, 65536] * 2, "gap": [19.7, 4.9, 3.9e5, 524.0],
+                        "batch": 4, "corpus": "c", "vs_untied": [19.7, 5.5, 3.9e5, 570.0]})
+    gpu = pd.DataFrame({"model": "m", "tie": "kv", "start": "fitted",
+                        "tokens": [0, 65536, 4194304, 16777216], "gap": [19.7, 9.3, 0.139, -0.078],
+                        "batch": 32, "corpus": "c+more:x",
+                        "vs_untied": [19.7, 10.0, 0.602, math.nan]})
+    df = pd.concat([cpu, gpu], ignore_index=True)
+    df = df.assign(gap_lo=df.gap - 0.01, gap_hi=df.gap + 0.01, vs_lo=df.vs_untied - 0.01,
+                   vs_hi=df.vs_untied + 0.01)
+    (f,) = start_findings(df)
+    assert (f.batch, f.better, f.last["fitted"][1]) == (4, "fitted", 4.9)  # the CPU's own point
+    ends = {(e.start, e.batch): e for e in curve_ends(df)}
+    g = ends[("fitted", 32)]
+    assert g.more_text and g.paired[:2] == (4194304, 0.139) and g.paired[4] == 0.602
+    assert g.last[:2] == (16777216, -0.078)
+    assert not ends[("fitted", 4)].more_text and ends[("fitted", 4)].last[0] == 65536

@@ -39,6 +39,8 @@ def curves(data: StudyData) -> pd.DataFrame:
         return df
     df["model"] = df["spec.model"]
     df["batch"] = df["spec.uptrain.batch"]
+    df["corpus"] = df["spec.corpus"]
+    df["seq_len"] = df["spec.uptrain.seq_len"]
     # a budget measured in several runs (a 64k run and a 256k run that resumed it) is one point
     df = df.drop_duplicates(["model", "tie", "start", "tokens", *SAME_RUN[1:]], keep="last")
     keys = [c for c in SAME_RUN if c in df]
@@ -55,7 +57,7 @@ def curves(data: StudyData) -> pd.DataFrame:
     df[["vs_untied", "vs_lo", "vs_hi"]] = pd.DataFrame(rows, index=df.index)
     cols = ["model", "tie", "start", "tokens", "steps", "ppl", "ppl_teacher", "gap", "gap_lo",
             "gap_hi", "vs_untied", "vs_lo", "vs_hi", "kv_cache", "attn_params", "lr",
-            "eval_tokens", "tokens_per_s", "precision", "batch"]
+            "eval_tokens", "tokens_per_s", "precision", "batch", "seq_len", "corpus"]
     return df[[c for c in cols if c in df]].sort_values(
         ["model", "tie", "start", "tokens"], kind="stable").reset_index(drop=True)
 
@@ -95,15 +97,19 @@ class StartFinding:
     saved: float | None      # tokens_worse / tokens_better where the better start got there
                              # sooner after some uptraining (None when it began there: no ratio)
     began_below: bool        # the better start's zero-shot gap is already below ``target``
+    batch: int = 0           # the uptraining batch both starts share
 
 
 def start_findings(df: pd.DataFrame) -> list[StartFinding]:
-    """For each model and tie with two or more starts: each other start against the one that
+    """For each model and tie with two or more starts uptrained alike (the same batch and text:
+    a GPU curve at another batch is another experiment): each other start against the one that
     ends lowest at their largest common budget."""
     out = []
     if df.empty:
         return out
-    for (model, tie), g in df[df.tie != "none"].groupby(["model", "tie"], sort=False):
+    alike = [c for c in ("batch", "corpus") if c in df]
+    for (model, tie, *rest), g in df[df.tie != "none"].groupby(["model", "tie", *alike],
+                                                                sort=False):
         starts = list(dict.fromkeys(g.start))
         if len(starts) < 2:
             continue
@@ -127,5 +133,41 @@ def start_findings(df: pd.DataFrame) -> list[StartFinding]:
                 separated=bool(b.gap_hi < w.gap_lo), target=float(w.gap),
                 tokens_better=reach, tokens_worse=float(top),
                 saved=top / reach if reach is not None and 0 < reach < top else None,
-                began_below=reach == 0))
+                began_below=reach == 0, batch=int(rest[0]) if rest else 0))
+    return out
+
+
+@dataclass(frozen=True)
+class CurveEnd:
+    """Where one curve (model, tie, start, batch, text) stands: at the largest budget with an
+    untied baseline beside it, and at its last budget if that is larger."""
+    model: str
+    tie: str
+    start: str
+    batch: int
+    more_text: bool            # trained past the stdlib's train split (pysource.more_texts)
+    paired: tuple | None       # (tokens, gap, lo, hi, vs_untied, vs_lo, vs_hi)
+    last: tuple                # (tokens, gap, lo, hi)
+
+
+def curve_ends(df: pd.DataFrame) -> list[CurveEnd]:
+    """One :class:`CurveEnd` per tied curve with uptraining (tokens > 0)."""
+    out = []
+    if df.empty:
+        return out
+    alike = [c for c in ("batch", "corpus") if c in df]
+    for (model, tie, start, *rest), g in df[df.tie != "none"].groupby(
+            ["model", "tie", "start", *alike], sort=False):
+        g = g.sort_values("tokens")
+        if g.tokens.max() <= 0:
+            continue
+        with_base = g[g.vs_untied.notna() & (g.tokens > 0)]
+        p = with_base.iloc[-1] if len(with_base) else None
+        e = g.iloc[-1]
+        out.append(CurveEnd(
+            model, tie, start, int(g.batch.iloc[0]) if "batch" in g else 0,
+            "+more:" in str(g.corpus.iloc[0]) if "corpus" in g else False,
+            None if p is None else (int(p.tokens), *(float(p[c]) for c in
+                                    ("gap", "gap_lo", "gap_hi", "vs_untied", "vs_lo", "vs_hi"))),
+            (int(e.tokens), float(e.gap), float(e.gap_lo), float(e.gap_hi))))
     return out

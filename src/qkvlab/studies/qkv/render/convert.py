@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
 from qkvlab.report.blocks import Block, Figure, Para, Table
-from qkvlab.studies.qkv.compute.convert import curves, start_findings
+from qkvlab.studies.qkv.compute.convert import curve_ends, curves, start_findings
 from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.compute.zoo import manifest
 from qkvlab.studies.qkv.plan.references import (KAYYAM_CONVERT, KAYYAM_CONVERT_CITE,
@@ -26,7 +26,7 @@ SHORT = {"fitted": "fitted", "avg": "avg", "keep_k": "keep W_K", "keep_v": "keep
          "mean_pool": "mean-pooled", "none": "untied"}
 TIES = {"kv": "K=V", "qk": "Q=K", "qkv": "Q=K=V", "mqa": "MQA", "none": "untied"}
 ZERO_X = 2 ** 9  # where the zero-shot point is drawn on the log token axis (labelled "0")
-Y_TICKS = (1, 1.1, 1.5, 2, 5, 10, 100, 1e3, 1e4, 1e5, 1e6)  # perplexity ratios
+Y_TICKS = (0.7, 0.8, 0.9, 1, 1.1, 1.5, 2, 3, 5, 10, 100, 1e3, 1e4, 1e5, 1e6)  # ratios
 DECADES = (1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7)  # where the curves span more than ×1,000
 START_COLORS = {"fitted": "#d95f02", "avg": "#1b9e77", "keep_k": "#7570b3", "keep_v": "#e7298a",
                 "mean_pool": "#66a61e", "none": "#777777"}
@@ -57,48 +57,19 @@ def tie_label(tie: str) -> str:
 
 
 def fig_q3_convert(data: StudyData, out: Path) -> Figure | None:
-    """Perplexity over the teacher's (log) against uptraining tokens (log), one line per tie and
-    start, 95% bootstrap bands; Kayyam et al.'s published conversion beside them (hollow)."""
+    """Perplexity over the teacher's (log) against uptraining tokens (log), one line per tie,
+    start and batch, 95% bootstrap bands; Kayyam et al.'s published conversion beside them
+    (hollow). Where the curves span more than ×1,000, a second panel zooms on ×0.6–×3."""
     df = curves(data)
     if df.empty:
         return None
     models = list(dict.fromkeys(df.model))
-    fig, axes = plt.subplots(1, len(models), figsize=(7.2 * len(models), 4.4), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        g = df[df.model == model]
-        several = g.batch.nunique() > 1  # e.g. a GPU curve at a larger batch beside the CPU's
-        for (tie, start, batch), c in g.groupby(["tie", "start", "batch"], sort=False):
-            x = c.tokens.clip(lower=ZERO_X)
-            name = ("untied, uptrained the same way" if tie == "none"
-                    else f"{tie_label(tie)}, {SHORT.get(start, start)} start")
-            line, = ax.plot(x, 1 + c.gap, marker="o", ms=4, lw=1.0 if tie == "none" else 1.6,
-                            color=START_COLORS.get(start) if tie in ("kv", "none") else None,
-                            label=name + (f", batch {batch}" if several else ""))
-            ax.fill_between(x, 1 + c.gap_lo, 1 + c.gap_hi, color=line.get_color(), alpha=0.15)
-        for start, pts in KAYYAM_CONVERT.items():
-            ax.plot([t for t, _ in pts], [1 + p / 100 for _, p in pts], marker="D", mfc="none",
-                    ls=":", lw=1, color=START_COLORS[start],
-                    label=f"published: K=V, {SHORT[start]} start")
-        ax.axhline(1 + KAYYAM_SCRATCH_KV_PCT / 100, color="#444444", ls="--", lw=0.8,
-                   label=f"published K=V trained from scratch (+{KAYYAM_SCRATCH_KV_PCT}%)")
-        ax.axhline(1, color="#999999", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.xaxis.set_major_locator(FixedLocator([ZERO_X, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9]))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.xaxis.set_major_formatter(FuncFormatter(
-            lambda v, _: "0" if v <= ZERO_X else f"{v / 1e9:g}B" if v >= 1e9
-            else f"{v / 1e6:g}M" if v >= 1e6 else f"{v / 1e3:g}k"))
-        wide = (1 + g.gap_hi).max() > 1e3
-        ax.yaxis.set_major_locator(FixedLocator(DECADES if wide else Y_TICKS))
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.yaxis.set_major_formatter(FuncFormatter(
-            lambda v, _: f"{100 * (v - 1):+.0f}%" if v < 2 else f"×{v:,.0f}"))
-        ax.set_xlabel("uptraining tokens (0 = the tie as imposed)")
-        ax.set_ylabel("perplexity over the teacher's, per token")
-        ax.set_title(f"{_title(model)}: converted, then distilled from the untied model",
-                     fontsize=9)
-        ax.legend(fontsize=6.5, frameon=False, loc="upper right")
+    panels = [(m, zoom) for m in models
+              for zoom in ((False, True) if (1 + df[df.model == m].gap_hi).max() > 1e3
+                           else (False,))]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.4), squeeze=False)
+    for ax, (model, zoom) in zip(axes[0], panels):
+        _draw_convert(ax, df[df.model == model], model, zoom)
     fig.tight_layout()
     return save(fig, df.drop(columns=[c for c in ("nll_seq",) if c in df]), out, "q3_convert",
                 "Converting a trained decoder to a tie: the gap to the teacher against "
@@ -113,6 +84,55 @@ def fig_q3_convert(data: StudyData, out: Path) -> Figure | None:
                 "their shape is comparable.")
 
 
+def _draw_convert(ax, g, model: str, zoom: bool) -> None:
+    first = g.batch.min()
+    several = g.batch.nunique() > 1  # e.g. a GPU curve at a larger batch beside the CPU's
+    for (tie, start, batch), c in g.groupby(["tie", "start", "batch"], sort=False):
+        x = c.tokens.clip(lower=ZERO_X)
+        name = ("untied, uptrained the same way" if tie == "none"
+                else f"{tie_label(tie)}, {SHORT.get(start, start)} start")
+        line, = ax.plot(x, 1 + c.gap, marker="o" if batch == first else "s", ms=4,
+                        ls="-" if batch == first else "--",
+                        lw=1.0 if tie == "none" else 1.6,
+                        color=START_COLORS.get(start) if tie in ("kv", "none") else None,
+                        label=name + (f", batch {batch}" if several else ""))
+        ax.fill_between(x, 1 + c.gap_lo, 1 + c.gap_hi, color=line.get_color(), alpha=0.15)
+    for start, pts in KAYYAM_CONVERT.items():
+        ax.plot([t for t, _ in pts], [1 + p / 100 for _, p in pts], marker="D", mfc="none",
+                ls=":", lw=1, color=START_COLORS[start],
+                label=f"published: K=V, {SHORT[start]} start")
+    ax.axhline(1 + KAYYAM_SCRATCH_KV_PCT / 100, color="#444444", ls="--", lw=0.8,
+               label=f"published K=V trained from scratch (+{KAYYAM_SCRATCH_KV_PCT}%)")
+    ax.axhline(1, color="#999999", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.xaxis.set_major_locator(FixedLocator([ZERO_X, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9]))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.xaxis.set_major_formatter(FuncFormatter(
+        lambda v, _: "0" if v <= ZERO_X else f"{v / 1e9:g}B" if v >= 1e9
+        else f"{v / 1e6:g}M" if v >= 1e6 else f"{v / 1e3:g}k"))
+    wide = (1 + g.gap_hi).max() > 1e3 and not zoom
+    ax.yaxis.set_major_locator(FixedLocator(DECADES if wide else Y_TICKS))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(FuncFormatter(
+        lambda v, _: f"{100 * (v - 1):+.0f}%" if v < 2 else f"×{v:,.0f}"))
+    if zoom:
+        ax.set_ylim(0.6, 3)
+    ax.set_xlabel("uptraining tokens (0 = the tie as imposed)")
+    ax.set_ylabel("perplexity over the teacher's, per token")
+    ax.set_title(f"{_title(model)}: converted, then distilled from the untied model"
+                 + (" (zoom)" if zoom else ""), fontsize=9)
+    if not zoom:  # the zoom draws the same lines
+        ax.legend(fontsize=6.5, frameon=False, loc="upper right")
+
+
+def _uptraining(r: dict) -> str:
+    """``4 × 256, stdlib``: the batch and the training text (``+ more``: Python source read
+    past the stdlib's train split, :func:`qkvlab.data.pysource.more_texts`)."""
+    text = "stdlib + more" if "+more:" in str(r.get("corpus", "")) else "stdlib"
+    return f"{int(r['batch'])} × {int(r.get('seq_len', 256))}, {text}"
+
+
 def convert_blocks(data: StudyData) -> list[Block]:
     """The curves' numbers: one row per point."""
     df = curves(data)
@@ -123,7 +143,8 @@ def convert_blocks(data: StudyData) -> list[Block]:
                         else "; `qkvlab convert smollm2 --tie kv --start fitted` stores it")
                      + ".", note=True)]
     rows = tuple((_title(r["model"]), tie_label(r["tie"]), SHORT.get(r["start"], r["start"]),
-                  f"{int(r['tokens']):,}", ppl_text(r["ppl"]), ppl_text(r["ppl_teacher"]),
+                  _uptraining(r), f"{int(r['tokens']):,}", ppl_text(r["ppl"]),
+                  ppl_text(r["ppl_teacher"]),
                   ci(r["gap"], r["gap_lo"], r["gap_hi"]),
                   ci(r["vs_untied"], r["vs_lo"], r["vs_hi"]), f"{r['kv_cache']:.2f}")
                  for r in df.to_dict("records"))
@@ -131,7 +152,8 @@ def convert_blocks(data: StudyData) -> list[Block]:
                   "held-out per-token perplexity (Python standard library source, test files), "
                   "its gap to the teacher and to the untied model uptrained on the same tokens "
                   "the same way, 95% paired bootstrap CIs over the evaluation sequences",
-                  ("model", "tie", "start", "tokens", "perplexity", "teacher", "over teacher",
+                  ("model", "tie", "start", "batch, text", "tokens", "perplexity", "teacher",
+                   "over teacher",
                    "over untied uptrained", "KV cache ×"), rows)]
 
 
@@ -140,8 +162,6 @@ def convert_sentence(data: StudyData) -> str:
     start saved (``compute.convert.start_findings``)."""
     df = curves(data)
     found = start_findings(df)
-    if not found:
-        return ""
     parts = []
     for f in found:
         t = f.last[f.better][0]
@@ -160,6 +180,22 @@ def convert_sentence(data: StudyData) -> str:
             said += (f"; the {SHORT[f.better]} start reached {SHORT[f.worse]}'s final gap "
                      f"after about {f.tokens_better:,.0f} tokens, {f.saved:.3g}× fewer")
         parts.append(said)
+    told = {(f.model, f.tie, f.batch) for f in found}  # curves the starts' words cover
+    ends = [e for e in curve_ends(df)
+            if e.paired is not None and (e.model, e.tie, e.batch) not in told]
+    for e in ends:
+        t, g, lo, hi, v, vlo, vhi = e.paired
+        said = (f"{_title(e.model)} converted to {tie_label(e.tie)} from the {SHORT[e.start]} "
+                f"start, uptrained at batch {e.batch}"
+                + (" on the stdlib and more Python source" if e.more_text else "")
+                + f": after {t:,} tokens {ci(g, lo, hi)} over the teacher and {ci(v, vlo, vhi)} "
+                "over the untied model uptrained on the same tokens the same way")
+        if e.last[0] > t:
+            said += (f"; at its last budget, {e.last[0]:,} tokens, {ci(*e.last[1:])} over the "
+                     "teacher, with no untied baseline measured there")
+        parts.append(said)
+    if not parts:
+        return ""
     tokens, gap = KAYYAM_CONVERT["avg"][-1]
     return ("Converting a trained model, then uptraining it: " + "; ".join(parts) + ". "
             f"Kayyam et al.'s averaged start is {gap:+.1f}% over its teacher after "
