@@ -103,3 +103,18 @@ def test_no_source_file_is_over_the_line_limit():
     long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_render_decides_nothing():
+    """Render words findings; it runs no statistics of its own: no ``qkvlab.stats``, scipy or
+    statsmodels import anywhere under render/ (a decision is a finding made in compute)."""
+    bad = set()
+    for p in (STUDY / "render").rglob("*.py"):
+        if "stats" in imports(p, "qkvlab"):
+            bad.add(f"{p.relative_to(SRC)} imports qkvlab.stats")
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad |= {f"{p.relative_to(SRC)} imports {n}" for n in names
+                    if n.split(".")[0] in ("scipy", "statsmodels")}
+    assert bad == set()

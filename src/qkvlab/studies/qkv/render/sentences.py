@@ -7,21 +7,19 @@ from __future__ import annotations
 
 import pandas as pd
 
-from qkvlab.stats import decide, mean_ci, paired
 from qkvlab.studies.qkv.compute.effects import Status, effect, finite
+from qkvlab.studies.qkv.compute.findings import emergence, scale_init
 from qkvlab.studies.qkv.compute.frames import (
     budget_gap,
-    emergence_series,
     paired_row,
     pick,
-    probe_at,
     rows_of,
     task_effects,
     width_needed,
 )
 from qkvlab.studies.qkv.compute.results import StudyData, chance
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
-from qkvlab.studies.qkv.plan.vocab import METRICS, TASK_METRIC, label, metric_of
+from qkvlab.studies.qkv.plan.vocab import TASK_METRIC, label, metric_of
 from qkvlab.studies.qkv.render.text import ci_text, said
 
 INCONCLUSIVE = "inconclusive at this scale"
@@ -68,35 +66,28 @@ def alt_init_sentence(data: StudyData) -> str:
 
 
 def scale_sentence(probe: list[dict]) -> str:
-    if not probe:
-        return ""
-    sat, grad = probe_at(probe, "saturated", 0), probe_at(probe, "grad_WQ", 0)
-    ent = probe_at(probe, "norm_entropy", 0)
-    dk = max(k[1] for k in sat) if sat else None
-    if dk is None:
+    f = scale_init(probe)
+    if f is None:
         return ""
     parts = []
     for scale in ("inside", "outside", "both", "none"):
-        if (scale, dk) in sat:
-            parts.append(f"{scale}: {ci_text([100 * v for v in sat[(scale, dk)]], '{:.0f}', '%')} "
+        if scale in f.sat:
+            parts.append(f"{scale}: {ci_text([100 * v for v in f.sat[scale]], '{:.0f}', '%')} "
                          f"saturated rows, normalized entropy "
-                         f"{ci_text(ent.get((scale, dk), []), '{:.2f}')}, ‖∇W_Q‖ "
-                         f"{ci_text(grad.get((scale, dk), []), '{:.2g}')}")
-    s = (f"Scale placement at init (unit-variance q, k; d_k = {dk}): " + "; ".join(parts) + ".")
-    sat_m = {k: mean_ci(sat.get((k, dk), []))["mean"] for k in ("inside", "outside", "none")}
-    g_m = {k: mean_ci(grad.get((k, dk), []))["mean"] for k in ("inside", "none")}
-    if finite(sat_m["inside"]) and finite(sat_m["none"]):
-        if sat_m["none"] > sat_m["inside"] + 0.05:
-            s += " Without 1/√d_k inside the softmax the rows saturate"
-            s += (" and the gradient reaching W_Q shrinks, as the question's commenters warned "
-                  "(\"the scale belongs inside the softmax, or gradients may vanish\")"
-                  if finite(g_m["none"]) and g_m["none"] < g_m["inside"] else
-                  " (the gradient reaching W_Q at init is not smaller here, against the "
-                  "commenters' worry that without the inner scale gradients may vanish)")
-            s += ("; an outer factor does not prevent it." if finite(sat_m["outside"])
-                  and sat_m["outside"] > sat_m["inside"] + 0.05 else ".")
-        else:
-            s += f" The saturation gap between 'none' and 'inside' is small: {INCONCLUSIVE}."
+                         f"{ci_text(f.ent.get(scale, []), '{:.2f}')}, ‖∇W_Q‖ "
+                         f"{ci_text(f.grad.get(scale, []), '{:.2g}')}")
+    s = (f"Scale placement at init (unit-variance q, k; d_k = {f.dk}): " + "; ".join(parts)
+         + ".")
+    if f.saturates is True:
+        s += " Without 1/√d_k inside the softmax the rows saturate"
+        s += (" and the gradient reaching W_Q shrinks, as the question's commenters warned "
+              "(\"the scale belongs inside the softmax, or gradients may vanish\")"
+              if f.grad_shrinks else
+              " (the gradient reaching W_Q at init is not smaller here, against the "
+              "commenters' worry that without the inner scale gradients may vanish)")
+        s += "; an outer factor does not prevent it." if f.outer_saturates else "."
+    elif f.saturates is False:
+        s += f" The saturation gap between 'none' and 'inside' is small: {INCONCLUSIVE}."
     return s
 
 
@@ -134,28 +125,24 @@ def directed_sentence(data: StudyData) -> str:
 
 
 def emergence_sentence(data: StudyData) -> str:
-    ser = emergence_series(data)
-    if "encoder" not in ser or "decoder" not in ser:
+    e = emergence(data)
+    if e is None:
         return ""
-    n_enc, n_dec = max(ser["encoder"]), max(ser["decoder"])  # each at the end of its training
-    enc, dec = ser["encoder"][n_enc], ser["decoder"][n_dec]
-    s = (f"Trained from the same initial weights, qkvlab's encoder (mlm, {n_enc} steps) "
-         f"reaches symmetry {ci_text(enc, '{:.3f}')} and its decoder (lm_char, {n_dec} steps) "
-         f"{ci_text(dec, '{:.3f}')}")
-    if len(enc) == len(dec) and len(enc) >= 2:  # same seeds: paired, encoder − decoder
-        d = paired(enc, dec)
-        margin = METRICS["symmetry"].margin
-        v = decide(d["diff"], d["diff_sd"], d["n_pairs"], margin, lower_is_better=False)
-        diff = f"difference {d['diff']:+.3f} ± {v['half']:.3f}"
-        if v["status"] == "equivalent":
-            s += f": equally symmetric ({diff}, 90% CI inside ±{margin:g})."
-        elif v["status"] == "better":
+    s = (f"Trained from the same initial weights, qkvlab's encoder (mlm, {e.n_enc} steps) "
+         f"reaches symmetry {ci_text(e.enc, '{:.3f}')} and its decoder (lm_char, {e.n_dec} "
+         f"steps) {ci_text(e.dec, '{:.3f}')}")
+    if e.status is not None:
+        diff = f"difference {e.diff:+.3f} ± {e.half:.3f}"
+        if e.status == "equivalent":
+            s += f": equally symmetric ({diff}, 90% CI inside ±{e.margin:g})."
+        elif e.status == "better":
             s += f": the encoder is more symmetric ({diff})."
-        elif v["status"] == "worse":
+        elif e.status == "worse":
             s += f": the decoder is more symmetric ({diff})."
         else:
-            more = f"; ≈{v['seeds']} seeds would decide it" if v["seeds"] else ""
-            s += f" ({diff}: undecided, the CI straddles zero and reaches past ±{margin:g}{more})."
+            more = f"; ≈{e.seeds} seeds would decide it" if e.seeds else ""
+            s += (f" ({diff}: undecided, the CI straddles zero and reaches past ±{e.margin:g}"
+                  f"{more}).")
     else:
         s += f" ({INCONCLUSIVE}: too few seeds for a CI)."
     return s + unlearned(data, "symmetry_emergence", (("mlm", "encoder"),

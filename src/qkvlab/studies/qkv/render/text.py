@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 
-from qkvlab.stats import mean_ci
 from qkvlab.studies.qkv.compute.effects import Effect, Status, finite
+from qkvlab.studies.qkv.compute.findings import seed_summary
 from qkvlab.studies.qkv.plan.vocab import METRICS
 
 # status -> the short word of the summary table
@@ -170,9 +170,9 @@ def pm(mean, half, digits: int = 3) -> str:
 
 def ci_text(values: list[float], fmt: str = "{:.3g}", unit: str = "") -> str:
     """``mean ± half`` over seeds (``mean`` alone, with the seed count, if only one)."""
-    m = mean_ci(values)
-    if not m["n"]:
+    m = seed_summary(values)
+    if not m.n:
         return "n/a"
-    if not finite(m["half"]):
-        return f"{fmt.format(m['mean'])}{unit} (1 seed)"
-    return f"{fmt.format(m['mean'])}{unit} ± {fmt.format(m['half'])}{unit}"
+    if not finite(m.half):
+        return f"{fmt.format(m.mean)}{unit} (1 seed)"
+    return f"{fmt.format(m.mean)}{unit} ± {fmt.format(m.half)}{unit}"

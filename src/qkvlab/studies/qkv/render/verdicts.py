@@ -12,8 +12,8 @@ headline and the details, the longer ones from ``sentences.py``.
 from __future__ import annotations
 
 from qkvlab.report.blocks import Verdict
-from qkvlab.stats import mean_ci
 from qkvlab.studies.qkv.compute.effects import Status, effect
+from qkvlab.studies.qkv.compute.findings import fold
 from qkvlab.studies.qkv.compute.frames import (
     kv_pays,
     pick,
@@ -75,23 +75,17 @@ def verdict_q1(data: StudyData) -> Verdict:
                 f"{said(mt)} parameter-matched; on translate {said(teq)} at equal width, "
                 f"{said(tmt)} parameter-matched.")
     details = [c for c in (char_sentence(data, ("alt_vs_standard",), ("alt",)),) if c]
-    fold = records(data.measure("fold_alt"))
-    if fold:
-        d64 = max(f["max_abs_diff_fp64"] for f in fold)
-        d32 = max(f["max_abs_diff_fp32"] for f in fold)
-        scale = max(f["max_abs_logit"] for f in fold)
-        saved = fold[0]["params_alt"] - fold[0]["params_folded"]
-        speed = ci_text([f["speed_folded_vs_alt"] for f in fold], "{:.2f}", "×")
+    fo = fold(data)
+    if fo is not None:
+        speed = ci_text(fo.speeds, "{:.2f}", "×")
         s = (f"Folding each trained alt head's W_hᵀ/√d_k into W_O reproduces its logits to "
-             f"{d64:.1e} in fp64 ({d32:.1e} in fp32; logits reach {scale:.1f}) with {int(saved):,} "
-             f"fewer parameters; the folded model runs at {speed} alt's speed")
-        exact = d64 <= 1e-9 * max(scale, 1.0)
+             f"{fo.d64:.1e} in fp64 ({fo.d32:.1e} in fp32; logits reach {fo.scale:.1f}) with "
+             f"{fo.saved:,} fewer parameters; the folded model runs at {speed} alt's speed")
         not_better = eq.status is not Status.BETTER and mt.status is not Status.BETTER
-        faster = mean_ci([f["speed_folded_vs_alt"] for f in fold])["mean"] > 1.0
-        cost = "parameters and time" if faster else "parameters"
-        if exact and not_better:
+        cost = "parameters and time" if fo.faster else "parameters"
+        if fo.exact and not_better:
             s += f": the 4th matrix adds {cost}, not expressivity."
-        elif exact:
+        elif fo.exact:
             s += (": alt computes nothing standard cannot; any gain is in optimization, "
                   "not capacity.")
         else:
