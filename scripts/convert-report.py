@@ -22,6 +22,7 @@ from pathlib import Path
 from qkvlab.bench.convert import convert_table
 from qkvlab.experiments.registry import get_profile
 from qkvlab.experiments.store import Store
+from qkvlab.experiments.transfer import add_measure_rows
 from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.render.convert import convert_blocks, convert_sentence, fig_q3_convert
 
@@ -42,7 +43,7 @@ src.backup(dst)
 dst.close()
 with Store(copy) as store:
     for path in args.add:
-        store.add_measure_rows(json.loads(Path(path).read_text())["rows"])
+        add_measure_rows(store, json.loads(Path(path).read_text())["rows"])
     data = results.load(store, get_profile("convert"))
 fig = fig_q3_convert(data, out)
 part = [block.markdown() for block in convert_blocks(data)] + [convert_sentence(data)]

@@ -309,13 +309,14 @@ def test_measure_rows_move_to_another_store_whole_and_once(tmp_path):
     import json
 
     from qkvlab.experiments.store import Store
+    from qkvlab.experiments.transfer import add_measure_rows
     with Store(tmp_path / "device.db") as st:
         st.measure("m", {"a": 1}, lambda: [{"x": 1.5}, {"x": 2.5}], env={"gpu": "H200"})
         rows = json.loads(json.dumps(st.measure_rows()))
     with Store(tmp_path / "home.db") as home:
-        assert home.add_measure_rows(rows) == 1
-        assert home.add_measure_rows(rows) == 0  # held already: left as it is
+        assert add_measure_rows(home, rows) == 1
+        assert add_measure_rows(home, rows) == 0  # held already: left as it is
         assert home.measure_rows() == rows
         bad = [dict(rows[0], spec={"a": 2})]
         with pytest.raises(ValueError, match="not the hash of its name and spec"):
-            home.add_measure_rows(bad)
+            add_measure_rows(home, bad)
