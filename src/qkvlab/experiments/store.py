@@ -370,27 +370,6 @@ class Store:
                       " WHERE id=?", (doc, time.time(), canonical(env or {}), mid))
         return json.loads(doc)["records"]
 
-    def add_measure_rows(self, rows: list[Mapping[str, Any]]) -> int:
-        """Store finished measures read off another store (``measure_rows``' dicts, e.g. from a
-        device machine's store kept as JSON), each under its own spec and env; ones this store
-        holds already are left as they are. Returns how many were added.
-
-        Raises:
-            ValueError: a row's id is not the id of its name and spec (edited, or not a row).
-        """
-        added = 0
-        for r in rows:
-            if r.get("measure_id") != run_id({"measure": r["name"], **r["spec"]}):
-                raise ValueError(f"measure row {r.get('measure_id')!r} ({r.get('name')}): its "
-                                 "id is not the hash of its name and spec")
-            done = self.conn.execute("SELECT 1 FROM measures WHERE id=? AND status='done'",
-                                     (r["measure_id"],)).fetchone()
-            if done is None:
-                self.measure(r["name"], r["spec"], lambda r=r: r["records"], run=r["run_id"],
-                             env=r["env"])
-                added += 1
-        return added
-
     def measure_names(self) -> list[str]:
         """Names of the measures with a finished result."""
         if not self._has_table("measures"):  # a store older than measures, opened read-only
