@@ -355,3 +355,26 @@ def test_more_text_follows_the_train_split_and_joins_the_fingerprint(tok, root, 
     fp = pysource.more_fingerprint(more)
     (more / "pkg" / "a.py").write_text("x = 1\n")
     assert pysource.more_fingerprint(more) != fp
+
+
+def test_a_rate_grid_is_chosen_on_val_and_the_run_is_the_chosen_rates_own(tok, root, tmp_path,
+                                                                          monkeypatch):
+    import qkvlab.hf.rate as rate
+    monkeypatch.setattr(rate, "TOKENS", 256)
+    monkeypatch.setattr(rate, "VAL_TOKENS", 128)
+    m = tiny(tok)
+    quiet = {"loaded": (m, tok), "root": root, "log": lambda s: None, "progress": False}
+    with Store(tmp_path / "a.db") as st:
+        recs = convert(st, "tiny", small(tokens=256), lr_grid=(1e-5, 3e-3), **quiet)
+        (row,) = st.measure_rows("convert_lr")
+        val = {r["lr"]: r["val_nll"] for r in row["records"]}
+        chosen = min(val, key=val.get)
+        assert [r["lr"] for r in row["records"] if r["chosen"]] == [chosen]
+        assert all(r["lr"] == chosen for r in recs)
+        assert convert(st, "tiny", small(tokens=256, lr=chosen), **quiet) == recs  # its own run
+        with pytest.raises(ValueError, match="finite positive rates"):
+            convert(st, "tiny", small(tokens=256), lr_grid=(0.0,), **quiet)
+    # computed again in another store, the choice is the same numbers (deterministic)
+    with Store(tmp_path / "b.db") as st:
+        convert(st, "tiny", small(tokens=256), lr_grid=(1e-5, 3e-3), **quiet)
+        assert st.measure_rows("convert_lr")[0]["records"] == row["records"]

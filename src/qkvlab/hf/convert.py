@@ -179,7 +179,8 @@ def make_student(teacher, cfg: ConvertConfig, calib_ids: torch.Tensor | None):
 
 def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out: str | None = None,
             log=print, progress: bool = True, root: str | None = None, loaded=None,
-            more_text: str | None = None, time_limit: float | None = None) -> list[dict]:
+            more_text: str | None = None, time_limit: float | None = None,
+            lr_grid: tuple[float, ...] | None = None) -> list[dict]:
     """The records of ``cfg`` on ``source`` (computed, or read back from ``store``); see module.
 
     ``loaded``: an already loaded (model, tokenizer), for tests and for several conversions of
@@ -190,6 +191,8 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
     stops, and the budgets reached are stored as the run with ``tokens`` = the last of them
     (every budget is a prefix of the same run, so those records are the ones that shorter run
     gives). A later call with the same arguments resumes from the checkpoint.
+    ``lr_grid``: choose the rate among these on the val files first (:mod:`qkvlab.hf.rate`);
+    the conversion then runs at the chosen rate as if it had been given.
     """
     from qkvlab.env import environment
     from qkvlab.hf.cost import load_lm
@@ -201,7 +204,6 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
     corpus = pysource.fingerprint(root)
     if more_text is not None:
         corpus += "+more:" + pysource.more_fingerprint(more_text)
-    spec = cfg.spec(source, corpus)
     u = cfg.uptrain
     cache: dict = {}
 
@@ -217,6 +219,13 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
                 f"({time.perf_counter() - t0:.0f} s)")
         return cache
 
+    if lr_grid:
+        from qkvlab.hf.rate import choose_lr
+        lr = choose_lr(store, source, cfg, tuple(lr_grid), setup=setup, device=device,
+                       corpus=pysource.fingerprint(root), root=root, log=log)
+        cfg = dataclasses.replace(cfg, uptrain=dataclasses.replace(u, lr=lr))
+        u = cfg.uptrain
+    spec = cfg.spec(source, corpus)
     if not any(r["spec"] == spec for r in store.measure_rows("convert")):
         c = setup()  # check the tie and the text before anything is stored
         kind, kv_heads = parse_tie(cfg.tie)

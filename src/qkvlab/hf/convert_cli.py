@@ -32,6 +32,10 @@ def _rate(text: str) -> float:
     return v
 
 
+def _rates(text: str) -> tuple[float, ...]:
+    return tuple(_rate(x) for x in text.split(","))
+
+
 def _gap(x: float) -> str:
     """+12.3% below +100%, else the perplexity ratio as a factor (×20.7, ×389,503)."""
     if x < 1:
@@ -55,6 +59,10 @@ def configure_convert(parser: argparse.ArgumentParser) -> None:
                         help=f"uptraining tokens (default {d}); scored at 0, 16k, 64k, ... "
                              "and there")
     parser.add_argument("--lr", type=_rate, default=u.lr, help=f"AdamW rate (default {u.lr:g})")
+    parser.add_argument("--lr-grid", type=_rates, default=None, metavar="X,Y,...",
+                        help="choose the rate among these on the stdlib's val files (each "
+                             "uptrains a fresh student for 16,384 tokens), then run at it; "
+                             "e.g. 3e-5,1e-4,3e-4")
     parser.add_argument("--batch", type=_positive, default=u.batch)
     parser.add_argument("--seq-len", type=_positive, default=u.seq_len)
     parser.add_argument("--train", choices=("all", "attention"), default=u.train,
@@ -99,6 +107,7 @@ def run_convert(args) -> int:
     with Store(args.db) as store:
         recs = convert(store, args.source, cfg, device=args.device, out=args.out,
                        more_text=args.more_text, time_limit=args.time_limit,
+                       lr_grid=args.lr_grid,
                        log=lambda s: print(s, file=sys.stderr, flush=True))
     print(f"| {args.source} {cfg.tie}/{cfg.start} | tokens | ppl | teacher ppl | perplexity over "
           "the teacher's, per token (95% CI) | KV cache × | tokens/s |")

@@ -1,0 +1,87 @@
+"""The uptraining rate of a conversion, chosen on validation text: each rate of a grid uptrains
+a fresh student for a short budget, the one with the lowest held-out nll on the stdlib's *val*
+files wins (test files are never read here), and the conversion then runs at that rate exactly
+as ``--lr`` would (the same spec, so the same stored run).
+
+Why on val and per conversion: the rate a converted model tolerates depends on the model and the
+start. On SmolLM2, 1e-4 uptrains the fitted K=V start smoothly; on Qwen2.5-Coder-0.5B one step
+at 1e-4 took the fitted start from ×7 to ×8,515 over its teacher. A diverged candidate (a
+non-finite loss) scores +inf and cannot be chosen; if every candidate diverges, the choice
+fails naming the rates tried.
+
+Stored as measure ``convert_lr``: one record per rate (lr, val_nll per token, diverged, chosen).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tempfile
+
+from qkvlab.hf.uptrain import Uptrainer, sequence_nll
+
+VERSION = 1
+TOKENS = 16384      # each candidate's uptraining: the first budget of every curve
+VAL_TOKENS = 16384  # scored on this many val tokens (64 sequences of 256)
+
+
+def choose_lr(store, source: str, cfg, grid: tuple[float, ...], *, setup, device: str,
+              corpus: str, tokens: int | None = None, val_tokens: int | None = None,
+              root=None, log=print) -> float:
+    """The rate of ``grid`` whose student, uptrained for ``tokens`` tokens from ``cfg``'s tie
+    and start, reads the val files best (``setup()``: the conversion's loaded model, tokenizer
+    and calibration ids). Computed once per spec and stored.
+
+    Raises:
+        ValueError: an empty or non-positive grid, or every rate diverged.
+    """
+    from qkvlab.env import environment
+    from qkvlab.hf.convert import make_student, token_rows
+    from qkvlab.train.precision import autocast, resolve_precision
+
+    grid = tuple(sorted({float(x) for x in grid}))
+    if not grid or min(grid) <= 0 or not all(map(math.isfinite, grid)):
+        raise ValueError(f"lr grid: need finite positive rates, got {list(grid)}")
+    u = cfg.uptrain
+    tokens, val_tokens = tokens or TOKENS, val_tokens or VAL_TOKENS
+    steps = max(1, tokens // u.tokens_per_step)
+    spec = {"model": source, "tie": cfg.tie, "start": cfg.start, "grid": list(grid),
+            "tokens": steps * u.tokens_per_step, "val_tokens": val_tokens,
+            "calib_tokens": cfg.calib_tokens,
+            "uptrain": {k: v for k, v in u.to_dict().items() if k != "lr"}, "corpus": corpus,
+            "version": VERSION}
+
+    def compute():
+        c = setup()
+        teacher = c["model"]
+        train = token_rows(c["tok"], "train", steps * u.tokens_per_step, u.seq_len,
+                           skip=cfg.calib_tokens, root=root).to(device)
+        val = token_rows(c["tok"], "val", val_tokens, u.seq_len, root=root).to(device)
+        n = val[:, 1:].numel()
+        precision = resolve_precision(u.precision, device)
+        out = []
+        for lr in grid:
+            student = make_student(teacher, cfg, c["calib"])
+            with tempfile.TemporaryDirectory() as tmp:
+                trainer = Uptrainer(student, teacher, train, dataclasses.replace(u, lr=lr), tmp,
+                                    lambda: autocast(precision, device))
+                try:
+                    trainer.run_to(steps)
+                    nll = sum(sequence_nll(student, val)) / n
+                except FloatingPointError:
+                    nll = math.inf
+            diverged = not math.isfinite(nll)
+            out.append({"lr": lr, "val_nll": None if diverged else nll, "diverged": diverged})
+            log(f"convert: rate {lr:g} for {steps * u.tokens_per_step} tokens: val "
+                + ("diverged" if diverged else f"ppl {math.exp(nll):.3f}"))
+            del student, trainer
+        ok = [r for r in out if not r["diverged"]]
+        if not ok:
+            raise ValueError(f"lr grid: every rate diverged ({list(grid)}); try smaller ones")
+        best = min(ok, key=lambda r: r["val_nll"])
+        return [r | {"chosen": r is best} for r in out]
+
+    recs = store.measure("convert_lr", spec, compute, env=environment())
+    lr = next(r["lr"] for r in recs if r["chosen"])
+    log(f"convert: rate {lr:g} chosen on {val_tokens} val tokens among {list(grid)}")
+    return lr
