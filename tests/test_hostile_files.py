@@ -305,3 +305,60 @@ def test_a_folder_asking_for_its_own_code_is_refused_before_transformers_reads_i
             load(str(folder))
         assert str(e.value) == said
     assert read == []
+
+
+def test_gguf_tokenizer_metadata_that_builds_no_tokenizer_is_one_clear_error(tmp_path):
+    """Merges naming a token the vocabulary lacks: the tokenizers library raises a bare
+    Exception ('Error while initializing BPE'), which reached the user as a traceback."""
+    pytest.importorskip("transformers")
+    from qkvlab.analysis.load_llama import gguf_tokenizer
+    from qkvlab.inputs import InputFileError
+
+    class Field:
+        def __init__(self, value):
+            self.value = value
+
+        def contents(self):
+            return self.value
+
+    class Reader:
+        fields = {"general.architecture": Field("llama"), "tokenizer.ggml.model": Field("gpt2"),
+                  "tokenizer.ggml.tokens": Field(["a", "c"]),
+                  "tokenizer.ggml.token_type": Field([1, 1]),
+                  "tokenizer.ggml.merges": Field(["a b"])}
+    path = tmp_path / "m.gguf"
+    with pytest.raises(InputFileError, match=r"m.gguf: its tokenizer metadata does not build a "
+                                             r"tokenizer \(Error while initializing BPE"):
+        gguf_tokenizer(Reader(), path)
+
+
+def test_a_null_with_no_finite_sample_is_one_clear_error():
+    """Degenerate weights (all zeros, NaN) leave no finite null sample: torch.quantile on the
+    empty rest raised instead of saying so."""
+    import torch
+
+    from qkvlab.analysis.measures import summarize
+    with pytest.raises(ValueError, match="every sample is NaN or infinite"):
+        summarize(torch.tensor([float("nan"), float("inf")]))
+    assert summarize(torch.tensor([1.0, float("nan"), 3.0]))["null_n"] == 2
+
+
+def test_load_lm_refuses_tokenizer_metadata_that_builds_no_tokenizer(tmp_path, monkeypatch):
+    """The tiecost/convert loader: the same bare Exception from AutoTokenizer is one line."""
+    pytest.importorskip("transformers")
+    import transformers
+
+    from qkvlab.hf.loading import load_tokenizer
+    from qkvlab.inputs import InputFileError
+
+    def broken(*a, **k):
+        raise Exception("Error while initializing BPE: Token `b` out of vocabulary")
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", broken)
+    with pytest.raises(InputFileError, match=r"m.gguf: its tokenizer metadata does not build"):
+        load_tokenizer(tmp_path / "m.gguf", str(tmp_path))
+
+    def bug(*a, **k):
+        raise KeyError("a bug of ours stays a bug")
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", bug)
+    with pytest.raises(KeyError):
+        load_tokenizer(tmp_path / "m.gguf", str(tmp_path))

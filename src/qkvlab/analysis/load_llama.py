@@ -337,6 +337,16 @@ def gguf_tokenizer(reader, path: Path):
     for a 49k-token vocabulary); this hands the fields already read to the same converter, and
     falls back to that call if transformers' internal layout differs.
     """
+    try:
+        return _gguf_tokenizer(reader, path)
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exception
+        if type(e) is not Exception:
+            raise
+        raise InputFileError(f"{path}: its tokenizer metadata does not build a tokenizer "
+                             f"({e})", path=path) from None
+
+
+def _gguf_tokenizer(reader, path: Path):
     try:  # transformers is lazy here and below: optional extra [analysis]
         from transformers import PreTrainedTokenizerFast
         from transformers.integrations.gguf.gguf_tokenizer_mapping import (

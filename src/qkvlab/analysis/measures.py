@@ -277,6 +277,9 @@ def cka_null(x: Tensor, A: Tensor, B: Tensor) -> dict[str, Tensor]:
 def summarize(null: Tensor) -> dict[str, float]:
     """mean, std and the central 95% interval of a null sample (1-D)."""
     null = null[torch.isfinite(null)]
+    if not null.numel():
+        raise ValueError("random null: every sample is NaN or infinite (degenerate weights or "
+                         "activations, e.g. all zeros)")
     lo, hi = torch.quantile(null, torch.tensor([0.025, 0.975], dtype=null.dtype)).tolist()
     return {"null_mean": null.mean().item(), "null_std": null.std().item(),
             "null_lo": lo, "null_hi": hi, "null_n": int(null.numel())}

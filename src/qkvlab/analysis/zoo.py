@@ -368,7 +368,7 @@ def rows(models: dict[str, ZooModel], directory: str | os.PathLike | None = None
 
 
 def markdown_table(models: dict[str, ZooModel] | None = None) -> str:
-    """The README's zoo table, generated from the manifest."""
+    """docs/zoo.md's table, generated from the manifest."""
     models = load_manifest() if models is None else models
     lines = [("| name | model | architecture | roles | params | d_head | format | size | "
              "parity reference | profile |"), "|---|---|---|---|---|---|---|---|---|---|"]

@@ -14,7 +14,7 @@ def configure_zoo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", nargs="?", choices=["list", "fetch", "table", "summary"],
                         default="list",
                         help="list (default): every model, its size and where it is; fetch: "
-                             "download, rebuild and verify NAME (or all); table: the README's "
+                             "download, rebuild and verify NAME (or all); table: docs/zoo.md's "
                              "Markdown table; summary: headline measures of every zoo model "
                              "analyzed into --analysis DIR")
     parser.add_argument("names", nargs="*", metavar="NAME", help="zoo names, or 'all' (fetch)")

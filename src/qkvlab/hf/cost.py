@@ -89,11 +89,11 @@ def load_lm(source: str):
     config describes, or holds a NaN or an infinity, is refused (``loading.load_checked``):
     transformers would fill the gaps at random and the model would still get a perplexity.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from qkvlab.analysis._files import check_hf_folder
     from qkvlab.analysis.sources import BUILTINS, builtin_path
-    from qkvlab.hf.loading import load_checked
+    from qkvlab.hf.loading import load_checked, load_tokenizer
 
     if source in BUILTINS:
         path = builtin_path(source)
@@ -106,7 +106,7 @@ def load_lm(source: str):
     kw = {"local_files_only": True, "trust_remote_code": False,
           **({"gguf_file": path.name} if path.is_file() else {})}
     model = load_checked(AutoModelForCausalLM, path, folder, dtype=torch.float32, **kw).eval()
-    return model, AutoTokenizer.from_pretrained(folder, **kw)
+    return model, load_tokenizer(path, folder, **kw)
 
 
 def bible_ids(tokenizer, split: str, n_tokens: int, seq_len: int, translation: str,

@@ -86,3 +86,17 @@ def load_checked(cls, path: str | Path, folder: str, **kw):
     check_loading_info(path, info, type(model).__name__)
     check_finite(path, [*model.named_parameters(), *model.named_buffers()])
     return model
+
+
+def load_tokenizer(path: str | Path, folder: str, **kw):
+    """``AutoTokenizer.from_pretrained(folder, **kw)``, a file whose tokenizer metadata builds
+    no tokenizer (merges naming tokens the vocabulary lacks, say: the tokenizers library raises
+    a bare ``Exception``) refused as one :class:`InputFileError` naming ``path``."""
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(folder, **kw)
+    except Exception as e:  # noqa: BLE001 - only the library's bare Exception is re-worded
+        if type(e) is not Exception:
+            raise
+        raise InputFileError(f"{path}: its tokenizer metadata does not build a tokenizer ({e})",
+                             path=path) from None
