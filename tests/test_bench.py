@@ -271,9 +271,8 @@ def test_kv_decode_rows_hold_every_layout_with_consistent_bytes_and_bounds(tmp_p
                 B * r["copy_gb_s"] * 1e9 / (r["cache_bytes"] + r["weight_bytes"]))
             for key in ("products_gb_s", "products_bound_tokens_per_s"):
                 assert 0 < r[key] < math.inf
-            # the products are part of a step, so their floor sits above it (generous: one
-            # round at a tiny size, where a step is mostly Python, is noisy)
-            assert r["products_bound_tokens_per_s"] >= r["tokens_per_s"] / 3
+            # (how the products' floor compares with a whole step is a timing, which a loaded
+            # 2-core machine makes anything at one round: the bench reports it, no test asserts it)
     targets = kv.targets(rows)
     assert len(targets) == 4  # n_heads 4: no gqa_4 (its H/4 is gqa_1)
     for t in targets:
