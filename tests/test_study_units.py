@@ -149,3 +149,19 @@ def test_published_per_token_numbers_stand_beside_the_per_token_lm_only(tmp_path
     diff = 0.5 * (np.array(tied) - np.array(std))  # bits per character
     assert f"tied K=V {diff.mean():+.3f} bits/char ± " in char
     assert "Kayyam" not in char and "published" not in char
+
+
+def test_the_one_percent_perplexity_conversion_keeps_each_outputs_bits():
+    import math
+
+    import numpy as np
+    import pandas as pd
+
+    from qkvlab.studies.qkv.plan.vocab import METRICS, ppl_nats, ppl_pct
+    x = np.random.default_rng(0).normal(0, 0.3, 1000)
+    assert all(ppl_pct(float(v)) == 100.0 * math.expm1(v) for v in x)  # tables: math
+    assert np.array_equal(ppl_pct(x), 100 * np.expm1(x))  # figures: numpy
+    s = pd.Series(x)
+    assert ppl_pct(s).equals(100 * np.expm1(s))
+    assert METRICS["val_loss"].show(0.02) == ppl_pct(0.02)
+    assert ppl_nats(ppl_pct(0.02)) == pytest.approx(0.02, rel=1e-12)

@@ -37,7 +37,7 @@ from qkvlab.studies.qkv.compute.results import scored_on_test
 from qkvlab.studies.qkv.plan.families import ALPHA
 from qkvlab.studies.qkv.plan.references import KAYYAM_1B2_KV_PCT, KAYYAM_300M_PCT
 from qkvlab.studies.qkv.plan.scaling import BASELINE, DESIGNS, TASK
-from qkvlab.studies.qkv.plan.vocab import CONTROL, METRICS, reported
+from qkvlab.studies.qkv.plan.vocab import CONTROL, METRICS, ppl_pct, reported
 
 __all__ = ["TASK", "run_loss", "losses", "gaps", "cell_summary", "budget_trend", "used_budgets",
            "used_sizes", "fit", "line", "prediction_records", "compare_published"]
@@ -105,7 +105,7 @@ def gaps(loss: pd.DataFrame) -> pd.DataFrame:
             continue
         b = base.loc[k]
         out.append({**{c: r[c] for c in CELL_COLS}, "design": r["design"], "seed": r["seed"],
-                    "gap": 100.0 * math.expm1(r["loss"] - float(b["loss"])),
+                    "gap": ppl_pct(r["loss"] - float(b["loss"])),
                     "lost": bool(r["lost"]), "baseline_lost": bool(b["lost"])})
     return pd.DataFrame(out, columns=cols)
 

@@ -12,6 +12,7 @@ from dataclasses import asdict
 
 import pandas as pd
 
+from qkvlab.studies.qkv.plan.vocab import ppl_pct
 from qkvlab.hf.cost import VERSION
 from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.compute.zoo import manifest
@@ -38,5 +39,5 @@ def tie_costs(data: StudyData) -> pd.DataFrame:
     tc = tc.assign(title=[models[m].title if m in models else m for m in tc.model],
                    params=[models[m].params if m in models else math.nan for m in tc.model])
     if "delta_nll" in tc:
-        tc = tc.assign(pct=100 * tc.delta_nll.map(lambda x: math.expm1(x) if x == x else x))
+        tc = tc.assign(pct=tc.delta_nll.map(ppl_pct))
     return tc.sort_values(["params", "model"], kind="stable").reset_index(drop=True)

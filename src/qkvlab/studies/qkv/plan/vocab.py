@@ -158,8 +158,23 @@ CHAR_MARGIN_NATS = math.log1p(TOKEN_MARGIN_PCT / 100.0) / LM_CHARS_PER_TOKEN
 CHAR_MARGIN_BITS = CHAR_MARGIN_NATS / math.log(2)
 
 
-def _char_pct(nats: float) -> float:
-    return 100.0 * math.expm1(nats)
+def ppl_pct(nats):
+    """A log-loss difference (nats) as % perplexity, 100·(e^Δ − 1): the one conversion every
+    table, sentence and figure uses. A number goes through ``math.expm1``, an array or Series
+    through ``np.expm1`` (they differ in the last bit for some inputs, and each output keeps
+    the one it has always used, bit for bit)."""
+    if isinstance(nats, (int, float)):
+        return 100.0 * math.expm1(nats)
+    import numpy as np
+    return 100.0 * np.expm1(nats)
+
+
+def ppl_nats(pct: float) -> float:
+    """The inverse of :func:`ppl_pct`: a % perplexity as nats."""
+    return math.log1p(pct / 100.0)
+
+
+_char_pct = ppl_pct
 
 
 # The per-character margin per translate target token, and Kayyam et al.'s +3.1% per ~4-character
@@ -179,7 +194,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            f"Llama tokens (1.02^(4/{LM_CHARS_PER_TOKEN}) − 1 = "
            f"{100 * (1.02 ** (4 / LM_CHARS_PER_TOKEN) - 1):.1f}%), so an effect of that size "
            "reads 'worse', never 'equivalent'",
-           "perplexity", "%", lambda x: 100.0 * math.expm1(x), lambda v: math.log1p(v / 100.0)),
+           "perplexity", "%", ppl_pct, ppl_nats),
     Metric("bits_per_char", True, round(CHAR_MARGIN_BITS, 4), "bits per character",
            "the headline's ±2% per subword token, per character: a per-token ratio r is "
            "r^(1/c) per character at c characters a token, so ±log2(1.02)/c bits per "
@@ -192,8 +207,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            f"over lm's {LM_CHARS_PER_TOKEN} characters a token (1.02^(1/c) − 1 = "
            f"{_char_pct(CHAR_MARGIN_NATS):.2f}%), the decoder's standard held per character; "
            "no masked-LM tie cost is published to anchor it otherwise",
-           "masked-character perplexity", "%", lambda x: 100.0 * math.expm1(x),
-           lambda v: math.log1p(v / 100.0), column="val_loss"),
+           "masked-character perplexity", "%", ppl_pct, ppl_nats, column="val_loss"),
     Metric("target_loss", True, round(TARGET_MARGIN_PCT, 1), "% perplexity per target token",
            "translate is scored per target token of its own BPE (1,000 symbols, "
            f"{TRANSLATE_CHARS_PER_TOKEN} characters a German target token): lm's ±2% per "
@@ -201,8 +215,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            f" − 1 = {TARGET_MARGIN_PCT:.1f}% per target token, below the "
            f"{_KAYYAM_PER_TARGET:.1f}% per target token that tied K=V's published +3.1% per "
            "~4-character token would be, so an effect of that size reads 'worse'",
-           "perplexity", "%", lambda x: 100.0 * math.expm1(x),
-           lambda v: math.log1p(v / 100.0), column="val_loss"),
+           "perplexity", "%", ppl_pct, ppl_nats, column="val_loss"),
     Metric("accuracy", False, 2.0, "pp",
            "diagnostic tasks are compared only where standard learns them well above chance; "
            "a design within 2 points of it has the capacity the task tests",

@@ -17,7 +17,6 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display (CI, headless machines)
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 from matplotlib.ticker import NullFormatter
 
@@ -27,7 +26,16 @@ from qkvlab.studies.qkv.compute.frames import (ci_rows, concat, decode_ratios, d
 from qkvlab.studies.qkv.compute.results import StudyData, select
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
 from qkvlab.studies.qkv.plan.references import REF_KV_CITE, REF_KV_PPL_PCT
-from qkvlab.studies.qkv.plan.vocab import ARMS, CONTROL, DESIGNS, TASK_METRIC, TIED_QK, color, label
+from qkvlab.studies.qkv.plan.vocab import (
+    ARMS,
+    CONTROL,
+    DESIGNS,
+    TASK_METRIC,
+    TIED_QK,
+    color,
+    label,
+    ppl_pct,
+)
 
 # The report's style, applied while its figures are drawn (not to matplotlib's global state,
 # which other modules, e.g. the analysis figures with their fixed margins, also use).
@@ -292,9 +300,9 @@ def fig_q3_kv(data: StudyData, out: Path) -> Figure | None:
     if not q.empty:
         h = q["diff_half"].fillna(0)
         rows = pd.DataFrame({"design": q.design, "arm": q.arm, "task": q.task,
-                             "ppl_pct": 100 * np.expm1(q["diff"]),
-                             "lo": 100 * np.expm1(q["diff"] - h),
-                             "hi": 100 * np.expm1(q["diff"] + h)}).reset_index(drop=True)
+                             "ppl_pct": ppl_pct(q["diff"]),
+                             "lo": ppl_pct(q["diff"] - h),
+                             "hi": ppl_pct(q["diff"] + h)}).reset_index(drop=True)
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     for i, r in rows.iterrows():
         axes[0].errorbar(i, r.ppl_pct, yerr=[[r.ppl_pct - r.lo], [r.hi - r.ppl_pct]],
