@@ -19,6 +19,7 @@ opens, so CI must install them (``make test`` does).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -85,6 +86,7 @@ def check_page(index: Path, screenshot: Path, timeout: float = 60.0) -> dict:
                 images: Array.from(document.images).map(i => ({src: i.getAttribute('src'),
                          naturalWidth: i.naturalWidth, complete: i.complete})),
                 sections: Array.from(document.querySelectorAll('section[id]')).map(s => s.id),
+                cards: Array.from(document.querySelectorAll('.card')).map(c => c.id),
                 title: document.title})""")
             screenshot = Path(screenshot)
             screenshot.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +118,12 @@ def test_smoke_study_opens_in_chromium(tmp_path):
     assert res["errors"] == []
     assert res["sections"] == list(SECTION_IDS)
     pngs = sorted(p.name for p in (folder / "figures").glob("*.png"))
-    assert sorted(i["src"].removeprefix("figures/") for i in res["images"]) == pngs
+    # every figure once in its section, and each card's figure again as its thumbnail
+    assert sorted({i["src"].removeprefix("figures/") for i in res["images"]}) == pngs
+    assert all(i["naturalWidth"] > 0 for i in res["images"])
+    answers = json.loads((folder / "answers.json").read_text())
+    assert res["cards"] == [f"card-{q}" for q in answers] == ["card-q1", "card-q2", "card-q3"]
+    assert all(a["sentence"] and a["question"] for a in answers.values())
     assert len(pngs) >= 8
     assert [i for i in res["images"] if not (i["complete"] and i["naturalWidth"] > 0)] == []
     assert (folder / "screenshot.png").stat().st_size > 10_000

@@ -33,6 +33,11 @@ figcaption{font-size:13px;color:#444}
 .verdict p{margin:.3rem 0}.quotes li{margin:.2rem 0}.quotes q{font-style:italic}
 .muted{color:#666;font-size:13px}.note{color:#8a5300;font-size:13px}
 .worse{color:#b00020;font-weight:600}.better{color:#00703c;font-weight:600}
+.card{display:grid;grid-template-columns:1fr 320px;gap:1rem;border:1px solid #d0d7de;\
+border-radius:6px;padding:.4rem 1rem;margin:.8rem 0;background:#fafbfc}
+.card h3{margin:.4rem 0 .2rem}.card .answer{font-size:16px;font-weight:600;margin:.3rem 0}\
+.card ul{margin:.2rem 0;padding-left:1.2rem;font-size:13.5px}.card img{width:100%;align-self:center}
+@media (max-width:700px){.card{grid-template-columns:1fr}}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem;font-size:13px}\
 dt{font-weight:600}
 """
@@ -181,6 +186,45 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class Card:
+    """An answer at a glance: the question, one plain sentence, the numbers that carry it
+    (label, value with CI, unit and scale), one figure, and what is open with what would
+    settle it."""
+
+    id: str
+    question: str
+    sentence: str
+    numbers: tuple[tuple[str, str], ...] = ()
+    figure: Figure | None = None
+    open: str = ""
+    more: str = ""  # a second sentence, not bold: what qualifies the first
+
+    def html(self) -> str:
+        more = f"<p>{escape(self.more)}</p>" if self.more else ""
+        nums = "".join(f"<li>{escape(k)}: <strong>{escape(v)}</strong></li>"
+                       for k, v in self.numbers)
+        fig = (f'<a href="#fig-{escape(self.figure.name)}"><img src="figures/'
+               f'{escape(self.figure.png)}" alt="{escape(self.figure.title)}"></a>'
+               if self.figure else "")
+        opened = f'<p class="muted">Open: {escape(self.open)}</p>' if self.open else ""
+        return (f'<div class="card" id="card-{escape(self.id)}"><div><h3>'
+                f'{escape(self.question)}</h3><p class="answer">{escape(self.sentence)}</p>'
+                f'{more}<ul>{nums}</ul>{opened}</div>{fig}</div>')
+
+    def markdown(self) -> str:
+        lines = [f"### {self.question}", "", f"**{self.sentence}**"]
+        if self.more:
+            lines += ["", self.more]
+        if self.numbers:
+            lines += [""] + [f"- {k}: **{v}**" for k, v in self.numbers]
+        if self.figure:
+            lines += ["", f"![{self.figure.title}](figures/{self.figure.png})"]
+        if self.open:
+            lines += ["", f"Open: {self.open}"]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
 class Meta:
     """Key-value facts (profile, hardware, versions, ...)."""
 
@@ -194,7 +238,7 @@ class Meta:
         return "\n".join(f"- **{k}**: {v}" for k, v in self.items)
 
 
-Block = Title | Section | Heading | Para | Quotes | Verdict | Table | Figure | Meta
+Block = Title | Section | Heading | Para | Quotes | Verdict | Table | Figure | Card | Meta
 
 
 def sections(blocks: list[Block]) -> list[Section]:

@@ -64,9 +64,11 @@ def fig_q3_convert(data: StudyData, out: Path) -> Figure | None:
     if df.empty:
         return None
     models = list(dict.fromkeys(df.model))
+    def zoomed(g):  # a layout choice: a second panel where tied points sit near the teacher
+        tied = g[g.tie != "none"]
+        return (1 + g.gap_hi).max() > 1e3 and ((1 + tied.gap) <= 3).any()
     panels = [(m, zoom) for m in models
-              for zoom in ((False, True) if (1 + df[df.model == m].gap_hi).max() > 1e3
-                           else (False,))]
+              for zoom in ((False, True) if zoomed(df[df.model == m]) else (False,))]
     fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.4), squeeze=False)
     for ax, (model, zoom) in zip(axes[0], panels):
         _draw_convert(ax, df[df.model == model], model, zoom)

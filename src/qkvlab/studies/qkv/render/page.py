@@ -40,6 +40,7 @@ from qkvlab.studies.qkv.plan.references import SAPONATI_CITE, SAPONATI_MEASURE
 from qkvlab.studies.qkv.render import figures as F
 from qkvlab.studies.qkv.render import figures_scaling
 from qkvlab.studies.qkv.render.answers import answer_blocks
+from qkvlab.studies.qkv.render.cards import card_blocks, cards_json
 from qkvlab.studies.qkv.render.convert import convert_blocks
 from qkvlab.studies.qkv.render.pretrained import published_text
 from qkvlab.studies.qkv.render.scale import scale_table, scale_words
@@ -170,6 +171,15 @@ def q3_blocks(data: StudyData) -> list[Block]:
     return out
 
 
+def _answers(data: StudyData, figs: dict[str, list[Figure]]) -> list[Block]:
+    """The answer cards, then each answer in full (its paragraph)."""
+    full = answer_blocks(data, {"q1": scale_words(scale_answer(data))})
+    cards = card_blocks(data, figs) if not data.comparisons.empty else []
+    if not cards:
+        return full
+    return [full[0], *cards, H("Each answer in full"), *full[1:]]
+
+
 def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Verdict]
           ) -> list[Block]:
     """The report as blocks."""
@@ -184,7 +194,7 @@ def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Ve
              f"(runs reused from the store are not re-run). Every number below is read from the "
              f"results store {m.get('db')}; published numbers appear only as labelled reference "
              f"values."),
-        *answer_blocks(data, {"q1": scale_words(scale_answer(data))}),
+        *_answers(data, figs),
         Section("summary", "Summary: each design against standard"), summary_table(data),
         margins_table(p)]
     forest = {q: [f for f in figs.get(q, []) if f.name.startswith("forest_")] for q in figs}
@@ -223,6 +233,9 @@ def write_report(data: StudyData, report_dir: Path) -> Path:
         figs = F.all_figures(data, folder / "figures")
         verdicts = all_verdicts(data)
         write_page(build(data, figs, verdicts), folder)
+        atomic_write_text(folder / "answers.json", json.dumps(
+            cards_json(data, figs) if not data.comparisons.empty else {}, indent=1,
+            ensure_ascii=False))
         atomic_write_text(folder / "verdicts.json", json.dumps(
             {q: {"headline": v.headline, "details": list(v.details)}
              for q, v in verdicts.items()}, indent=1, ensure_ascii=False))
