@@ -94,7 +94,8 @@ def load_tokenizer(path: str | Path, folder: str, **kw):
     a bare ``Exception``) refused as one :class:`InputFileError` naming ``path``."""
     from transformers import AutoTokenizer
     try:
-        return AutoTokenizer.from_pretrained(folder, **kw)
+        kw.pop("trust_remote_code", None)
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=False, **kw)
     except Exception as e:  # noqa: BLE001 - only the library's bare Exception is re-worded
         if type(e) is not Exception:
             raise
