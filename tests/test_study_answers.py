@@ -13,7 +13,7 @@ import numpy as np
 from conftest import scored
 from qkvlab.env import environment
 from qkvlab.experiments.store import Store
-from qkvlab.report.blocks import Para, Section, Table, Title
+from qkvlab.report.blocks import Card, Heading, Para, Section, Table, Title
 from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.compute.answers import Finding, Published, Scale, answer, answers
 from qkvlab.studies.qkv.compute.effects import Effect, Status
@@ -124,10 +124,16 @@ def test_the_answers_open_the_page_one_paragraph_per_question(tmp_path):
     start = next(i for i, b in enumerate(blocks) if isinstance(b, Section))
     assert isinstance(blocks[0], Title) and start <= 2  # after the title and its provenance
     summary = next(i for i, b in enumerate(blocks) if isinstance(b, Table))
-    paras = blocks[start + 1:start + 4]
-    assert start + 4 < summary and all(isinstance(p, Para) for p in paras)
+    # a card per question first, then each answer in full under its heading
+    cards = blocks[start + 1:start + 4]
+    assert [c.id for c in cards if isinstance(c, Card)] == ["q1", "q2", "q3"]
+    assert [c.question for c in cards] == [t for t, _ in QUESTIONS.values()]
+    assert isinstance(blocks[start + 4], Heading)
+    paras = blocks[start + 5:start + 8]
+    assert start + 8 < summary and all(isinstance(p, Para) for p in paras)
     assert [p.text.split(". ")[0] for p in paras] == [t for t, _ in QUESTIONS.values()]
-    assert blocks[start:start + 4] == answer_blocks(data)
+    full = answer_blocks(data)
+    assert [blocks[start], *paras] == full
     assert paras[2].text == f"{QUESTIONS['q3'][0]}. {answer_text(answers(data)['q3'])}"
 
 

@@ -340,10 +340,8 @@ def gguf_tokenizer(reader, path: Path):
     try:
         return _gguf_tokenizer(reader, path)
     except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exception
-        if type(e) is not Exception:
-            raise
-        raise InputFileError(f"{path}: its tokenizer metadata does not build a tokenizer "
-                             f"({e})", path=path) from None
+        raise e if type(e) is not Exception else InputFileError(
+            f"{path}: its tokenizer metadata does not build a tokenizer ({e})", path=path)
 
 
 def _gguf_tokenizer(reader, path: Path):
