@@ -6,17 +6,19 @@ steps and against the untied model trained on the same way.
 
 Decided before the runs (and why):
 - Pretraining: the study's standard lm (BPE of 1,024 symbols, 64-token windows, d_model 64, 2
-  layers, 4 heads, batch 16, 1,000 steps at lr 6e-3: the standard profile's lm, where standard
-  beats the attention-free control), ``S`` = 1,000 steps, seeds 0, 1, 2.
+  layers, 4 heads, batch 16, 1,000 steps: the standard profile's lm, where standard beats the
+  attention-free control) at standard's chosen rate, ``S`` = 1,000 steps, seeds 0, 1, 2.
 - Arms at each uptraining share u of S (1%, 5%, 20%):
   ``converted``: the pretrained model tied K = V from the fitted start (``models.tie``),
   trained u·S more steps; ``continued``: the untied pretrained model trained the same u·S steps
   the same way (what the extra steps alone give); ``scratch_kv`` and ``scratch``: tied K = V and
   standard trained from scratch for (1 + u)·S steps at the pretraining recipe; ``control``: the
   uniform-attention model from scratch for S steps (attention must be used at this budget).
-- Uptraining recipe: AdamW, peak lr = 0.3 × the pretraining rate (1.8e-3; between the
-  pretraining peak and where its cosine ended, 6e-4), warmup max(1, u·S/10) steps, cosine to
-  0.1 × peak. Not tuned on val in this first measurement (a stated limit).
+- Rates, chosen on the val split with a tuning seed (100) that is never reported, as the study
+  does: each from-scratch design (standard, tied_kv, uniform) among the standard profile's
+  grid (1/3, 1, 3, 9) × 2e-3 at S steps; the uptraining's peak rate per arm (converted,
+  continued) among (0.1, 0.3, 1) × the pretraining rate at u = 5%, from the tuning seed's own
+  pretrained model. Uptraining: AdamW, warmup max(1, u·S/10) steps, cosine to 0.1 × peak.
 - Metric: held-out test loss per subword token (16 batches of the test split), as % perplexity
   per token between arms paired by seed; 95% t intervals; the study's ±2% per-token margin;
   Holm over the six comparisons (converted vs scratch_kv and vs continued at each u).
@@ -40,32 +42,40 @@ from qkvlab.train import TrainConfig, run_from_spec, train
 from qkvlab.train.build import make_task
 from qkvlab.train.trainer import FINAL_MODEL
 
-VERSION = 1
+VERSION = 2  # 2: every rate chosen on val
 TASK = {"seq_len": 64, "tokenizer": "bpe", "vocab_size": 1024}
 MODEL = {"d_model": 64, "n_layers": 2, "n_heads": 4}
 S, LR, BATCH, TEST_BATCHES = 1000, 6e-3, 16, 16
-UPTRAIN_LR = 0.3 * LR
+BASE_LR = 2e-3                                  # the grid's unit (the study's lm rate)
+GRID = (1 / 3, 1.0, 3.0, 9.0)                   # the standard profile's lr_grid
+UP_GRID = (0.1, 0.3, 1.0)                       # × the pretraining rate, for the uptraining
+TUNE_SEED, TUNE_U = 100, 0.05
 SHARES = (0.01, 0.05, 0.2)
 MARGIN_PCT = 2.0  # the study's per-token margin (plan.vocab.TOKEN_MARGIN_PCT)
 CALIB_BATCHES = 8
 
 
-def spec(design: str, steps: int, seed: int) -> dict:
+def spec(design: str, steps: int, seed: int, lr: float) -> dict:
     return {"task": "lm", "task_options": TASK, "model": {**MODEL, "design": design},
-            "train": {"steps": steps, "lr": LR, "batch_size": BATCH,
+            "train": {"steps": steps, "lr": lr, "batch_size": BATCH,
                       "test_batches": TEST_BATCHES, "seed": seed}}
 
 
-def scratch(design: str, steps: int, seed: int, keep: Path | None = None) -> dict:
+def _result(r) -> dict:
+    return {"status": r.status, "test_loss": r.final.get("test_val_loss", math.nan),
+            "val_loss": r.final.get("val_loss", math.nan)}
+
+
+def scratch(design: str, steps: int, seed: int, lr: float, keep: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory() as d:
-        r = run_from_spec(spec(design, steps, seed), run_dir=d, progress=False)
+        r = run_from_spec(spec(design, steps, seed, lr), run_dir=d, progress=False)
         if keep is not None and r.status == "done":
             keep.parent.mkdir(parents=True, exist_ok=True)
             save_model(load_model(Path(d) / FINAL_MODEL), keep)
-    return {"status": r.status, "test_loss": r.final.get("test_val_loss", math.nan)}
+    return _result(r)
 
 
-def uptrain(pretrained: Path, arm: str, u: float, seed: int) -> dict:
+def uptrain(pretrained: Path, arm: str, u: float, seed: int, lr: float) -> dict:
     task = make_task("lm", TASK)
     model = load_model(pretrained)
     if arm == "converted":
@@ -73,41 +83,76 @@ def uptrain(pretrained: Path, arm: str, u: float, seed: int) -> dict:
         calib = [task.batch("train", BATCH, gen)["idx"] for _ in range(CALIB_BATCHES)]
         model = tie_kv(model, calib, "fitted")
     steps = max(1, round(u * S))
-    cfg = TrainConfig(steps=steps, lr=UPTRAIN_LR, batch_size=BATCH,
+    cfg = TrainConfig(steps=steps, lr=lr, batch_size=BATCH,
                       warmup=max(1, steps // 10), test_batches=TEST_BATCHES, seed=seed + 1)
-    r = train(model, task, cfg, progress=False)
-    return {"status": r.status, "test_loss": r.final.get("test_val_loss", math.nan),
-            "steps": steps}
+    return _result(train(model, task, cfg, progress=False)) | {"steps": steps}
 
 
-def measure(store: Store, seeds: tuple[int, ...], log=print) -> list[dict]:
-    recs = []
-    for seed in seeds:
-        keep = store.runs_dir / "controlled" / f"pretrained-{VERSION}-{S}-{seed}.safetensors"
-        base = {"version": VERSION, "task": TASK, "model": MODEL, "S": S, "lr": LR,
-                "batch": BATCH, "test_batches": TEST_BATCHES, "seed": seed}
+def _best(rows: dict[float, dict]) -> float:
+    ok = {lr: r["val_loss"] for lr, r in rows.items()
+          if r["status"] == "done" and math.isfinite(r["val_loss"])}
+    if not ok:
+        raise ValueError(f"every rate diverged: {sorted(rows)}")
+    return min(ok, key=ok.get)
 
-        def one(arm, u, fn):
-            s = {**base, "arm": arm, "u": u, "uptrain_lr": UPTRAIN_LR}
-            r = store.measure("controlled_convert", s, fn)[0]
-            log(f"seed {seed} {arm} u={u}: test loss {r['test_loss']:.4f} ({r['status']})")
-            recs.append({**r, "arm": arm, "u": u, "seed": seed})
 
-        if not keep.exists():  # the pretrained model's file is needed by the uptraining arms
+def measure(store: Store, seeds: tuple[int, ...], log=print) -> tuple[list[dict], dict]:
+    """Every run's record, and the rates chosen on val."""
+    recs, rates = [], {}
+
+    def keep_of(seed, lr):
+        return store.runs_dir / "controlled" / f"pretrained-{VERSION}-{S}-{seed}-{lr:g}.safetensors"
+
+    def one(arm, u, seed, lr, fn, tuning=False):
+        s = {"version": VERSION, "task": TASK, "model": MODEL, "S": S, "batch": BATCH,
+             "test_batches": TEST_BATCHES, "seed": seed, "arm": arm, "u": u, "lr": lr}
+        r = store.measure("controlled_convert", s, fn)[0]
+        log(f"seed {seed} {arm} u={u} lr {lr:.3g}: val {r['val_loss']:.4f} test "
+            f"{r['test_loss']:.4f} ({r['status']})")
+        if not tuning:
+            recs.append({**r, "arm": arm, "u": u, "seed": seed, "lr": lr})
+        return r
+
+    def pretrained(seed, lr, tuning=False):
+        keep = keep_of(seed, lr)
+        if not keep.exists():  # the uptraining arms need the file: train it again if gone
             with store.tx() as c:
                 c.execute("DELETE FROM measures WHERE name='controlled_convert' AND "
-                          "json_extract(spec, '$.arm')='pretrained' AND "
-                          "json_extract(spec, '$.seed')=? AND json_extract(spec, '$.S')=?",
-                          (seed, S))
-        one("pretrained", 0.0, lambda: scratch("standard", S, seed, keep))
-        one("control", 0.0, lambda: scratch("uniform", S, seed))
+                          "json_extract(spec, '$.arm')='pretrained' AND json_extract(spec, "
+                          "'$.seed')=? AND json_extract(spec, '$.S')=? AND "
+                          "json_extract(spec, '$.version')=?", (seed, S, VERSION))
+        one("pretrained", 0.0, seed, lr, lambda: scratch("standard", S, seed, lr, keep), tuning)
+        return keep
+
+    # the rates, on val, with the tuning seed
+    for design in ("standard", "tied_kv", "uniform"):
+        rows = {BASE_LR * m: one(f"tune:{design}", 0.0, TUNE_SEED, BASE_LR * m,
+                                 lambda m=m: scratch(design, S, TUNE_SEED, BASE_LR * m),
+                                 tuning=True) for m in GRID}
+        rates[design] = _best(rows)
+    tune_keep = pretrained(TUNE_SEED, rates["standard"], tuning=True)
+    for arm in ("converted", "continued"):
+        rows = {rates["standard"] * m: one(f"tune:{arm}", TUNE_U, TUNE_SEED,
+                                           rates["standard"] * m,
+                                           lambda m=m: uptrain(tune_keep, arm, TUNE_U, TUNE_SEED,
+                                                               rates["standard"] * m),
+                                           tuning=True) for m in UP_GRID}
+        rates[arm] = _best(rows)
+    log(f"rates chosen on val: {rates}")
+    for seed in seeds:
+        keep = pretrained(seed, rates["standard"])
+        one("control", 0.0, seed, rates["uniform"],
+            lambda: scratch("uniform", S, seed, rates["uniform"]))
         for u in SHARES:
             total = S + max(1, round(u * S))
-            one("converted", u, lambda: uptrain(keep, "converted", u, seed))
-            one("continued", u, lambda: uptrain(keep, "continued", u, seed))
-            one("scratch_kv", u, lambda: scratch("tied_kv", total, seed))
-            one("scratch", u, lambda: scratch("standard", total, seed))
-    return recs
+            for arm in ("converted", "continued"):
+                one(arm, u, seed, rates[arm],
+                    lambda arm=arm: uptrain(keep, arm, u, seed, rates[arm]))
+            one("scratch_kv", u, seed, rates["tied_kv"],
+                lambda: scratch("tied_kv", total, seed, rates["tied_kv"]))
+            one("scratch", u, seed, rates["standard"],
+                lambda: scratch("standard", total, seed, rates["standard"]))
+    return recs, rates
 
 
 def verdicts(recs: list[dict]) -> list[dict]:
@@ -133,11 +178,13 @@ def verdicts(recs: list[dict]) -> list[dict]:
     return rows
 
 
-def report(recs: list[dict]) -> str:
+def report(recs: list[dict], rates: dict) -> str:
     at = {(r["arm"], r["u"], r["seed"]): r["test_loss"] for r in recs}
     seeds = sorted({r["seed"] for r in recs})
     mean = lambda arm, u: sum(at[(arm, u, s)] for s in seeds) / len(seeds)  # noqa: E731
-    lines = ["| arm | u | steps in all | test loss per token (mean over seeds) |",
+    lines = ["Rates chosen on val (tuning seed " + str(TUNE_SEED) + "): "
+             + ", ".join(f"{k} {v:.3g}" for k, v in rates.items()) + ".", "",
+             "| arm | u | steps in all | test loss per token (mean over seeds) |",
              "|---|---|---|---|"]
     lines.append(f"| pretrained (standard) | 0 | {S:,} | {mean('pretrained', 0.0):.4f} |")
     lines.append(f"| control (uniform attention) | 0 | {S:,} | {mean('control', 0.0):.4f} |")
@@ -170,8 +217,8 @@ def main() -> None:
     torch.set_num_threads(1)
     Path(args.db).parent.mkdir(parents=True, exist_ok=True)
     with Store(args.db) as store:
-        recs = measure(store, seeds)
-    text = report(recs)
+        recs, rates = measure(store, seeds)
+    text = report(recs, rates)
     if args.report:
         begin, end = "<!-- controlled-convert: begin -->", "<!-- controlled-convert: end -->"
         page = Path(args.report).read_text()
