@@ -4,21 +4,20 @@
 folder), imposes ``cfg.tie`` with ``cfg.start`` on a copy (the *student*), and uptrains it by
 distillation from the untied model (the *teacher*, :mod:`qkvlab.hf.uptrain`) for ``cfg.tokens``
 tokens of Python's standard library source (:mod:`qkvlab.data.pysource`: train files for
-calibration, then uptraining; val files choose nothing here; test files are scored). At 0 tokens
+calibration and uptraining, val files for ``lr_grid``'s choice, test files scored). At 0 tokens
 and at every budget of ``budgets(cfg)`` (16k, 64k, 256k, 1M ... and ``tokens``) it scores the
-student on ``eval_tokens`` test tokens, per sequence, against the teacher on the same sequences.
-
-``tie = "none"`` uptrains the untied model the same way: the text's own effect, which the gap
-of a tie is read against as well as against the teacher (distilling on code moves the model).
+student on ``eval_tokens`` test tokens, per sequence, against the teacher on the same ones.
+``tie = "none"`` uptrains the untied model the same way: the text's own effect, which a tie's
+gap is read against as well as against the teacher (distilling on code moves the model).
 
 Records (measure ``convert``, one per budget): model, tie, start, tokens, steps, nll, ppl,
 ppl_teacher, gap (exp(nll − nll_teacher) − 1, per token), gap_lo/gap_hi (95% bootstrap over the
 evaluation sequences, paired), nll_seq (per-sequence summed nll, for pairing with other runs),
 eval_tokens, kv_cache and attn_params (relative to the teacher), lr, train_seconds,
-tokens_per_s, precision, peak_rss_gb (the process's peak resident memory so far, teacher and
-student included). The teacher's per-sequence nll is measure ``convert_teacher``. Checkpoints
-live in ``<store>-runs/convert/<key>/``, keyed by everything but ``tokens``, so a killed run
-resumes and a larger budget continues the same run.
+tokens_per_s, precision, head_precision, peak_rss_gb and peak_gpu_gb (the process's peaks so
+far, teacher and student included). The teacher's per-sequence nll is measure
+``convert_teacher``. Checkpoints live in ``<store>-runs/convert/<key>/``, keyed by everything
+but ``tokens``: a killed run resumes, a larger budget continues the same run.
 """
 
 from __future__ import annotations
@@ -148,6 +147,16 @@ def token_rows(tokenizer, split: str, n_tokens: int, seq_len: int, skip: int = 0
     return torch.tensor(got[skip:need], dtype=torch.long).view(-1, seq_len)
 
 
+def gap_text(x: float) -> str:
+    """A gap (perplexity ratio − 1): ``+12.3%`` below +100%, else the ratio as a factor
+    (``×20.7``, ``×389,503``); ``—`` if not a number. The CLI, log and report all use it."""
+    if not math.isfinite(x):
+        return "—"
+    if x < 1:
+        return f"{100 * x:+.1f}%"
+    return f"×{1 + x:.3g}" if x < 999 else f"×{1 + x:,.0f}"
+
+
 # ---- statistics ---------------------------------------------------------------------------------
 def gap_ci(nll_seq: list[float], base_seq: list[float], tokens_per_seq: int,
            n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
@@ -223,8 +232,7 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
         from qkvlab.hf.rate import choose_lr
         lr = choose_lr(store, source, cfg, tuple(lr_grid), setup=setup, device=device,
                        corpus=pysource.fingerprint(root), root=root, log=log)
-        cfg = dataclasses.replace(cfg, uptrain=dataclasses.replace(u, lr=lr))
-        u = cfg.uptrain
+        cfg = dataclasses.replace(cfg, uptrain=(u := dataclasses.replace(u, lr=lr)))
     spec = cfg.spec(source, corpus)
     if not any(r["spec"] == spec for r in store.measure_rows("convert")):
         c = setup()  # check the tie and the text before anything is stored
@@ -281,8 +289,8 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
                 trainer.save()
                 log(f"convert: {cfg.tie}/{cfg.start} at {rec['tokens']} tokens: "
                     f"ppl {rec['ppl']:.3f} "
-                    f"(teacher {rec['ppl_teacher']:.3f}, gap {100 * rec['gap']:+.1f}% "
-                    f"[{100 * rec['gap_lo']:+.1f}, {100 * rec['gap_hi']:+.1f}])")
+                    f"(teacher {rec['ppl_teacher']:.3f}, gap {gap_text(rec['gap'])} "
+                    f"[{gap_text(rec['gap_lo'])}, {gap_text(rec['gap_hi'])}])")
         if out:
             save_converted(student, c["tok"], out, {"source": source, "tie": cfg.tie,
                                                     "start": cfg.start, "records": len(records)})
@@ -310,8 +318,7 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
 def _teacher(c: dict) -> dict:
     seq = sequence_nll(c["model"], c["test"])
     n = c["test"][:, 1:].numel()
-    return {"nll_seq": seq, "nll": sum(seq) / n, "ppl": math.exp(sum(seq) / n),
-            "eval_tokens": n}
+    return {"nll_seq": seq, "nll": sum(seq) / n, "ppl": math.exp(sum(seq) / n), "eval_tokens": n}
 
 
 def _record(seq: list[float], teacher: dict, cfg: ConvertConfig, steps: int, seq_len: int) -> dict:
@@ -389,5 +396,5 @@ def load_converted(folder: str | Path):
     return model.eval(), tok
 
 
-__all__ = ["ConvertConfig", "TieError", "budgets", "convert", "gap_ci", "load_converted",
-           "parse_tie", "save_converted", "token_rows"]
+__all__ = ["ConvertConfig", "TieError", "budgets", "convert", "gap_ci", "gap_text",
+           "load_converted", "parse_tie", "save_converted", "token_rows"]

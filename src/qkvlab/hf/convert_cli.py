@@ -36,11 +36,6 @@ def _rates(text: str) -> tuple[float, ...]:
     return tuple(_rate(x) for x in text.split(","))
 
 
-def _gap(x: float) -> str:
-    """+12.3% below +100%, else the perplexity ratio as a factor (×20.7, ×389,503)."""
-    if x < 1:
-        return f"{100 * x:+.1f}%"
-    return f"×{1 + x:.3g}" if x < 999 else f"×{1 + x:,.0f}"
 
 
 def configure_convert(parser: argparse.ArgumentParser) -> None:
@@ -90,6 +85,7 @@ def run_convert(args) -> int:
 
     from qkvlab.experiments.store import Store
     from qkvlab.hf.convert import ConvertConfig, convert
+    from qkvlab.hf.convert import gap_text as _gap
 
     cfg = ConvertConfig(tie=args.tie, start=args.start, tokens=args.tokens,
                         eval_tokens=args.eval_tokens,

@@ -10,6 +10,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
+from qkvlab.hf.convert import gap_text
 from qkvlab.report.blocks import Block, Figure, Para, Table
 from qkvlab.studies.qkv.compute.convert import curve_ends, curves, start_findings
 from qkvlab.studies.qkv.compute.results import StudyData
@@ -37,13 +38,7 @@ def _title(model: str) -> str:
     return m[model].title if model in m else model
 
 
-def pct(x: float) -> str:
-    """A gap in % (``+12.3%``), or a factor above +100% (``×20.7``)."""
-    if not math.isfinite(x):
-        return "—"
-    if x < 1:
-        return f"{100 * x:+.1f}%"
-    return f"×{1 + x:.3g}" if x < 999 else f"×{1 + x:,.0f}"
+pct = gap_text  # a gap in % (``+12.3%``), or a factor above +100% (``×20.7``)
 
 
 def ci(g: float, lo: float, hi: float) -> str:
