@@ -18,7 +18,8 @@ Decided before the runs (and why):
   does: each from-scratch design (standard, tied_kv, uniform) among the standard profile's
   grid (1/3, 1, 3, 9) × 2e-3 at S steps; the uptraining's peak rate per arm (converted,
   continued) among (0.1, 0.3, 1) × the pretraining rate at u = 5%, from the tuning seed's own
-  pretrained model. Uptraining: AdamW, warmup max(1, u·S/10) steps, cosine to 0.1 × peak.
+  pretrained model, the grid extended by factors of 3 while the choice sits on its edge.
+  Uptraining: AdamW, warmup max(1, u·S/10) steps, cosine to 0.1 × peak.
 - Metric: held-out test loss per subword token (16 batches of the test split), as % perplexity
   per token between arms paired by seed; 95% t intervals; the study's ±2% per-token margin;
   Holm over the six comparisons (converted vs scratch_kv and vs continued at each u).
@@ -132,12 +133,22 @@ def measure(store: Store, seeds: tuple[int, ...], log=print) -> tuple[list[dict]
         rates[design] = _best(rows)
     tune_keep = pretrained(TUNE_SEED, rates["standard"], tuning=True)
     for arm in ("converted", "continued"):
-        rows = {rates["standard"] * m: one(f"tune:{arm}", TUNE_U, TUNE_SEED,
-                                           rates["standard"] * m,
-                                           lambda m=m: uptrain(tune_keep, arm, TUNE_U, TUNE_SEED,
-                                                               rates["standard"] * m),
-                                           tuning=True) for m in UP_GRID}
-        rates[arm] = _best(rows)
+        rows, grid = {}, list(UP_GRID)
+        while True:  # a choice on the grid's edge extends the grid until it is inside
+            for m in grid:
+                lr = rates["standard"] * m
+                if lr not in rows:
+                    rows[lr] = one(f"tune:{arm}", TUNE_U, TUNE_SEED, lr,
+                                   lambda lr=lr: uptrain(tune_keep, arm, TUNE_U, TUNE_SEED, lr),
+                                   tuning=True)
+            best = _best(rows)
+            if best == min(rows) and len(rows) < len(UP_GRID) + 3:
+                grid.append(min(grid) / 3)
+            elif best == max(rows) and len(rows) < len(UP_GRID) + 3:
+                grid.append(max(grid) * 3)
+            else:
+                break
+        rates[arm] = best
     log(f"rates chosen on val: {rates}")
     for seed in seeds:
         keep = pretrained(seed, rates["standard"])
