@@ -208,7 +208,8 @@ def report(recs: list[dict], rates: dict) -> str:
     lines += ["", f"The control is {100 * math.expm1(ctl['diff']):+.1f}% per token over the "
               f"pretrained standard model (p {ctl['p']:.2g}, {len(seeds)} seeds).", "",
               "| converted (fitted K=V, uptrained) vs | u | % perplexity per token (95% CI) "
-              "| verdict (±2% margin, Holm over 6) | Holm p |", "|---|---|---|---|---|"]
+              "| verdict (±2% margin, Holm over 6) | Holm p (difference ≠ 0) |",
+              "|---|---|---|---|---|"]
     for r in verdicts(recs):
         lines.append(f"| {r['vs']} | {r['u']:g} | {r['pct']:+.2f}% ({r['lo']:+.2f} to "
                      f"{r['hi']:+.2f}) | {r['status']} | {r['p_holm']:.2g} |")
