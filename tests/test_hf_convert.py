@@ -378,3 +378,19 @@ def test_a_rate_grid_is_chosen_on_val_and_the_run_is_the_chosen_rates_own(tok, r
     with Store(tmp_path / "b.db") as st:
         convert(st, "tiny", small(tokens=256), lr_grid=(1e-5, 3e-3), **quiet)
         assert st.measure_rows("convert_lr")[0]["records"] == row["records"]
+
+
+def test_a_rate_chosen_on_the_grids_edge_extends_the_grid(tok, root, tmp_path, monkeypatch):
+    import qkvlab.hf.rate as rate
+    monkeypatch.setattr(rate, "TOKENS", 256)
+    monkeypatch.setattr(rate, "VAL_TOKENS", 128)
+    m = tiny(tok)
+    quiet = {"loaded": (m, tok), "root": root, "log": lambda s: None, "progress": False}
+    with Store(tmp_path / "a.db") as st:
+        convert(st, "tiny", small(tokens=128), lr_grid=(1e-6, 1e-5), **quiet)
+        recs = st.measure_rows("convert_lr")[0]["records"]
+    tried = [r["lr"] for r in recs]
+    assert tried[:2] == [1e-6, 1e-5] and len(tried) > 2  # 1e-5 (the top) won: 1e-4 tried next
+    assert tried[2] == pytest.approx(1e-4)
+    best = min(recs, key=lambda r: r["val_nll"])
+    assert best["chosen"] and best["lr"] not in (min(tried), max(tried)) or len(tried) == 5

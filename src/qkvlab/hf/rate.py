@@ -1,11 +1,13 @@
 """The uptraining rate of a conversion, chosen on validation text: each rate of a grid uptrains
 a fresh student for a short budget, the one with the lowest held-out nll on the stdlib's *val*
 files wins (test files are never read here), and the conversion then runs at that rate exactly
-as ``--lr`` would (the same spec, so the same stored run).
+as ``--lr`` would (the same spec, so the same stored run). A choice on the grid's edge adds the
+next rate beyond it, by the grid's own ratio, until the choice is inside (at most ``EXTEND``).
 
 Why on val and per conversion: the rate a converted model tolerates depends on the model and the
-start. On SmolLM2, 1e-4 uptrains the fitted K=V start smoothly; on Qwen2.5-Coder-0.5B one step
-at 1e-4 took the fitted start from ×7 to ×8,515 over its teacher. A diverged candidate (a
+start: on Qwen2.5-Coder-0.5B one step at SmolLM2's 1e-4 took the fitted start from ×7 to ×8,515
+over its teacher. The choice is made at the first budget (16,384 tokens), which favours smaller
+rates than a long run might want: the rate it picks is the best *there*. A diverged candidate (a
 non-finite loss) scores +inf and cannot be chosen; if every candidate diverges, the choice
 fails naming the rates tried.
 
@@ -20,16 +22,17 @@ import tempfile
 
 from qkvlab.hf.uptrain import Uptrainer, sequence_nll
 
-VERSION = 1
+VERSION = 2  # 2: a choice on the grid's edge extends the grid
 TOKENS = 16384      # each candidate's uptraining: the first budget of every curve
+EXTEND = 3          # at most this many rates added beyond a grid whose edge is chosen
 VAL_TOKENS = 16384  # scored on this many val tokens (64 sequences of 256)
 
 
 def choose_lr(store, source: str, cfg, grid: tuple[float, ...], *, setup, device: str,
               corpus: str, tokens: int | None = None, val_tokens: int | None = None,
               root=None, log=print) -> float:
-    """The rate of ``grid`` whose student, uptrained for ``tokens`` tokens from ``cfg``'s tie
-    and start, reads the val files best (``setup()``: the conversion's loaded model, tokenizer
+    """The rate of ``grid`` (extended past a chosen edge) whose student, uptrained for
+    ``tokens`` tokens from ``cfg``'s tie and start, reads the val files best (``setup()``: the conversion's loaded model, tokenizer
     and calibration ids). Computed once per spec and stored.
 
     Raises:
@@ -59,8 +62,10 @@ def choose_lr(store, source: str, cfg, grid: tuple[float, ...], *, setup, device
         val = token_rows(c["tok"], "val", val_tokens, u.seq_len, root=root).to(device)
         n = val[:, 1:].numel()
         precision = resolve_precision(u.precision, device)
-        out = []
-        for lr in grid:
+        out, todo = [], list(grid)
+        step = grid[1] / grid[0] if len(grid) > 1 else 3.0
+        while todo:
+            lr = todo.pop(0)
             student = make_student(teacher, cfg, c["calib"])
             with tempfile.TemporaryDirectory() as tmp:
                 trainer = Uptrainer(student, teacher, train, dataclasses.replace(u, lr=lr), tmp,
@@ -75,6 +80,14 @@ def choose_lr(store, source: str, cfg, grid: tuple[float, ...], *, setup, device
             log(f"convert: rate {lr:g} for {steps * u.tokens_per_step} tokens: val "
                 + ("diverged" if diverged else f"ppl {math.exp(nll):.3f}"))
             del student, trainer
+            ok = [r for r in out if not r["diverged"]]
+            if not todo and ok and len(out) < len(grid) + EXTEND:  # a choice on the edge
+                rates = [r["lr"] for r in out]  # extends the grid until it is inside
+                best = min(ok, key=lambda r: r["val_nll"])["lr"]
+                if best == min(rates):
+                    todo.append(best / step)
+                elif best == max(rates):
+                    todo.append(best * step)
         ok = [r for r in out if not r["diverged"]]
         if not ok:
             raise ValueError(f"lr grid: every rate diverged ({list(grid)}); try smaller ones")
