@@ -32,8 +32,9 @@ def choose_lr(store, source: str, cfg, grid: tuple[float, ...], *, setup, device
               corpus: str, tokens: int | None = None, val_tokens: int | None = None,
               root=None, log=print) -> float:
     """The rate of ``grid`` (extended past a chosen edge) whose student, uptrained for
-    ``tokens`` tokens from ``cfg``'s tie and start, reads the val files best (``setup()``: the conversion's loaded model, tokenizer
-    and calibration ids). Computed once per spec and stored.
+    ``tokens`` tokens from ``cfg``'s tie and start, reads the val files best (``setup()``: the
+    conversion's loaded model, tokenizer and calibration ids). Computed once per spec and
+    stored.
 
     Raises:
         ValueError: an empty or non-positive grid, or every rate diverged.
