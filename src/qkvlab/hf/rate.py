@@ -7,7 +7,9 @@ next rate beyond it, by the grid's own ratio, until the choice is inside (at mos
 Why on val and per conversion: the rate a converted model tolerates depends on the model and the
 start: on Qwen2.5-Coder-0.5B one step at SmolLM2's 1e-4 took the fitted start from ×7 to ×8,515
 over its teacher. The choice is made at the first budget (16,384 tokens), which favours smaller
-rates than a long run might want: the rate it picks is the best *there*. A diverged candidate (a
+rates than a long run might want, and which is fragile on SmolLM2's fitted K=V start (its loss
+rises again within those steps, and the val score there moves with the thread count): the rate
+it picks is the best *there*, and ``TOKENS`` is the knob to choose later. A diverged candidate (a
 non-finite loss) scores +inf and cannot be chosen; if every candidate diverges, the choice
 fails naming the rates tried.
 
