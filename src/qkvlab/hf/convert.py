@@ -192,10 +192,10 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
             lr_grid: tuple[float, ...] | None = None) -> list[dict]:
     """The records of ``cfg`` on ``source`` (computed, or read back from ``store``); see module.
 
-    ``loaded``: an already loaded (model, tokenizer), for tests and for several conversions of
-    one model. ``out``: also write the uptrained student there (:func:`save_converted`).
-    ``more_text``: a folder of Python source read for training after the stdlib's train split
-    (its fingerprint joins the spec's corpus; val and test stay the stdlib's).
+    ``loaded``: a (model, tokenizer), or a function giving one when first needed (conversions of
+    one model share it). ``out``: also write the uptrained student there (``save_converted``).
+    ``more_text``: Python source read for training after the stdlib's train split (its
+    fingerprint joins the spec's corpus; val and test stay the stdlib's).
     ``time_limit``: seconds from the call on; when they run out the uptraining checkpoints and
     stops, and the budgets reached are stored as the run with ``tokens`` = the last of them
     (every budget is a prefix of the same run, so those records are the ones that shorter run
@@ -219,7 +219,7 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
     def setup():
         if not cache:
             t0 = time.perf_counter()
-            model, tok = loaded if loaded is not None else load_lm(source)
+            model, tok = (loaded() if callable(loaded) else loaded) if loaded else load_lm(source)
             model = model.to(device).eval()
             test = token_rows(tok, "test", cfg.eval_tokens, u.seq_len, root=root).to(device)
             calib = token_rows(tok, "train", cfg.calib_tokens, u.seq_len, root=root)

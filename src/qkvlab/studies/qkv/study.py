@@ -296,9 +296,14 @@ def run_convert(rec: Recorder, cfg: StudyConfig) -> None:
     if not p.convert:
         return
     torch.set_num_threads(max(1, os.cpu_count() or 1))
+    from qkvlab.hf import cost
     for name in p.convert_models:
+        once: dict = {}  # one load per model, and none when every conversion is stored
+
+        def load(name=name):
+            return once.get("m") or once.setdefault("m", cost.load_lm(name))
         for c in p.convert:
             try:
-                convert(rec.store, name, c, log=cfg.log, progress=cfg.progress)
+                convert(rec.store, name, c, log=cfg.log, progress=cfg.progress, loaded=load)
             except ValueError as e:  # not fetched, a tie the model refuses, a text too short
                 rec.notes.append(f"convert ({name} {c.tie}/{c.start}): {e}")
