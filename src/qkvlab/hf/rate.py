@@ -99,5 +99,6 @@ def choose_lr(store, source: str, cfg, grid: tuple[float, ...], *, setup, device
 
     recs = store.measure("convert_lr", spec, compute, env=environment())
     lr = next(r["lr"] for r in recs if r["chosen"])
-    log(f"convert: rate {lr:g} chosen on {val_tokens} val tokens among {list(grid)}")
+    log(f"convert: rate {lr:g} chosen on {val_tokens} val tokens among "
+        f"{sorted(r['lr'] for r in recs)}")
     return lr
