@@ -95,3 +95,10 @@ def test_bad_input_is_one_clear_error():
                                   design="alt"), "decoder")
     with pytest.raises(ValueError, match="only a standard layer"):
         tie_kv(alt, None, "keep_k")
+
+
+def test_only_a_decoder_lm_is_converted():
+    enc = build_model(ModelConfig(d_vocab=50, n_ctx=32, d_model=32, n_layers=1, n_heads=4),
+                      "encoder")
+    with pytest.raises(ValueError, match="is not a qkvlab decoder LM"):
+        tie_kv(enc, None, "keep_k")

@@ -13,7 +13,7 @@ A ``tied_kv`` layer has one projection per group, K_g = V_g = S·W_g. The starts
 - ``keep_k`` / ``keep_v`` / ``avg``: W_g = W_K, W_V or their mean, W_O untouched (Kayyam et al.'s
   starts).
 
-Only self-attention of the given role (default ``decoder``) is converted; its config becomes
+A decoder LM is converted (``DecoderLM``: its blocks' self-attention); its config becomes
 ``tied_kv`` so the converted model saves, loads and decodes with one cache tensor per layer.
 """
 
@@ -29,24 +29,18 @@ from qkvlab.attention import Attention, build_attention
 STARTS = ("fitted", "keep_k", "keep_v", "avg")
 
 
-def _self_attention(model: nn.Module, role: str) -> list[tuple[nn.Module, str, Attention]]:
-    """(parent, attribute, layer) of every ``role`` self-attention layer of a qkvlab model."""
-    out = []
-    for parent in model.modules():
-        for name, child in parent.named_children():
-            if isinstance(child, Attention) and getattr(child.cfg, "role", role) == role \
-                    and name in ("attn", "self_attn"):
-                out.append((parent, name, child))
-    if not out:
-        raise ValueError(f"model: no {role} self-attention layers (attn) to tie")
-    return out
+def _self_attention(model: nn.Module) -> list[tuple[nn.Module, str, Attention]]:
+    """(block, "attn", layer) of every self-attention layer of a qkvlab decoder LM."""
+    if getattr(model, "kind", None) != "decoder":
+        raise ValueError(f"model: {type(model).__name__} is not a qkvlab decoder LM (DecoderLM)")
+    return [(b, "attn", b.attn) for b in model.blocks]
 
 
 @torch.no_grad()
-def moments(model: nn.Module, batches, role: str = "decoder") -> list[Tensor]:
+def moments(model: nn.Module, batches) -> list[Tensor]:
     """Per layer, E[x̂ x̂ᵀ] (float64, on the CPU) of the self-attention input over ``batches``
     (an iterable of token id tensors, each passed as ``model(ids)``)."""
-    layers = [a for _, _, a in _self_attention(model, role)]
+    layers = [a for _, _, a in _self_attention(model)]
     sums = [torch.zeros(a.cfg.d_model + 1, a.cfg.d_model + 1, dtype=torch.float64)
             for a in layers]
     count = [0]
@@ -120,20 +114,16 @@ def tie_kv_layer(a: Attention, C: Tensor | None = None, start: str = "fitted") -
     return new
 
 
-def tie_kv(model: nn.Module, batches=None, start: str = "fitted",
-           role: str = "decoder") -> nn.Module:
-    """A copy of the qkvlab ``model`` with every ``role`` self-attention layer tied K = V from
+def tie_kv(model: nn.Module, batches=None, start: str = "fitted") -> nn.Module:
+    """A copy of the qkvlab decoder ``model`` with every self-attention layer tied K = V from
     ``start``; ``batches`` (token ids, as ``moments`` takes them) calibrate ``fitted``. The
-    copy's config says ``tied_kv`` for that role."""
+    copy's config says ``tied_kv``."""
     if start not in STARTS:
         raise ValueError(f"start: {start!r} is not one of {STARTS}")
-    Cs = moments(model, batches, role) if start == "fitted" else None
+    Cs = moments(model, batches) if start == "fitted" else None
     new = copy.deepcopy(model)
-    for i, (parent, name, a) in enumerate(_self_attention(new, role)):
+    for i, (parent, name, a) in enumerate(_self_attention(new)):
         setattr(parent, name, tie_kv_layer(a, None if Cs is None else Cs[i], start))
-    cfg = getattr(new, "cfg", None)
-    if cfg is not None and hasattr(cfg, "roles"):
-        roles = {**cfg.roles, role: {**cfg.roles.get(role, {}), "design": "tied_kv"}}
-        new.cfg = (cfg.replace(design="tied_kv", roles=roles) if role == "decoder"
-                   else cfg.replace(roles=roles))
+    roles = {**new.cfg.roles, "decoder": {**new.cfg.roles.get("decoder", {}), "design": "tied_kv"}}
+    new.cfg = new.cfg.replace(design="tied_kv", roles=roles)
     return new
