@@ -357,7 +357,7 @@ def test_a_damaged_store_is_refused_before_anything_writes_to_it(tmp_path):
     before = digest(db)
     with pytest.raises(InputFileError) as e:
         Store(db)
-    assert str(e.value).startswith(f"db: {db} fails SQLite's quick_check (*** in database main "
+    assert str(e.value).startswith(f"db: {db} fails SQLite's integrity_check (*** in database main "
                                    "*** On tree page ")
     assert str(e.value).endswith("; the store is damaged, and qkvlab writes nothing to it")
     assert "\n" not in str(e.value) and digest(db) == before

@@ -85,6 +85,12 @@ class Store:
         self.readonly = readonly
         self.conn, kind = schema.connect(path, readonly)
         try:
+            columns = {r["name"] for r in self.conn.execute("PRAGMA table_info(runs)")}
+            lost = sorted(schema.LEGACY_RUNS - columns) if kind != "new" else []
+            if lost:  # every qkvlab store ever made has these (a renamed column, say)
+                raise InputFileError(f"db: {self.path}: its runs table lacks the columns {lost} "
+                                     "every qkvlab store has; the store is damaged or was "
+                                     "changed by hand", path=path)
             if not readonly:
                 self._migrate(legacy=kind == "legacy")
             self._columns = {r["name"] for r in self.conn.execute("PRAGMA table_info(runs)")}
@@ -95,6 +101,9 @@ class Store:
             self.conn.close()
             raise InputFileError(f"db: {self.path} is not a qkvlab results database ({e})",
                                  path=path) from None
+        except InputFileError:
+            self.conn.close()
+            raise
 
     def _has_table(self, name: str) -> bool:
         return self.conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?",
@@ -289,13 +298,21 @@ class Store:
             r["final"] = finals.get(r["id"], {})
         return rows
 
-    def _json(self, text: str | None, rid: str, column: str) -> Any:
+    def _json(self, text: str | None, rid: str, column: str, row: str = "run") -> Any:
         try:
             return json.loads(text) if text else None
         except (ValueError, RecursionError) as e:  # text that is not UTF-8: schema.text_reader
-            raise InputFileError(f"db: {self.path}: run {rid!r}: its {column} column is not "
+            raise InputFileError(f"db: {self.path}: {row} {rid!r}: its {column} column is not "
                                  f"JSON ({type(e).__name__}); the store is damaged or "
                                  "was changed by hand", path=self.path) from None
+
+    def _records(self, text: str | None, mid: str) -> list:
+        doc = self._json(text, mid, "result", "measure")
+        if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
+            raise InputFileError(f"db: {self.path}: measure {mid!r}: its result is not a list of "
+                                 "records; the store is damaged or was changed by hand",
+                                 path=self.path)
+        return doc["records"]
 
     def timings(self, ids: Iterable[str], since: float | None = None,
                 by: str | None = None) -> dict[str, dict[str, float]]:
@@ -347,7 +364,7 @@ class Store:
         row = self.conn.execute("SELECT status, result, host, pid FROM measures WHERE id=?",
                                 (mid,)).fetchone()
         if row is not None and row["status"] == "done":
-            return json.loads(row["result"])["records"]
+            return self._records(row["result"], mid)
         if row is not None and row["status"] == "running" and row["host"] == socket.gethostname() \
                 and pid_alive(row["pid"]) and row["pid"] != os.getpid():
             raise ValueError(f"measure {name}: {mid} is being computed by process {row['pid']}")
@@ -384,8 +401,9 @@ class Store:
         q = ("SELECT id, name, run_id, spec, result, env FROM measures WHERE status='done'"
              " AND (? IS NULL OR name=?) ORDER BY name, created, id")
         return [{"measure_id": r["id"], "name": r["name"], "run_id": r["run_id"],
-                 "spec": json.loads(r["spec"]), "records": json.loads(r["result"])["records"],
-                 "env": json.loads(r["env"] or "{}")}
+                 "spec": self._json(r["spec"], r["id"], "spec", "measure"),
+                 "records": self._records(r["result"], r["id"]),
+                 "env": self._json(r["env"], r["id"], "env", "measure") or {}}
                 for r in self.conn.execute(q, (name, name))]
 
     def check(self) -> str:
