@@ -325,3 +325,47 @@ def test_a_nan_q8_0_scale_in_a_gguf_is_refused_naming_the_weight(tmp_path):
     assert str(e.value) == (f"{f}: weight W_Q of layer decoder.0 is not finite (32 NaN and 0 "
                             "infinite of 1,024 values, the first at index [0, 0, 0]); the weights "
                             "are damaged (refused)")
+
+
+def test_an_infinite_int8_scale_zeroes_a_head_and_is_refused_naming_it(tmp_path):
+    """w = q / inf is a head of zeros, whose symmetry and ranks are 0 / 0: it was measured as
+    NaN (found by the fuzz corpus's hostile edits)."""
+    import fuzz_formats
+
+    v = fuzz_formats.ct2_vars()
+    v["decoder/layer_0/attention/linear_2/weight_scale"][:] = np.inf
+    f = tmp_path / "model.bin"
+    f.write_bytes(fuzz_formats.ct2_bytes(v))
+    with pytest.raises(InputFileError) as e:
+        resolve(str(f))
+    assert str(e.value) == (f"{f}: weight W_O of layer cross.0 is all zeros in head 0 (2 of 2 "
+                            "heads), so its measures are undefined: a damaged file (an infinite "
+                            "quantization scale, say) or a pruned head (refused)")
+
+
+def test_a_nan_outside_the_attention_projections_is_refused(tmp_path):
+    """qkvlab's loader has the whole model in hand and checks all of it; for the other loaders
+    a norm or an MLP reaches the measures only through the CKA's activations, checked there."""
+    from qkvlab import ModelConfig, build_model, save_model
+    from qkvlab.analysis import analyze
+    from qkvlab.analysis.heads import ModelView
+
+    model = build_model(ModelConfig(d_vocab=13, n_ctx=8, d_model=8, n_layers=1, n_heads=2))
+    with torch.no_grad():
+        model.blocks[0].mlp.fc.bias[3] = float("nan")
+    f = save_model(model, tmp_path / "m.safetensors")
+    with pytest.raises(InputFileError) as e:
+        resolve(str(f))
+    assert str(e.value) == (f"{f}: tensor blocks.0.mlp.fc.bias is not finite (1 NaN and 0 "
+                            "infinite of 32 values, the first at index [3]); the weights are "
+                            "damaged (refused)")
+    good = resolve(str(save_model(build_model(model.cfg), tmp_path / "ok.safetensors")))
+    nan = torch.full((5, 8), float("nan"))
+    view = ModelView(good.name, good.family, "m", good.layers,
+                     capture=lambda texts: {lay.name: (nan, nan) for lay in good.layers})
+    with pytest.raises(InputFileError) as e:
+        analyze(view, n_null=4, figures=False, progress=False, n_verses=2)
+    assert str(e.value) == ("m: activation input of layer decoder.0 is not finite (40 NaN and 0 "
+                            "infinite of 40 values, the first at index [0, 0]); a weight outside "
+                            "the attention projections is damaged, or the model overflows float32 "
+                            "(refused)")

@@ -142,10 +142,11 @@ def check_finite(where: str | os.PathLike, tensors, what: str = "tensor") -> Non
             continue
         bad = ~t.isfinite()
         n_nan, first = int(t.isnan().sum()), tuple(int(i) for i in bad.nonzero()[0])
+        why = ("the weights are damaged" if what != "activation" else "a weight outside the "
+               "attention projections is damaged, or the model overflows float32")
         raise InputFileError(f"{where}: {what} {name} is not finite ({n_nan} NaN and "
                              f"{int(bad.sum()) - n_nan} infinite of {t.numel():,} values, the "
-                             f"first at index {list(first)}); the weights are damaged (refused)",
-                             path=where)
+                             f"first at index {list(first)}); {why} (refused)", path=where)
 
 
 def print_error(prog: str, exc: BaseException, debug: bool = False) -> int:

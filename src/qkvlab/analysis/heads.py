@@ -122,6 +122,16 @@ class ModelView:
             raise InputFileError(f"{self.source}: no attention layers found", path=self.source)
         check_finite(self.source, ((f"{k} of layer {lay.name}", getattr(lay, k))
                                    for lay in self.layers for k in WEIGHTS), what="weight")
+        for lay in self.layers:  # a head with nothing in a projection has no measure
+            for k in ("W_Q", "W_K", "W_V", "W_O"):
+                w = getattr(lay, k)
+                zero = [] if w is None else (w.flatten(1) == 0).all(1).nonzero().flatten().tolist()
+                if zero:
+                    raise InputFileError(
+                        f"{self.source}: weight {k} of layer {lay.name} is all zeros in head "
+                        f"{zero[0]} ({len(zero)} of {w.shape[0]} heads), so its measures are "
+                        "undefined: a damaged file (an infinite quantization scale, say) or a "
+                        "pruned head (refused)", path=self.source)
 
 
 # ---- layout helpers shared by the loaders ---------------------------------------------------

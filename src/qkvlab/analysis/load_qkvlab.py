@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qkvlab.inputs import InputFileError
+from qkvlab.inputs import InputFileError, check_finite
 from qkvlab.analysis.heads import ModelView, from_attention
 from qkvlab.models import load_model
 
@@ -41,6 +41,7 @@ def load_qkvlab(path: str | Path, *, name: str | None = None) -> ModelView:
         hint = ("; for a Hugging Face checkpoint pass its folder (with config.json)"
                 if "no qkvlab_config" in str(e) else "")
         raise InputFileError(f"{e}{hint}") from None
+    check_finite(ckpt, model.state_dict().items())  # the whole model: it is all in hand
     layers = []
     for lname, role, att in model.attention_layers():
         # names look like "3.attn", "encoder.3.attn", "decoder.3.cross": the first int is the layer

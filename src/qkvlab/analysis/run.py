@@ -24,6 +24,7 @@ from qkvlab.analysis.figures import plot_distributions, plot_heatmaps
 from qkvlab.analysis.heads import ModelView
 from qkvlab.analysis.sources import resolve
 from qkvlab.fileio import atomic_open
+from qkvlab.inputs import check_finite
 from qkvlab.progress import bar as progress_bar
 
 ROW_FIELDS = ("model", "name", "role", "layer", "head", "measure", "value", "null_mean",
@@ -88,6 +89,9 @@ def _analyze(source, out_dir, bar, t0: float, timings: dict, *, n_null: int, cka
             inputs = view.capture(real_text(n_verses))
         except FileNotFoundError as e:  # the Bible corpus is not installed: weights still work
             notes.append(f"no activation CKA: {e}")
+        # a NaN in a weight the projections do not hold (a norm, an MLP) shows up here
+        check_finite(view.source, ((f"input of layer {k}", x) for k, xs in inputs.items()
+                                   for x in xs), what="activation")
         timings["capture_s"] = time.perf_counter() - t
     bar.update()
 
