@@ -10,6 +10,7 @@ import json
 import struct
 from pathlib import Path
 
+import fuzz_hostile
 import numpy as np
 from fuzz_formats import (
     ct2_bytes,
@@ -166,15 +167,28 @@ def onnx_fields(ints: list, wrong: list) -> list[tuple[str, bytes]]:
 
 
 def field_mutations(name: str, raw: bytes, ints: list, wrong: list) -> list[tuple[str, bytes]]:
-    """Every header-field mutation of seed ``name`` (whose target file holds ``raw``)."""
-    if name in ("qkvlab", "qkvlab_api", "ckpt", "bert_weights"):
+    """Every header-field mutation of seed ``name`` (whose target file holds ``raw``), then the
+    hostile edits of :mod:`fuzz_hostile` that keep the file well formed."""
+    if name == "store":
+        return fuzz_hostile.store_edits(raw)
+    if name in ("qkvlab", "bert_weights", "llama_weights"):
+        return safetensors_fields(raw, ints, wrong) + fuzz_hostile.safetensors_values(raw)
+    if name in ("qkvlab_api", "ckpt"):
         return safetensors_fields(raw, ints, wrong)
     if name.startswith("gguf"):
-        return gguf_fields(name == "gguf_q8", ints, wrong)
+        q8 = name == "gguf_q8"
+        return (gguf_fields(q8, ints, wrong) + fuzz_hostile.gguf_values(q8)
+                + fuzz_hostile.gguf_consistency(q8))
+    hostile = {"ct2": fuzz_hostile.ct2_values, "marian": fuzz_hostile.marian_values}
     fields = {"ct2": ct2_fields, "marian": marian_fields, "onnx": onnx_fields}
     if name in fields:
-        return fields[name](ints, wrong)
-    return json_fields(raw, ints + wrong)  # configs, run specs, tokenizers
+        return fields[name](ints, wrong) + (hostile[name]() if name in hostile else [])
+    out = json_fields(raw, ints + wrong)  # configs, run specs, tokenizers
+    if name in ("bert", "gpt2", "llama", "whisper"):
+        out += fuzz_hostile.config_edits(raw)
+    if name == "spec":
+        out += fuzz_hostile.spec_code(raw)
+    return out
 
 
 # ---- seeds ------------------------------------------------------------------------------------
@@ -257,6 +271,8 @@ def write_seeds(root: Path) -> dict:
     (root / "char.json").write_text(CharTokenizer.train(["hello world"]).to_json())
     bpe = BPETokenizer.train(["hello world, hello there"] * 20, 300)
     (root / "bpe.json").write_text(bpe.to_json())
+    fuzz_hostile.plant(root, [bert, gpt2, llama, whisper])
+    store = fuzz_hostile.write_store(root / "store.db", spec)
     return {"qkvlab": ("analyze", qk, qk), "qkvlab_api": ("load_model", qk, qk),
             "ckpt": ("checkpoint", ck, ck),
             "bert": ("analyze", bert, bert / "config.json"),
@@ -271,4 +287,6 @@ def write_seeds(root: Path) -> dict:
             "onnx": ("analyze", root / "vit.onnx", root / "vit.onnx"),
             "spec": ("spec", root / "spec.json", root / "spec.json"),
             "tok_char": ("tokenizer", root / "char.json", root / "char.json"),
-            "tok_bpe": ("tokenizer", root / "bpe.json", root / "bpe.json")}
+            "tok_bpe": ("tokenizer", root / "bpe.json", root / "bpe.json"),
+            "llama_weights": ("analyze", llama, llama / "model.safetensors"),
+            "store": ("store", store, store)}

@@ -13,7 +13,11 @@ memory cap (``RLIMIT_AS``, set once the imports are done) and prints one JSON li
 ``{"id", "outcome", "error", "seconds", "peak_mb"}``, where outcome is ``load`` (read without
 error), ``clean`` (an ``InputFileError`` whose message names the file), ``unnamed`` (one that
 does not), ``crash`` (any other exception), ``over_cap`` (``MemoryError``, or a peak resident
-size above the case's allowance) or ``unpickled`` (a pickle was opened: never allowed). The
+size above the case's allowance), ``unpickled`` (a pickle was opened: never allowed),
+``measured`` (a model analysed to a NaN or an infinity: a damaged model got a number) or
+``executed`` (planted code ran: :mod:`fuzz_hostile`). The ``analyze`` reader runs the whole
+analysis (nulls and all, the CKA aside); the ``store`` reader reads a results store and then
+opens it for writing as a sweep does. The
 test (``test_fuzz_inputs.py``) runs it, restarts it past a case that hangs or kills it, and
 counts. Nothing here uses pickle.
 """
@@ -21,6 +25,7 @@ counts. Nothing here uses pickle.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import resource
@@ -33,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import fuzz_fields  # noqa: E402  (this folder, put on the path above)
+import fuzz_hostile  # noqa: E402
 
 HUGE_INTS = [0, -1, 2**31 - 1, 2**32 + 7, 2**63 - 1, 10**12]
 WRONG_TYPES = ["x", 1.5, None, [], {}, True, [1, 2], 1e308]
@@ -59,6 +65,7 @@ def cases(folder: Path, seed_map: dict, slow: bool = False, rng_seed: int = 0) -
     """Every damaged copy of every seed (written under ``folder``), plus the seeds themselves."""
     rng = random.Random(rng_seed)
     out: list[dict] = []
+    marker = seed_map["spec"][1].parent / fuzz_hostile.MARKER
     n_flips, n_cuts = (1000, 200) if slow else (10, 8)
     for name, (reader, path, target) in seed_map.items():
         rel = target.relative_to(path) if path.is_dir() else None
@@ -73,7 +80,7 @@ def cases(folder: Path, seed_map: dict, slow: bool = False, rng_seed: int = 0) -
             if data is not None:
                 tgt.write_bytes(data)
             out.append({"id": f"{name}/{tag}", "reader": reader, "path": str(dst),
-                        "target": str(tgt)})
+                        "target": str(tgt), "marker": str(marker)})
 
         raw = target.read_bytes()
         n = len(raw)
@@ -97,7 +104,7 @@ def cases(folder: Path, seed_map: dict, slow: bool = False, rng_seed: int = 0) -
 def _readers():
     import torch
 
-    from qkvlab.analysis.sources import resolve
+    from qkvlab.analysis.run import analyze
     from qkvlab.data.tokenizers import load_tokenizer
     from qkvlab.models import load_model
     from qkvlab.train.checkpoints import load_checkpoint
@@ -116,7 +123,10 @@ def _readers():
     import onnx  # noqa: F401
     import tokenizers  # noqa: F401
     torch.set_num_threads(1)
-    return {"analyze": resolve, "load_model": load_model, "checkpoint": checkpoint,
+    def measure(path):  # all of `qkvlab analyze` but the CKA (which needs a tokenizer)
+        return analyze(path, n_null=4, cka=False, figures=False, progress=False)
+
+    return {"analyze": measure, "load_model": load_model, "store": fuzz_hostile.read_store, "checkpoint": checkpoint,
             "spec": load_spec, "tokenizer": load_tokenizer, "allocate": allocate}
 
 
@@ -177,6 +187,8 @@ def run_cases(items: list[dict], start: int = 0) -> None:
 
     readers = _readers()
     _forbid_pickle()
+    if items:  # the planted module is importable, so importing it would show
+        sys.path.insert(0, str(Path(items[0]["marker"]).parent))
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     cap = _vm_kb("VmSize") * 1024 + CAP_BYTES
     resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY
@@ -189,7 +201,9 @@ def run_cases(items: list[dict], start: int = 0) -> None:
         base, t0 = _vm_kb("VmRSS"), time.perf_counter()
         error, outcome = "", "load"
         try:
-            readers[c["reader"]](c["path"])
+            got = readers[c["reader"]](c["path"])
+            if c["reader"] == "analyze" and _nonfinite(got):
+                outcome, error = "measured", f"a non-finite measure: {_nonfinite(got)}"
         except InputFileError as e:
             error = str(e)
             outcome = "clean" if _names(error, c["path"]) else "unnamed"
@@ -199,12 +213,30 @@ def run_cases(items: list[dict], start: int = 0) -> None:
             outcome, error = "unpickled", str(e)
         except Exception as e:  # noqa: BLE001 (anything else is what the fuzz looks for)
             outcome, error = "crash", f"{type(e).__name__}: {e}"
+        ran = [m for m in fuzz_hostile.PLANTED if m in sys.modules]
+        marker = Path(c.get("marker", os.devnull + ".none"))
+        if ran or marker.exists():
+            outcome, error = "executed", f"planted code ran ({ran}); {error}"
+            marker.unlink(missing_ok=True)
+            for m in ran:
+                del sys.modules[m]
         peak = (_vm_kb("VmHWM") - base) * 1024 if peak_known else 0
         if peak > 32 * _size(Path(c["path"])) + PEAK_ALLOWANCE and outcome != "crash":
             outcome, error = "over_cap", f"peak resident growth {peak >> 20} MiB; {error}"
         print(json.dumps({"id": c["id"], "i": i, "outcome": outcome, "error": error[:500],
                           "seconds": round(time.perf_counter() - t0, 3),
                           "peak_mb": round(peak / 2**20, 1)}), flush=True)
+
+
+def _nonfinite(result: dict) -> str:
+    """Where the first NaN or infinity in an analysis's rows or summary is ('' if none)."""
+    def walk(x, where):
+        if isinstance(x, dict):
+            return next((w for k, v in x.items() if (w := walk(v, f"{where}.{k}"))), "")
+        if isinstance(x, (list, tuple)):
+            return next((w for i, v in enumerate(x) if (w := walk(v, f"{where}[{i}]"))), "")
+        return where if isinstance(x, float) and not math.isfinite(x) else ""
+    return walk({"rows": result["rows"], "summary": result["summary"]}, "")
 
 
 def _names(message: str, path: str) -> bool:

@@ -3,10 +3,13 @@
 Seeds and damage are in ``fuzz_inputs``/``fuzz_fields``: truncations, bit flips, and header
 fields set to 0, negative, huge and wrong-typed values, for safetensors (qkvlab checkpoints,
 training checkpoints, HF weights), GGUF (float and Q8_0), ONNX, CTranslate2, Marian, HF config
-folders (BERT, GPT-2, Llama, Whisper), run specs and tokenizer JSON (char, BPE). A separate
+folders (BERT, GPT-2, Llama, Whisper), run specs, tokenizer JSON (char, BPE) and results stores,
+plus the hostile edits of ``fuzz_hostile`` that keep a file well formed (non-finite values, deep
+exponent flips, inconsistent configs, planted code, stores changed by hand or look-alikes). A separate
 process reads them under an address-space cap and with ``QKVLAB_MAX_MEMORY`` low; each case
 must end as a load or an ``InputFileError`` naming the file, within the time limit, under the
-cap, and without reaching an unpickler. The default run takes well under a minute on 2 cores;
+cap, without reaching an unpickler, running planted code or measuring a NaN; the hostile edits
+that damage a model or ask for code must be refused. The default run takes well under a minute on 2 cores;
 ``-m slow`` adds 200 truncations and 1,000 bit flips per format (about 20,000 inputs).
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -27,6 +31,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 CASE_TIMEOUT_S = 20.0  # generous on a loaded 2-core machine; a clean refusal takes milliseconds
 GOOD = ("load", "clean")
+REFUSE = re.compile(r"(nan|inf|scale=(nan|inf)|code|store:(spec|lookalike|stranger|empty)).*:?")
 
 
 def _lines(proc, q):
@@ -113,6 +118,13 @@ def check(items: list[dict], results: dict[int, dict], capsys) -> None:
     intact = [results[i]["outcome"] for i, c in enumerate(items) if c["id"].endswith("/intact")]
     assert intact and set(intact) == {"load"}, "every undamaged seed must load"
     assert counts["clean"] > len(items) // 2
+    # what must be refused, not survived: a NaN or an infinity in a weight or a scale (the
+    # model is damaged), code asked for, a stored spec that no longer hashes to its id, a file
+    # that only looks like a store
+    must = [(items[i]["id"], r["outcome"]) for i, r in sorted(results.items())
+            if REFUSE.match(items[i]["id"].split("/", 1)[1])]
+    missed = [f"{i} ({o})" for i, o in must if o != "clean"]
+    assert len(must) > 100 and not missed, f"{len(missed)} not refused: " + ", ".join(missed)
 
 
 def test_fuzz_every_format_fast(tmp_path, capsys):
