@@ -274,8 +274,9 @@ def test_kv_decode_rows_hold_every_layout_with_consistent_bytes_and_bounds(tmp_p
             # (how the products' floor compares with a whole step is a timing, which a loaded
             # 2-core machine makes anything at one round: the bench reports it, no test asserts it)
     targets = kv.targets(rows)
-    assert len(targets) == 4  # n_heads 4: no gqa_4 (its H/4 is gqa_1)
-    for t in targets:
+    assert len(targets) == 5  # n_heads 4: no gqa_4 (its H/4 is gqa_1); the choice's last
+    assert targets[-1]["what"].startswith("worst layout on its kernel / on SDPA")
+    for t in targets[:-1]:
         assert 0 < t["products_bound"] < math.inf
         lower = "memory" if t["bound"] <= t["products_bound"] else "BLAS products ("
         assert t["bounded_by"].startswith(lower) if not t["met"] else t["bounded_by"] == ""
@@ -291,7 +292,8 @@ def test_kv_targets_are_read_where_the_cache_dominates():
         return {"context": T, "batch": 4, "design": design, "ratio": ratio, "cache_share": share,
                 "bound_tokens_per_s": 10.0 * ratio, "attention_cache_gb_s": 8.0,
                 "copy_gb_s": 10.0, "products_gb_s": 6.0 if design == "mqa" else 9.0,
-                "products_bound_tokens_per_s": (4.0 if design == "mqa" else 10.0) * ratio}
+                "products_bound_tokens_per_s": (4.0 if design == "mqa" else 10.0) * ratio,
+                "kernel": "blocked", "own_sdpa": 0.9 if (T, design) == (512, "gqa_2") else 0.97}
 
     rows = [row(T, d, r, s) for T, s in [(512, 0.5), (4096, 0.9), (8192, 0.95)]
             for d, r in [("standard", 1.0), ("tied_kv", 1.9), ("gqa_4", 1.5), ("gqa_2", 3.2),
@@ -299,7 +301,7 @@ def test_kv_targets_are_read_where_the_cache_dominates():
     rows = [r for r in rows if not (r["context"] == 8192 and r["design"] == "standard")] + [
         row(8192, "standard", 1.0, 0.7)]  # 8192's standard cache share is below 80%
     got = {t["what"].split(" ")[0]: t for t in kv.targets(rows)}
-    assert {t["context"] for t in got.values()} == {4096}
+    assert {t["context"] for k, t in got.items() if k != "worst"} == {4096}
     assert got["tied_kv"]["met"] and not got["gqa_4"]["met"] and got["gqa_2"]["met"]
     assert not got["mqa"]["met"] and got["standard"]["measured"] == pytest.approx(0.8)
     # mqa: products bound 4x4/10 = 1.6 < memory bound 4: stopped by the BLAS, below target
@@ -310,6 +312,12 @@ def test_kv_targets_are_read_where_the_cache_dominates():
     # standard's read (0.8, met): products at 9 of copy 10 GB/s beside memory's 1.0
     assert got["standard"]["products_bound"] == pytest.approx(0.9)
     assert got["standard"]["bounded_by"] == ""
+    # the choice's target, over the whole grid: gqa_2 at 512 ran at 0.9x its own SDPA
+    assert got["worst"]["what"] == "worst layout on its kernel / on SDPA (gqa_2, blocked)"
+    assert (got["worst"]["context"], got["worst"]["measured"]) == (512, pytest.approx(0.9))
+    assert not got["worst"]["met"] and got["worst"]["bounded_by"] == "the kernel choice"
+    rest = [r for r in rows if (r["context"], r["design"]) != (512, "gqa_2")]
+    assert kv.own_sdpa(rest)["met"] and kv.own_sdpa(rest)["measured"] == pytest.approx(0.97)
     # not met, though both bounds clear the target: the bound is named, and that it is not it
     slow = kv._target("x", rows[0], 0.7, 0.5, 1.0, 0.9, {**rows[0], "products_gb_s": 9.0})
     assert slow["bounded_by"] == ("BLAS products (9.0 GB/s vs copy 10.0 GB/s); "

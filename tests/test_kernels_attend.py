@@ -131,8 +131,10 @@ def test_kernel_choice_is_measured_per_layer_batch_and_context_or_pinned(kernel,
     calls = []
     monkeypatch.setattr(kattend, "attention_probe", lambda *a, **k: calls.append(a) or 2.0)
     assert kattend.decode_attention_kernel(layer, 2, 9) == "blocked"
-    assert kattend.decode_attention_kernel(layer, 2, 16) == "blocked"  # same power of two
-    assert len(calls) == 1 and calls[0][3] == 16
+    assert kattend.decode_attention_kernel(layer, 2, 15) == "blocked"  # same power of two
+    assert len(calls) == 1 and calls[0][3] == 8  # rounded down
+    assert kattend.decode_attention_kernel(layer, 2, 16) == "blocked"
+    assert len(calls) == 2 and calls[1][3] == 16
     monkeypatch.setattr(kattend, "attention_probe", lambda *a, **k: 1.0)
     assert kattend.decode_attention_kernel(layer, 4, 9) == "sdpa"
     kernel("blocked")

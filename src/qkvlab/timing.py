@@ -55,15 +55,24 @@ def rate(fn: Callable[[], object], work: float = 1, iters: int = 1,
     return lambda: work * iters / _elapsed(fn, iters, device)
 
 
-def interleaved_rounds(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+def interleaved_rounds(fns: dict[str, Callable[[], float]], rounds: int,
+                       alternate: bool = False) -> dict[str, list[float]]:
     """Each fn's returned figure (a rate, or seconds) per round, contenders run round-robin
-    after one warm-up call each, so machine noise hits all contenders alike."""
+    after one warm-up call each, so machine noise hits all contenders alike.
+
+    ``alternate``: odd rounds run the contenders in reverse order, so each pair runs in both
+    orders equally often (with an even ``rounds``). Where many contenders share a round, the
+    later of two consecutive ones can run faster for its place alone: in the KV-decode sweep
+    (``models.speed.kv_decode_speed``) the same step read 7-10% faster second than first, either
+    way round (2-core Xeon, one thread), with or without an untimed call of its own first.
+    """
     for fn in fns.values():
         fn()
     rates: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            rates[k].append(fn())
+    order = list(fns)
+    for i in range(rounds):
+        for k in (order[::-1] if alternate and i % 2 else order):
+            rates[k].append(fns[k]())
     return rates
 
 

@@ -9,6 +9,7 @@ little. Shapes: B batch, T tokens.
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 
 import torch
@@ -121,7 +122,10 @@ def kv_decode_speed(contexts, batches, *, d_model: int = 512, n_heads: int = 8,
     The caches are filled with random values (a prompt of T tokens would take longer than every
     step timed); each timed call is one step as ``generate`` runs it (``DecoderLM.decoding``:
     the kernels measured faster), the cache reset to T tokens each time. Per (T, B) all
-    layouts run interleaved, each also pinned to SDPA (``tokens_per_s_sdpa``) and its attention
+    layouts run interleaved, in both orders alike (``rounds`` made even: a contender can run
+    faster for its place in a round, ``timing.interleaved_rounds``), each also pinned to SDPA
+    (``tokens_per_s_sdpa``; ``own_sdpa``: the geometric mean over rounds of the paired ratio of
+    the step on its chosen kernel to the step on SDPA, the choice's gain) and its attention
     alone (``attention_cache_gb_s``: its cache bytes / that time) and the blocked kernel's two
     products alone (``kernels.attend.decode_products``: ``products_gb_s``, its cache bytes / that
     time, and ``products_bound_tokens_per_s``, B / (layers x that time): the floor this BLAS sets
@@ -186,18 +190,20 @@ def _kv_point(models: dict, T: int, B: int, rounds: int, bw: float, device) -> l
 
         fns[label + ":attn"] = rate(alone, device=device)
         fns[label + ":products"] = rate(products, device=device)
-    raw = interleaved_rounds(fns, rounds)
+    raw = interleaved_rounds(fns, rounds + rounds % 2, alternate=True)  # both orders alike
     rows = []
     for label, model in models.items():
         cache = sum(c.k.nbytes // (T + 1) * T * (1 if c.shared else 2) for c in caches[label])
         w = weight_bytes_per_token(model)
         ratios = [a / b for a, b in zip(raw[label], raw["standard"])]
+        own = [math.log(a / b) for a, b in zip(raw[label], raw[label + ":sdpa"])]
         layer_cache = cache / len(caches[label])
         products = statistics.median(raw[label + ":products"])  # one layer's, per second
         rows.append({
             "context": T, "batch": B, "design": label, "n_kv_heads": model.cfg.n_kv_heads,
             "kernel": kinds[label], "tokens_per_s": statistics.median(raw[label]),
             "tokens_per_s_sdpa": statistics.median(raw[label + ":sdpa"]),
+            "own_sdpa": math.exp(statistics.fmean(own)),
             "ratio": statistics.median(ratios), "ratio_min": min(ratios),
             "ratio_max": max(ratios), "cache_bytes": cache, "weight_bytes": w,
             "cache_share": cache / (cache + w), "bound_tokens_per_s": B * bw / (cache + w),
