@@ -240,8 +240,10 @@ def run_measures(rec: Recorder, cfg: StudyConfig) -> None:
                                p.decode_tokens, p.rounds))
     record_prediction(rec, cfg, runs)
     if p.kv_contexts:
+        # order: both orders alike, own_sdpa, the probe rounding down (9bbf83b): a new record
         rec("kv_decode", {"contexts": list(p.kv_contexts), "batches": list(p.kv_batches),
-                          "rounds": p.rounds, "d_model": 512, "n_heads": 8, "n_layers": 1},
+                          "rounds": p.rounds, "d_model": 512, "n_heads": 8, "n_layers": 1,
+                          "order": "alternating"},
             lambda: M.kv_decode(p.kv_contexts, p.kv_batches, p.rounds))
 
 
