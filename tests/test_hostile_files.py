@@ -362,3 +362,16 @@ def test_load_lm_refuses_tokenizer_metadata_that_builds_no_tokenizer(tmp_path, m
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", bug)
     with pytest.raises(KeyError):
         load_tokenizer(tmp_path / "m.gguf", str(tmp_path))
+
+
+def test_tiecost_says_a_refused_model_as_its_own_one_line(tmp_path, capsys):
+    """It said ``error: measure tie_fit failed: InputFileError: ...``: bad input passed through
+    the store's measure as if the measure had failed."""
+    from qkvlab.cli import main
+
+    folder = remote_code_folder(tmp_path, "config.json", "auto_map")
+    assert main(["tiecost", str(folder), "--db", str(tmp_path / "r.db")]) == 2
+    assert capsys.readouterr().err == (
+        f"qkvlab tiecost: error: {folder / 'config.json'}: carries 'auto_map', which asks "
+        "transformers to run the folder's own code; qkvlab runs no code from a model folder "
+        "(refused)\n")

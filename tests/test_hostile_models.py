@@ -77,8 +77,11 @@ def _set(sd: dict, key: str, index, value: float) -> None:
 @pytest.mark.parametrize("tensors, config, said", [
     (lambda sd: sd.pop("model.layers.1.self_attn.v_proj.weight"), None,
      f"{FILL}1 tensor {RANDOM}: model.layers.1.self_attn.v_proj.weight (refused)"),
-    (None, lambda c: c.update(num_hidden_layers=3), f"{FILL}9 tensors {RANDOM}: {NEW_LAYER} "
-                                                    "(refused)"),
+    (None, lambda c: c.update(num_hidden_layers=3), "config.json says num_hidden_layers = 3, "
+                                                    "but the weight files hold 2 layers (refused)"),
+    (None, lambda c: c.update(num_hidden_layers=4000), "config.json says num_hidden_layers = "
+                                                       "4,000, but the weight files hold 2 layers "
+                                                       "(refused)"),
     (None, lambda c: c.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"]),
      f"the weights do not fill the Qwen2ForCausalLM its config describes; 6 tensors {RANDOM}: "
      "model.layers.0.self_attn.k_proj.bias, model.layers.0.self_attn.q_proj.bias, "
@@ -97,7 +100,7 @@ def _set(sd: dict, key: str, index, value: float) -> None:
     (lambda sd: _set(sd, "model.norm.weight", 4, float("-inf")), None,
      "tensor model.norm.weight is not finite (0 NaN and 1 infinite of 16 values, the first at "
      "index [4]); the weights are damaged (refused)"),
-], ids=["missing-v_proj", "one-layer-too-many", "relabelled-qwen2", "unexpected", "wrong-shape",
+], ids=["missing-v_proj", "one-layer-too-many", "4000-layers", "relabelled-qwen2", "unexpected", "wrong-shape",
         "nan-in-q_proj", "inf-in-norm"])
 def test_a_damaged_hf_folder_is_refused_by_load_lm_in_one_line(tmp_path, caplog, tensors,
                                                                   config, said):
@@ -124,3 +127,29 @@ def test_a_gguf_that_does_not_fill_its_model_is_refused_by_load_lm(tmp_path, edi
     with pytest.raises(InputFileError) as e:
         load_lm(str(path))
     assert str(e.value) == f"{path}: {FILL}{said} (refused)"
+
+
+@pytest.mark.parametrize("meta, infos, said", [
+    ([("tokenizer.ggml.bos_token_id", 4, 12)], None,
+     "tokenizer.ggml.bos_token_id = 12 is not a token id: the vocabulary (tokenizer.ggml.tokens) "
+     "holds 12 tokens (ids 0 to 11)"),
+    ([("tokenizer.ggml.eos_token_id", 5, -1)], None,
+     "tokenizer.ggml.eos_token_id = -1 is not a token id: the vocabulary (tokenizer.ggml.tokens) "
+     "holds 12 tokens (ids 0 to 11)"),
+    ([], {"blk.0.attn_q.weight": {"offset": 352}},
+     "the data of GGUF tensor 'blk.0.attn_q.weight' (256 bytes at offset 352) overlaps that of "
+     "tensor 'token_embd.weight' (384 bytes at offset 0)"),
+], ids=["bos-out-of-range", "eos-negative", "overlapping-data"])
+def test_load_lm_walks_a_gguf_header_as_analyze_does_before_transformers(tmp_path, meta, infos,
+                                                                         said):
+    """``tiecost`` and ``convert`` met these as an IndexError in transformers' tokenizer, a
+    model with a token id -1, and a model read from overlapping bytes; ``analyze`` refused them.
+    Now one header walk (``analysis._gguf.check_gguf``) serves all three."""
+    from qkvlab.hf.cost import load_lm
+
+    m, t = fuzz_formats.gguf_seed()
+    path = tmp_path / "m.gguf"
+    path.write_bytes(fuzz_formats.gguf_bytes(m + meta, t, infos=infos))
+    with pytest.raises(InputFileError) as e:
+        load_lm(str(path))
+    assert str(e.value) == f"{path}: {said}"

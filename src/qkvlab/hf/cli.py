@@ -7,6 +7,7 @@ import sys
 
 from qkvlab.hf.cost import CostConfig, layer_table, measure_tie_cost, refusals, summary_rows
 from qkvlab.hf.tie import KINDS
+from qkvlab.inputs import print_error
 
 
 def _kinds(text: str) -> tuple[str, ...]:
@@ -56,8 +57,7 @@ def run_tiecost(args) -> int:
                          heal_steps=args.heal_steps, heal_batch=args.heal_batch,
                          heal_lrs=args.heal_lrs, val_tokens=args.val_tokens)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return print_error("qkvlab tiecost", e)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     with Store(args.db) as store:
         try:
@@ -65,8 +65,7 @@ def run_tiecost(args) -> int:
                                     env=environment(),
                                     log=lambda s: print(s, file=sys.stderr, flush=True))
         except (FileNotFoundError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            return print_error("qkvlab tiecost", ValueError(str(e)))
     print("| tie | layers | stage | ppl | Δ ppl | Δ nll | KV cache | attn params |")
     print("|---|---|---|---|---|---|---|---|")
     for r in summary_rows(recs):

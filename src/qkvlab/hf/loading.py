@@ -16,7 +16,9 @@ the load runs: the refusal says it in one line.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from pathlib import Path
 
 from qkvlab.inputs import InputFileError, check_finite
@@ -64,15 +66,76 @@ def check_loading_info(path: str | Path, info: dict, model_name: str) -> None:
                              f"describes; {'; '.join(said)} (refused)", path=path)
 
 
+def check_before_load(path: str | Path) -> None:
+    """The checks that need no model, before transformers builds one: a GGUF file's header
+    walked against the file (``analysis._gguf.check_gguf``: counts, offsets, overlapping
+    tensor data, special token ids inside the vocabulary), and an HF folder's stated layer
+    count against the layers its safetensors hold (a config claiming 4,000 layers was built
+    in full, 16 s for a 16-wide model, before the load report refused it).
+
+    Raises:
+        InputFileError: naming the file and the first problem.
+    """
+    path = Path(path)
+    if path.is_file():
+        from qkvlab.analysis._gguf import check_gguf
+        check_gguf(path)
+        return
+    try:
+        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # transformers says what is wrong with it
+    stated = cfg.get("num_hidden_layers") if isinstance(cfg, dict) else None
+    files = sorted(path.glob("*.safetensors"))
+    if not isinstance(stated, int) or isinstance(stated, bool) or not files:
+        return
+    from safetensors import safe_open
+
+    found: set[int] = set()
+    for f in files:
+        try:
+            with safe_open(str(f), "pt") as st:
+                found |= {int(m.group(1)) for k in st.keys()
+                          if (m := re.search(r"(?:^|\.)layers\.(\d+)\.", k))}
+        except Exception:  # noqa: BLE001 - a damaged file: the load that follows names it
+            return
+    if found and stated != len(found):
+        raise InputFileError(f"{path}: config.json says num_hidden_layers = {stated:,}, but "
+                             f"the weight files hold {len(found)} layers (refused)", path=path)
+
+
+def _quiet_gguf_bar():
+    """Silence the GGUF reader's own bar (a plain ``tqdm``, deaf to transformers' switch) while
+    a load runs; returns the undo. Where transformers has moved it, nothing is changed."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        return lambda: None
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None:
+        return lambda: None
+    gguf_utils.tqdm = lambda *a, **k: bar(*a, **{**k, "disable": True})
+
+    def undo() -> None:
+        gguf_utils.tqdm = bar
+    return undo
+
+
 def load_checked(cls, path: str | Path, folder: str, **kw):
     """``cls.from_pretrained(folder, **kw)``, refused unless the file fills the model exactly
     and every parameter and buffer is finite (see the module docstring); ``path`` is the file
-    or folder the errors name."""
+    or folder the errors name. :func:`check_before_load` runs first; transformers' progress
+    bars stay off while it loads (a refusal is then the command's one line)."""
     from transformers import modeling_utils
+    from transformers.utils import logging as hf_logging
 
+    check_before_load(path)
     kw = {**kw, "trust_remote_code": False}  # whatever the caller passed: no folder's code
     hold = _NoLoadReport()
     modeling_utils.logger.addFilter(hold)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    quiet = _quiet_gguf_bar()
     try:
         model, info = cls.from_pretrained(folder, output_loading_info=True,
                                           ignore_mismatched_sizes=True, **kw)
@@ -83,6 +146,9 @@ def load_checked(cls, path: str | Path, folder: str, **kw):
                              f"{' '.join(str(e).split())[:300]} (refused)", path=path) from None
     finally:
         modeling_utils.logger.removeFilter(hold)
+        if bars:
+            hf_logging.enable_progress_bar()
+        quiet()
     check_loading_info(path, info, type(model).__name__)
     check_finite(path, [*model.named_parameters(), *model.named_buffers()])
     return model
