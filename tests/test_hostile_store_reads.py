@@ -74,3 +74,20 @@ def test_a_store_changed_by_hand_is_one_line_naming_what_changed(tmp_path, store
         assert str(e.value).startswith(f"db: {db}") and said.format(mid=mid) in str(e.value)
     if "RENAME" in sql:  # refused before anything was written
         assert db.read_bytes() == before
+
+
+def test_a_read_command_refuses_a_spec_that_does_not_hash_to_its_id(tmp_path, store, capsys):
+    """``results`` showed such a run as done (exit 0); what a reader shows must be what ran."""
+    from qkvlab.cli import main
+
+    db = tmp_path / "s.db"
+    db.write_bytes(store)
+    with sqlite3.connect(db) as c:
+        c.execute("UPDATE runs SET spec=json_set(spec, '$.train.steps', 3) WHERE status='done'")
+        (rid,) = c.execute("SELECT id FROM runs WHERE status='done'").fetchone()
+    c.close()
+    assert main(["results", "all", "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: db: {db}: run {rid}: the spec stored "
+                                                   "under this id hashes to ")
+

@@ -12,7 +12,7 @@ from qkvlab, so every layer may use it.
 from __future__ import annotations
 
 import argparse
-import os
+import tempfile
 from pathlib import Path
 
 COUNTS = ("threads", "workers")  # positive integers wherever a command takes them
@@ -62,10 +62,14 @@ def check_output(path, kind: str, name: str, write: bool = True) -> Path:
         here = here.parent
     if here != path and not here.is_dir():
         raise ValueError(f"{flag}: {path} cannot be made: {here} is a file, not a folder")
-    if write:
-        target = path if path.exists() else here
-        if not os.access(target, os.W_OK | (os.X_OK if target.is_dir() else 0)):
-            raise ValueError(f"{flag}: {target} is not writable by this user")
+    if write:  # tried, not asked: os.access lets root "write" /proc, where nothing can be made
+        probe = path if path.is_dir() else path.parent if path.exists() else here
+        try:
+            with tempfile.TemporaryFile(dir=probe):
+                pass
+        except OSError as e:
+            raise ValueError(f"{flag}: {path} cannot be written: a file cannot be made in "
+                             f"{probe} ({e.strerror or e})") from None
     return path
 
 

@@ -190,6 +190,10 @@ def sweep(name: str | Sequence[str], profile: str = "quick", *, workers: int = 1
             n_stages += 1
             stage_began, t = time.time(), time.perf_counter()
             stage: list[str] = []
+            for _, runs in plan:  # a stored spec changed by hand: refused before any write
+                for spec, _tags in runs:
+                    if store.status(rid := run_id(spec)) is not None:
+                        store.runs_spec(rid)
             for n, runs in plan:
                 for i in store.add(n, profile, runs, replace=True):
                     if i not in stage:  # one run may be listed twice (a baseline in both arms)

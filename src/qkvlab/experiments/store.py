@@ -14,7 +14,8 @@ each other's runs. Stores made before that rule keep the folder they used, ``run
 the file (recorded in ``store_meta`` when the marker is added), so their unfinished runs still
 resume and their finished runs' weights are still found.
 
-Its tables and their columns: :mod:`qkvlab.experiments.schema`.
+Its tables and their columns: :mod:`qkvlab.experiments.schema`; its measures (a mixin):
+:mod:`qkvlab.experiments.measure_store`; ids: :mod:`qkvlab.experiments.ids`.
 
 Every statement that changes more than one row runs in one transaction, so a SIGKILL at any
 moment leaves the file consistent (SQLite's WAL guarantees this for process crashes).
@@ -23,17 +24,17 @@ moment leaves the file consistent (SQLite's WAL guarantees this for process cras
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import socket
 import sqlite3
 import time
-import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from qkvlab.experiments import schema
+from qkvlab.experiments.measure_store import MeasureStore
+from qkvlab.experiments.ids import canonical, pid_alive, run_id  # noqa: F401 (their home was here)
 from qkvlab.inputs import InputFileError
 
 DEFAULT_DB = Path("results") / "qkvlab.db"
@@ -42,35 +43,7 @@ FINISHED = ("done", "diverged")
 STATUSES = ("pending", "running", "done", "diverged", "failed")
 
 
-def canonical(obj: Any) -> str:
-    """Sorted, compact JSON: equal configs give equal strings (and equal ids)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
-def run_id(spec: Any) -> str:
-    """16 hex digits of sha256 over the canonical spec (a mapping, or a ``RunSpec``)."""
-    d = spec.to_dict() if hasattr(spec, "to_dict") else spec
-    return hashlib.sha256(canonical(d).encode()).hexdigest()[:16]
-
-
-def pid_alive(pid: int | None) -> bool:
-    """True if a process with ``pid`` runs on this host (zombies count as dead)."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True  # no /proc (macOS): trust kill(0)
-
-
-class Store:
+class Store(MeasureStore):
     """A connection to the results store at ``path``: for writing (created on first use, an
     older qkvlab store brought up to date), or ``readonly`` (nothing is ever written).
 
@@ -270,7 +243,15 @@ class Store:
             raise ValueError(f"run: no run with id {rid!r} in {self.path}")
         try:
             spec = json.loads(row["spec"])
-            found = run_id(spec)
+        except (TypeError, ValueError, RecursionError) as e:
+            spec = e
+        return self._hashed(rid, spec)
+
+    def _hashed(self, rid: str, spec: Any) -> Any:
+        """``spec`` (parsed, or the error parsing it raised) once it hashes to ``rid``."""
+        try:
+            found = (f"nothing ({type(spec).__name__})" if isinstance(spec, Exception)
+                     else run_id(spec))
         except (TypeError, ValueError, RecursionError) as e:
             found = f"nothing ({type(e).__name__})"
         if found != rid:
@@ -295,6 +276,7 @@ class Store:
         for r in rows:
             for k in ("tags", "spec", "params", "versions", "hardware", "timings"):
                 r[k] = self._json(r[k], r["id"], k)
+            self._hashed(r["id"], r["spec"])  # what a reader shows is what was trained
             r["final"] = finals.get(r["id"], {})
         return rows
 
@@ -305,14 +287,6 @@ class Store:
             raise InputFileError(f"db: {self.path}: {row} {rid!r}: its {column} column is not "
                                  f"JSON ({type(e).__name__}); the store is damaged or "
                                  "was changed by hand", path=self.path) from None
-
-    def _records(self, text: str | None, mid: str) -> list:
-        doc = self._json(text, mid, "result", "measure")
-        if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
-            raise InputFileError(f"db: {self.path}: measure {mid!r}: its result is not a list of "
-                                 "records; the store is damaged or was changed by hand",
-                                 path=self.path)
-        return doc["records"]
 
     def timings(self, ids: Iterable[str], since: float | None = None,
                 by: str | None = None) -> dict[str, dict[str, float]]:
@@ -347,65 +321,6 @@ class Store:
                 for t in ("runs", "members", "metrics", "final", "measures") if self._has_table(t)}
 
     # ---- measures ------------------------------------------------------------------------
-    def measure(self, name: str, spec: Mapping[str, Any], compute: Callable[[], Any], *,
-                run: str | None = None, env: Mapping[str, Any] | None = None) -> list[dict]:
-        """The stored records of measure ``name`` on ``spec``, computing them if absent.
-
-        ``spec`` must hold everything the result depends on (sizes, a version, the ids of the
-        runs it reads); ``run`` is the trained run it measures, if any. ``compute()`` returns
-        one flat record (a dict) or a list of them; they are stored as one JSON document.
-
-        Raises:
-            ValueError: ``compute`` failed (the traceback is kept in the row), returned
-                something that is not records of JSON scalars, or another live process holds
-                the same measure.
-        """
-        mid = run_id({"measure": name, **spec})
-        row = self.conn.execute("SELECT status, result, host, pid FROM measures WHERE id=?",
-                                (mid,)).fetchone()
-        if row is not None and row["status"] == "done":
-            return self._records(row["result"], mid)
-        if row is not None and row["status"] == "running" and row["host"] == socket.gethostname() \
-                and pid_alive(row["pid"]) and row["pid"] != os.getpid():
-            raise ValueError(f"measure {name}: {mid} is being computed by process {row['pid']}")
-        with self.tx() as c:
-            c.execute("INSERT OR REPLACE INTO measures (id, name, run_id, spec, status, host, pid,"
-                      " created) VALUES (?,?,?,?,'running',?,?,?)",
-                      (mid, name, run, canonical(dict(spec)), socket.gethostname(), os.getpid(),
-                       time.time()))
-        try:
-            out = compute()
-            records = [dict(out)] if isinstance(out, Mapping) else [dict(r) for r in out]
-            doc = canonical({"records": records})  # fails on anything JSON cannot hold
-        except Exception as e:
-            with self.tx() as c:
-                c.execute("UPDATE measures SET status='failed', error=? WHERE id=?",
-                          (traceback.format_exc()[-4000:], mid))
-            raise ValueError(f"measure {name} failed: {type(e).__name__}: {e}") from e
-        with self.tx() as c:
-            c.execute("UPDATE measures SET status='done', result=?, error=NULL, finished=?, env=?"
-                      " WHERE id=?", (doc, time.time(), canonical(env or {}), mid))
-        return json.loads(doc)["records"]
-
-    def measure_names(self) -> list[str]:
-        """Names of the measures with a finished result."""
-        if not self._has_table("measures"):  # a store older than measures, opened read-only
-            return []
-        return [r[0] for r in self.conn.execute(
-            "SELECT DISTINCT name FROM measures WHERE status='done' ORDER BY name")]
-
-    def measure_rows(self, name: str | None = None) -> list[dict[str, Any]]:
-        """Finished measures (all, or one ``name``): id, name, run_id, spec, records, env."""
-        if not self._has_table("measures"):
-            return []
-        q = ("SELECT id, name, run_id, spec, result, env FROM measures WHERE status='done'"
-             " AND (? IS NULL OR name=?) ORDER BY name, created, id")
-        return [{"measure_id": r["id"], "name": r["name"], "run_id": r["run_id"],
-                 "spec": self._json(r["spec"], r["id"], "spec", "measure"),
-                 "records": self._records(r["result"], r["id"]),
-                 "env": self._json(r["env"], r["id"], "env", "measure") or {}}
-                for r in self.conn.execute(q, (name, name))]
-
     def check(self) -> str:
         """SQLite's own integrity check: ``ok`` or the problems it found."""
         return "; ".join(r[0] for r in self.conn.execute("PRAGMA integrity_check"))
