@@ -369,3 +369,34 @@ def test_a_nan_outside_the_attention_projections_is_refused(tmp_path):
                             "infinite of 40 values, the first at index [0, 0]); a weight outside "
                             "the attention projections is damaged, or the model overflows float32 "
                             "(refused)")
+
+
+def test_a_gguf_block_without_attn_v_is_named(tmp_path):
+    """It named attn_output instead ("has dimensions [8, 8]; ... implies [0, 8]"): the
+    missing attn_v had been read as zero-wide."""
+    import fuzz_formats
+
+    meta, tensors = fuzz_formats.gguf_seed()
+    f = tmp_path / "m.gguf"
+    f.write_bytes(fuzz_formats.gguf_bytes(meta, [t for t in tensors
+                                                 if t[0] != "blk.1.attn_v.weight"]))
+    with pytest.raises(InputFileError) as e:
+        resolve(str(f))
+    assert str(e.value) == f"{f}: block 1 lacks blk.1.attn_v.weight"
+
+
+def test_llama_weights_relabelled_as_qwen2_are_refused_naming_the_missing_biases(tmp_path):
+    """Analyzed as Qwen2 (exit 0) though every Qwen2 layer has q/k/v biases; ``tiecost`` refused
+    the same folder through transformers' load report."""
+    from test_analysis_loaders import tiny_llama
+
+    tiny_llama().float().save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputFileError) as e:
+        resolve(str(tmp_path))
+    assert str(e.value).endswith(": every qwen2 attention layer holds q_proj.bias, k_proj.bias, "
+                                 "v_proj.bias; layer 0 lacks model.layers.0.self_attn.q_proj.bias,"
+                                 " model.layers.0.self_attn.k_proj.bias, "
+                                 "model.layers.0.self_attn.v_proj.bias")

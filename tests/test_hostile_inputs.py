@@ -86,3 +86,14 @@ def test_results_stats_refuses_a_metric_no_run_records_listing_those_they_do(tmp
     assert main(["results", "all", "--db", str(db), "--stats", "val_loss"]) == 0
     out = capsys.readouterr().out  # one seed each: a mean, no interval
     assert out.count("val_loss 1.5 ± nan (n=1, params 100)") == 2
+
+
+def test_a_bad_argument_is_one_line_naming_the_help(capsys):
+    """argparse printed its usage block first: nine lines for ``convert --threads 0``."""
+    from qkvlab.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["convert", "smollm2", "--threads", "0"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("qkvlab convert: error: argument --threads: '0' is not a "
+                                       "positive integer (see qkvlab convert --help)\n")

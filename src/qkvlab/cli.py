@@ -50,9 +50,18 @@ def cmd_designs(args) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments end as one line, as every other bad input does, naming where the usage is
+    (argparse prints its whole usage block first: nine lines for ``convert``). Subcommands'
+    parsers are of this class too (``add_subparsers`` uses the parent's)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``command``'s delegated module is imported (all when None)."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="qkvlab",
         description="Every attention design from the questions, trained and measured.")
     sub = p.add_subparsers(dest="command", required=True)

@@ -48,6 +48,10 @@ GGUF_TO_HF_GEMMA3 = {**GGUF_TO_HF, "attn_q_norm": "self_attn.q_norm",
                      "ffn_norm": "pre_feedforward_layernorm",
                      "post_ffw_norm": "post_feedforward_layernorm"}
 _BLOCK = re.compile(r"^blk\.([0-9]{1,9})\.")
+# What every attention layer of a model type holds besides its four projections
+ALWAYS = {"qwen2": ("q_proj.bias", "k_proj.bias", "v_proj.bias"),
+          "gemma3_text": ("q_norm.weight", "k_norm.weight"),
+          "gemma3": ("q_norm.weight", "k_norm.weight")}
 GGUF_TOP = {"token_embd.weight": "model.embed_tokens.weight",
             "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
 
@@ -75,8 +79,13 @@ def _view(tensors: dict, where, *, L, H, G, model_type, name, source, family, no
     found = count_layers(tensors, lambda i: f"{pre}layers.{i}.self_attn.q_proj.weight")
     check_layers(where, L, found, layers_key)
     layers = []
+    need = ALWAYS.get(model_type, ())
     for i in range(L):
         a = f"{pre}layers.{i}.self_attn"
+        lacks = [f"{a}.{t}" for t in need if f"{a}.{t}" not in tensors]
+        if lacks:  # Llama weights relabelled as Qwen2, say: the model the config names has them
+            raise InputFileError(f"{where}: every {model_type} attention layer holds "
+                                 f"{', '.join(need)}; layer {i} lacks {', '.join(lacks)}")
 
         def wb(p, a=a):  # bind this layer's prefix
             return take(tensors, f"{a}.{p}.weight", where, ndim=2), tensors.get(f"{a}.{p}.bias")
@@ -233,15 +242,19 @@ def _check_gguf_config(path: Path, cfg: dict, names: dict) -> None:
 
     want = {"token_embd.weight": [D, cfg["vocab_size"]]}
     for i in range(L):
+        missing = [f"blk.{i}.{t}.weight" for t in ("attn_q", "attn_k", "attn_v", "attn_output")
+                   if f"blk.{i}.{t}.weight" not in names]
+        if missing:
+            raise InputFileError(f"{path}: block {i} lacks {', '.join(missing)}")
         q, k = shape(f"blk.{i}.attn_q.weight"), shape(f"blk.{i}.attn_k.weight")
-        if q is None or k is None or len(q) != 2 or len(k) != 2:
+        if len(q) != 2 or len(k) != 2:
             raise InputFileError(f"{path}: block {i} has no 2-D attn_q and attn_k weights")
         # llama.cpp permutes Q/K rows in pairs per head (arch llama): rows per head are even
         step = 2 if cfg["model_type"] == "llama" else 1
         if q[1] % (H * step) or k[1] % (G * step) or q[1] // H != k[1] // G:
             raise InputFileError(f"{path}: block {i}: attn_q {q} and attn_k {k} do not split "
                                   f"into {H} and {G} heads of one width")
-        d_v = (shape(f"blk.{i}.attn_v.weight") or [D, 0])[1] // G
+        d_v = shape(f"blk.{i}.attn_v.weight")[-1] // G
         want.update({f"blk.{i}.attn_q.weight": [D, q[1]], f"blk.{i}.attn_k.weight": [D, k[1]],
                      f"blk.{i}.attn_v.weight": [D, G * d_v],
                      f"blk.{i}.attn_output.weight": [H * d_v, D],

@@ -110,7 +110,8 @@ def read_marian(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, np.n
                 raise InputFileError(f"{path}: {name} is an int8 weight of rank {len(shape)}")
             q = q.reshape(shape) if name == "Wemb" else q.reshape(shape[::-1])
             int8[name], int8[f"{name}/quant_mult"] = q.copy(), np.float32(m)
-            tensors[name] = q.astype(np.float32) / np.float32(m)
+            with np.errstate(divide="ignore", invalid="ignore"):  # zero m: refused by name
+                tensors[name] = q.astype(np.float32) / np.float32(m)
         else:
             raise InputFileError(f"{path}: {name} has unsupported element type {typ:#x}")
     return tensors, int8, yml

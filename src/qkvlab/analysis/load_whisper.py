@@ -131,7 +131,8 @@ def read_ct2(path: str | Path) -> tuple[str, dict[str, np.ndarray]]:
         if w not in out or out[w].ndim < 1 or scale.size not in (1, out[w].shape[0]):
             raise InputFileError(f"{path}: {name!r} ({scale.size} values) does not scale a "
                                   f"weight {w!r} with as many rows")
-        out[w] = out[w].astype(np.float32) / scale.reshape(-1, *([1] * (out[w].ndim - 1)))
+        with np.errstate(divide="ignore", invalid="ignore"):  # a zero scale: refused by name
+            out[w] = out[w].astype(np.float32) / scale.reshape(-1, *([1] * (out[w].ndim - 1)))
     return spec, out
 
 
