@@ -322,3 +322,38 @@ def test_kv_targets_are_read_where_the_cache_dominates():
     slow = kv._target("x", rows[0], 0.7, 0.5, 1.0, 0.9, {**rows[0], "products_gb_s": 9.0})
     assert slow["bounded_by"] == ("BLAS products (9.0 GB/s vs copy 10.0 GB/s); "
                                   "bound above the target: the rest of the step")
+
+
+def test_the_study_reads_the_newest_kv_bench_of_its_own_cpu(tmp_path, monkeypatch):
+    """``bench --only kv`` records its rows (measure kv_bench); the study's payoff curve reads
+    the newest taken on the CPU of its own kv_decode, else its own, and says which."""
+    from qkvlab.bench import kv
+    from qkvlab.experiments.store import Store
+    from qkvlab.studies.qkv.compute import results
+    from qkvlab.studies.qkv.compute.frames import kv_payoff
+
+    def rows(tokens):
+        return [{"context": 512, "batch": 1, "design": d, "kernel": "sdpa",
+                 "tokens_per_s": tokens * r, "tokens_per_s_sdpa": tokens * r, "ratio": r,
+                 "cache_bytes": 1, "cache_share": 0.5, "bound_tokens_per_s": 9.0}
+                for d, r in (("standard", 1.0), ("tied_kv", 1.5))]
+
+    db = tmp_path / "r.db"
+    with Store(db) as s:
+        s.measure("kv_decode", {"profile": "smoke", "cpu_model": "A", "version": 0},
+                  lambda: rows(100.0))
+    times = iter(["2026-11-26T10:00:00", "2026-11-26T11:00:00", "2026-11-26T12:00:00"])
+    monkeypatch.setattr("time.strftime", lambda fmt: next(times))
+    for cpu, tokens, device in (("A", 200.0, "cpu"), ("A", 300.0, "cpu"), ("B", 400.0, "cpu")):
+        monkeypatch.setattr("qkvlab.env.cpu_model", lambda cpu=cpu: cpu)
+        kv.record_kv_bench(db, {"grid": "full", "rows": rows(tokens)}, device)
+    monkeypatch.setattr(results, "current", lambda df, name: df.index == df.index)
+    with Store(db, readonly=True) as s:
+        data = results.StudyData(profile=None, runs=None, comparisons=None, probe=None,
+                                 measures=results.measures(s, results.pd.DataFrame(), "smoke"))
+    got = kv_payoff(data)
+    assert list(got.tokens_per_s) == [300.0, 450.0] and set(got.source) == {"bench"}
+    assert set(got.taken) == {"2026-11-26T11:00:00"}  # A's newest; B is another machine
+    data.measures["kv_decode"]["spec.cpu_model"] = "C"  # the study ran on a third CPU
+    assert set(kv_payoff(data).source) == {"study"}
+    assert list(kv_payoff(data).tokens_per_s) == [100.0, 150.0]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from qkvlab.bench.kv import bench_kv, kv_figure
+from qkvlab.bench.kv import bench_kv, kv_figure, record_kv_bench
 from qkvlab.bench.peers import load_nanogpt
 from qkvlab.bench.run import check_device, default_device, run_bench
 from qkvlab.bench.tables import bench_tables
@@ -41,6 +41,10 @@ def configure(parser) -> None:
                         help="torch threads (default: PyTorch's; on a loaded 2-core machine 1 "
                              "gives steadier ratios)")
     parser.add_argument("--out", default="results/bench.json")
+    parser.add_argument("--db", default="results/qkvlab.db",
+                        help="with --only kv: the results store its rows are recorded in "
+                             "(measure kv_bench), where the study's report reads them in place "
+                             "of its own shorter measurement on the same CPU")
 
 
 def run(args) -> int:
@@ -59,6 +63,7 @@ def run(args) -> int:
     if args.only == "kv":
         res = {"cpu_model": cpu_model(), "device": device,
                "kv_decode": bench_kv("full", device=device, log=log)}
+        record_kv_bench(args.db, res["kv_decode"], device)
     elif args.only == "convert":
         from qkvlab.bench.convert import bench_convert, convert_table
         res = {"cpu_model": cpu_model(), "device": device,

@@ -31,6 +31,27 @@ def bench_kv(grid: str = "small", device: str = "cpu", log=print) -> dict:
     return {"grid": grid, "rows": rows, "targets": targets(rows)}
 
 
+def record_kv_bench(db, kv: dict, device: str) -> dict:
+    """Record a ``bench_kv`` result in the results store at ``db`` as one ``kv_bench`` measure:
+    its rows, under a spec naming the grid, device, CPU model, threads, PyTorch and when it was
+    taken (each bench run is a record of its own). The study's Q3 payoff curve reads the newest
+    one taken on the CPU its own measurement ran on (``compute.frames.kv_payoff``). Returns
+    the spec."""
+    import time
+
+    import torch
+
+    from qkvlab.env import cpu_model
+    from qkvlab.experiments.store import Store
+
+    spec = {"grid": kv["grid"], "device": device, "cpu_model": cpu_model(),
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "order": "alternating", "taken": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    with Store(db) as store:
+        store.measure("kv_bench", spec, lambda: kv["rows"])
+    return spec
+
+
 def targets(rows: list[dict]) -> list[dict]:
     """Each target at the longest context (largest batch there) whose standard cache is >= 80%
     of what a step reads: measured against the target, met or not, beside two bounds, the same

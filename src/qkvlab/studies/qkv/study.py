@@ -23,7 +23,7 @@ import torch
 
 from qkvlab.analysis.run import SUMMARY_VERSION
 from qkvlab.analysis.zoo import load_manifest
-from qkvlab.env import environment
+from qkvlab.env import cpu_model, environment
 from qkvlab.experiments.frames import runs_frame
 from qkvlab.experiments.registry import ResultsPending, get_profile
 from qkvlab.experiments.runner import failure_report, status_counts, sweep, sweep_ids
@@ -240,10 +240,11 @@ def run_measures(rec: Recorder, cfg: StudyConfig) -> None:
                                p.decode_tokens, p.rounds))
     record_prediction(rec, cfg, runs)
     if p.kv_contexts:
-        # order: both orders alike, own_sdpa, the probe rounding down (9bbf83b): a new record
+        # order: both orders alike, own_sdpa, the probe rounding down (9bbf83b): a new record;
+        # cpu_model: the machine, whose `qkvlab bench --only kv` rows the report prefers
         rec("kv_decode", {"contexts": list(p.kv_contexts), "batches": list(p.kv_batches),
                           "rounds": p.rounds, "d_model": 512, "n_heads": 8, "n_layers": 1,
-                          "order": "alternating"},
+                          "order": "alternating", "cpu_model": cpu_model()},
             lambda: M.kv_decode(p.kv_contexts, p.kv_batches, p.rounds))
 
 

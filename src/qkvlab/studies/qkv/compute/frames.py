@@ -233,15 +233,31 @@ def decode_ratios(data: StudyData) -> pd.DataFrame:
                          for d in KV_DESIGNS if d in dec.index])
 
 
+KV_COLUMNS = ["context", "batch", "design", "kernel", "tokens_per_s", "tokens_per_s_sdpa",
+              "ratio", "cache_bytes", "cache_share", "bound_tokens_per_s"]
+
+
 def kv_payoff(data: StudyData) -> pd.DataFrame:
-    """Q3's payoff curve: the kv_decode records of one measurement (the first at this profile),
-    one row per context, batch and cache layout."""
+    """Q3's payoff curve, one row per context, batch and cache layout: the newest
+    ``qkvlab bench --only kv`` record (measure ``kv_bench``) taken on the CPU the study's own
+    kv_decode measurement ran on, where one exists (a longer grid, measured on its own, not a
+    second noisier measurement), else the study's kv_decode records (the first at this
+    profile). ``source`` says which (``bench``: with ``taken`` and ``threads``)."""
     kv = data.measure("kv_decode")
     if kv.empty or "context" not in kv:
         return pd.DataFrame()
     kv = kv[kv.measure_id == kv.measure_id.iloc[0]]
-    return kv[["context", "batch", "design", "kernel", "tokens_per_s", "tokens_per_s_sdpa",
-               "ratio", "cache_bytes", "cache_share", "bound_tokens_per_s"]].reset_index(drop=True)
+    bench = data.measure("kv_bench")
+    cpu = kv["spec.cpu_model"].iloc[0] if "spec.cpu_model" in kv else None
+    if cpu is not None and not bench.empty and "spec.cpu_model" in bench:
+        mine = bench[(bench["spec.cpu_model"] == cpu) & (bench["spec.device"] == "cpu")]
+        if not mine.empty:
+            newest = mine[mine["spec.taken"] == mine["spec.taken"].max()]
+            newest = newest[newest.measure_id == newest.measure_id.iloc[0]]
+            return newest[KV_COLUMNS].assign(source="bench", taken=newest["spec.taken"],
+                                             threads=newest["spec.threads"]
+                                             ).reset_index(drop=True)
+    return kv[KV_COLUMNS].assign(source="study").reset_index(drop=True)
 
 
 def kv_pays(data: StudyData) -> pd.DataFrame:

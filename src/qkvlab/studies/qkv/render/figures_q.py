@@ -355,9 +355,13 @@ def fig_q3_kv_payoff(data: StudyData, out: Path) -> Figure | None:
         ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short spans
     axes[0][0].set_ylabel("decode tokens/s")
     axes[0][-1].legend(fontsize=7)
+    src = kv.iloc[0]
+    where = (f"Measured by `qkvlab bench --only kv` on this CPU ({src.taken}, "
+             f"{int(src.threads)} threads), read in place of the study's own shorter measurement"
+             if src.source == "bench" else "One interleaved measurement by the study")
     return save(fig, kv, out, "q3_kv_payoff", "Where K = V pays, and by how much",
                 "One decode step of a one-layer decoder (d_model 512, 8 heads of 64) whose cache "
                 "holds `context` tokens, per cache layout (gqa_G: G kv heads); dashed: the "
-                "memory bound, batch × copy bandwidth / (cache + weight bytes). One interleaved "
-                "measurement; the decode attention is SDPA or qkvlab's blocked kernel, "
-                "whichever its probe measured faster.")
+                f"memory bound, batch × copy bandwidth / (cache + weight bytes). {where}; the "
+                "decode attention is SDPA or qkvlab's blocked kernel, whichever its probe "
+                "measured faster.")
