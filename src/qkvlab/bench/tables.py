@@ -191,7 +191,7 @@ def _kv_tables(kv: dict) -> str:
                               "attention GB/s", "products GB/s", "products bound tokens/s",
                               "decode attention"], rows))
     if kv.get("targets"):
-        t = [[x["what"], x["context"], x["batch"], x["target"], x["measured"],
+        t = [[x["what"], x["context"] or "", x["batch"] or "", x["target"], x["measured"],
               "met" if x["met"] else "not met", x["bound"],
               "" if x.get("products_bound") is None else x["products_bound"],
               x.get("bounded_by", "")] for x in kv["targets"]]
