@@ -174,7 +174,8 @@ def _kv_tables(kv: dict) -> str:
     """The KV-decode sweep: per (context, batch) and layout, tokens/s with the chosen decode
     attention and with SDPA, the ratio to standard, cache and bound; then the targets."""
     rows = [[r["context"], r["batch"], r["design"], int(r["tokens_per_s"]),
-             int(r["tokens_per_s_sdpa"]), r["ratio"], f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}",
+             int(r["tokens_per_s_sdpa"]), r.get("own_sdpa", ""), r["ratio"],
+             f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}",
              r["cache_bytes"] / 1e6, f"{r['cache_share']:.0%}", int(r["bound_tokens_per_s"]),
              r["attention_cache_gb_s"], r.get("products_gb_s", ""),
              int(r["products_bound_tokens_per_s"]) if "products_bound_tokens_per_s" in r else "",
@@ -182,12 +183,15 @@ def _kv_tables(kv: dict) -> str:
     copy = kv["rows"][0]["copy_gb_s"] if kv["rows"] else 0.0
     text = ("When does K = V pay? One batch decoding step, cache of `context` tokens (random), "
             "one layer d_model 512, 8 heads of 64; ratio = tokens/s / standard's (median of "
-            f"interleaved rounds, min-max); bound = batch x copy bandwidth ({copy:.1f} GB/s) / "
+            "interleaved rounds, min-max); on kernel / on SDPA = the step on its chosen decode "
+            "attention over the same step pinned to SDPA, paired by round (where it chose SDPA: "
+            f"the measurement's noise); bound = batch x copy bandwidth ({copy:.1f} GB/s) / "
             "(cache + weight bytes); attention GB/s = cache bytes / the attention alone; "
             "products GB/s = cache bytes / the blocked kernel's two products alone (scores, "
             "weighted sum), products bound = batch / their time per step\n\n"
             + markdown_table(["context", "batch", "design", "tokens/s", "tokens/s, SDPA",
-                              "ratio", "spread", "cache MB", "cache share", "bound tokens/s",
+                              "on kernel / on SDPA", "ratio", "spread", "cache MB",
+                              "cache share", "bound tokens/s",
                               "attention GB/s", "products GB/s", "products bound tokens/s",
                               "decode attention"], rows))
     if kv.get("targets"):
