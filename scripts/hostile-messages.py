@@ -307,6 +307,20 @@ def table(rows: list[dict], tmp: Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def _preamble(n: int, seconds: float) -> str:
+    """What the table is, and where and when it was made (computed, not typed)."""
+    from qkvlab.env import cpu_model, git_revision
+
+    return (f"# Hostile and careless input: what each command says\n\n"
+            f"Issue 41's cases, {n} of them, each run through the real command line by "
+            f"`scripts/hostile-messages.py` (commit {git_revision() or 'unknown'}, "
+            f"{time.strftime('%Y-%m-%d')}, {cpu_model() or 'unknown CPU'}, {seconds:.0f} s). "
+            "Every case but the last is bad input: it must exit 2 with one line naming what is "
+            "wrong, before any model trains, with no planted code run. The last row is a read "
+            "command on a valid store, which must leave nothing beside it. Regenerate with "
+            "`.venv/bin/python scripts/hostile-messages.py --out docs/hostile-inputs.md`.\n\n")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="also write the Markdown table here")
@@ -328,7 +342,7 @@ def main() -> int:
     print(text, end="")
     print(f"{len(rows)} cases in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     if args.out:
-        Path(args.out).write_text(text)
+        Path(args.out).write_text(_preamble(len(rows), time.perf_counter() - t0) + text)
     return 0
 
 
