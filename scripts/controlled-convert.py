@@ -39,6 +39,7 @@ from qkvlab import load_model, save_model
 from qkvlab.experiments.store import Store
 from qkvlab.models.tie import tie_kv
 from qkvlab.stats import decide, holm, paired
+from qkvlab.tables import markdown_table
 from qkvlab.train import TrainConfig, run_from_spec, train
 from qkvlab.train.build import make_task
 from qkvlab.train.trainer import FINAL_MODEL
@@ -195,24 +196,26 @@ def report(recs: list[dict], rates: dict) -> str:
     mean = lambda arm, u: sum(at[(arm, u, s)] for s in seeds) / len(seeds)  # noqa: E731
     lines = ["Rates chosen on val (tuning seed " + str(TUNE_SEED) + "): "
              + ", ".join(f"{k} {v:.3g}" for k, v in rates.items()) + ".", "",
-             "| arm | u | steps in all | test loss per token (mean over seeds) |",
-             "|---|---|---|---|"]
-    lines.append(f"| pretrained (standard) | 0 | {S:,} | {mean('pretrained', 0.0):.4f} |")
-    lines.append(f"| control (uniform attention) | 0 | {S:,} | {mean('control', 0.0):.4f} |")
-    for u in SHARES:
-        for arm in ("converted", "continued", "scratch_kv", "scratch"):
-            lines.append(f"| {arm} | {u:g} | {S + max(1, round(u * S)):,} | "
-                         f"{mean(arm, u):.4f} |")
+             markdown_table(["arm", "u", "steps in all", "test loss per token (mean over seeds)"],
+                            [["pretrained (standard)", "0", f"{S:,}",
+                              f"{mean('pretrained', 0.0):.4f}"],
+                             ["control (uniform attention)", "0", f"{S:,}",
+                              f"{mean('control', 0.0):.4f}"],
+                             *([arm, f"{u:g}", f"{S + max(1, round(u * S)):,}",
+                                f"{mean(arm, u):.4f}"] for u in SHARES
+                               for arm in ("converted", "continued", "scratch_kv", "scratch"))],
+                            cell=str)]
     ctl = paired([at[("control", 0.0, s)] for s in seeds],
                  [at[("pretrained", 0.0, s)] for s in seeds])
     lines += ["", f"The control is {100 * math.expm1(ctl['diff']):+.1f}% per token over the "
               f"pretrained standard model (p {ctl['p']:.2g}, {len(seeds)} seeds).", "",
-              "| converted (fitted K=V, uptrained) vs | u | % perplexity per token (95% CI) "
-              "| verdict (±2% margin, Holm over 6) | Holm p (difference ≠ 0) |",
-              "|---|---|---|---|---|"]
-    for r in verdicts(recs):
-        lines.append(f"| {r['vs']} | {r['u']:g} | {r['pct']:+.2f}% ({r['lo']:+.2f} to "
-                     f"{r['hi']:+.2f}) | {r['status']} | {r['p_holm']:.2g} |")
+              markdown_table(["converted (fitted K=V, uptrained) vs", "u",
+                              "% perplexity per token (95% CI)",
+                              "verdict (±2% margin, Holm over 6)", "Holm p (difference ≠ 0)"],
+                             [[r["vs"], f"{r['u']:g}",
+                               f"{r['pct']:+.2f}% ({r['lo']:+.2f} to {r['hi']:+.2f})",
+                               r["status"], f"{r['p_holm']:.2g}"] for r in verdicts(recs)],
+                             cell=str)]
     return "\n".join(lines)
 
 

@@ -293,18 +293,17 @@ def _arg(a: str) -> str:
 
 
 def table(rows: list[dict], tmp: Path) -> str:
+    from qkvlab.tables import markdown_table
+
     def cell(s) -> str:
         s = str(s)
         for t in {str(tmp.resolve()), str(tmp)}:
             s = s.replace(t, "TMP")
-        return s.replace("|", "\\|").replace("\n", " ")
+        return s
 
-    out = ["| case | command | exit | stderr lines | last stderr line | check |",
-           "|---|---|---|---|---|---|"]
-    for r in rows:
-        out.append(f"| {cell(r['case'])} | `{cell(r['command'])}` | {r['exit']} | {r['lines']} "
-                   f"| {cell(r['last'])} | {cell(r['notes'])} |")
-    return "\n".join(out) + "\n"
+    return markdown_table(["case", "command", "exit", "stderr lines", "last stderr line", "check"],
+                          [[r["case"], f"`{r['command']}`", r["exit"], r["lines"], r["last"],
+                            r["notes"]] for r in rows], cell=cell) + "\n"
 
 
 def _preamble(n: int, seconds: float) -> str:

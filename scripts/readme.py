@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from qkvlab.studies.qkv.plan.claims import QUESTIONS
+from qkvlab.tables import markdown_table
 
 BEGIN, END = "<!-- answers: begin -->", "<!-- answers: end -->"
 
@@ -40,10 +41,8 @@ def table(reports: list[Path]) -> str:
     found = [r for rep in reports for r in rows(rep)]
     order = {title: i for i, (title, _) in enumerate(QUESTIONS.values())}
     found.sort(key=lambda r: order[r[0]])  # by question, reports in the order given
-    cell = lambda s: s.replace("|", "\\|").replace("\n", " ")  # noqa: E731
-    return "\n".join(["| question | report | the answer, and the numbers that carry it |",
-                      "|---|---|---|",
-                      *(f"| {cell(a)} | {cell(b)} | {cell(c)} |" for a, b, c in found)])
+    return markdown_table(["question", "report", "the answer, and the numbers that carry it"],
+                          found, cell=str)
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "qkvlab"
-LEAVES = ("typed", "fileio", "env", "progress", "stats", "timing", "inputs", "cliargs")
+LEAVES = ("typed", "fileio", "env", "progress", "stats", "timing", "inputs", "cliargs", "tables")
 # lowest first: kernels under the attention designs that use them, the bench above every
 # library layer it times, the studies above the library, the command line and the package's
 # own namespace on top

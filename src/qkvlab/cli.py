@@ -12,7 +12,7 @@ import os
 import sys
 
 from qkvlab.attention import DESIGNS, AttentionConfig, build_attention
-from qkvlab.bench.tables import markdown_table
+from qkvlab.tables import markdown_table
 from qkvlab.cliargs import check_args
 from qkvlab.experiments.registry import load_studies
 from qkvlab.inputs import print_error

@@ -10,6 +10,7 @@ from pathlib import Path
 from qkvlab.analysis.measures import PUBLISHED_SOURCE, PUBLISHED_SYMMETRY
 from qkvlab.analysis.run import analyze
 from qkvlab.inputs import MEMORY_ENV, InputFileError, parse_bytes, print_error
+from qkvlab.tables import markdown_table
 
 # Rows of the printed summary: symmetry and the three subspace overlaps answer the question.
 PRINTED = ("symmetry", "symmetry_layer", "symmetry_layer_median", "positive_share", "overlap_qk",
@@ -55,13 +56,12 @@ def run_analyze(args) -> int:
           f" d_head {meta['d_head']}); null = {meta['n_null']} random heads of the same shapes")
     for note in meta["notes"]:
         print(f"note: {note}")
-    print("| role | measure | mean over heads | null mean [95%] | heads above null |")
-    print("|---|---|---|---|---|")
-    for s in res["summary"]:
-        if s["measure"] in PRINTED:
-            print(f"| {s['role']} | {s['measure']} | {s['mean']:.3f} ± {s['std']:.3f} | "
-                  f"{s['null_mean']:.3f} [{s['null_lo']:.3f}, {s['null_hi']:.3f}] | "
-                  f"{s['share_above_null']:.0%} |")
+    print(markdown_table(
+        ["role", "measure", "mean over heads", "null mean [95%]", "heads above null"],
+        [[s["role"], s["measure"], f"{s['mean']:.3f} ± {s['std']:.3f}",
+          f"{s['null_mean']:.3f} [{s['null_lo']:.3f}, {s['null_hi']:.3f}]",
+          f"{s['share_above_null']:.0%}"] for s in res["summary"] if s["measure"] in PRINTED],
+        cell=str))
     print("published symmetry s, median over layers as symmetry_layer_median (" +
           PUBLISHED_SOURCE + "; not measured here): " +
           ", ".join(f"{k} {v:g}" for k, v in PUBLISHED_SYMMETRY.items()))

@@ -369,11 +369,11 @@ def rows(models: dict[str, ZooModel], directory: str | os.PathLike | None = None
 
 def markdown_table(models: dict[str, ZooModel] | None = None) -> str:
     """docs/zoo.md's table, generated from the manifest."""
+    from qkvlab.tables import markdown_table as table
+
     models = load_manifest() if models is None else models
-    lines = [("| name | model | architecture | roles | params | d_head | format | size | "
-             "parity reference | profile |"), "|---|---|---|---|---|---|---|---|---|---|"]
-    for m in models.values():
-        lines.append(f"| `{m.name}` | {m.title} | {m.architecture} | {', '.join(m.roles)} | "
-                     f"{m.params / 1e6:,.0f}M | {m.d_head} | {m.format} | "
-                     f"{m.size / 1e6:,.0f} MB | {m.reference} | {m.profile} |")
-    return "\n".join(lines)
+    return table(["name", "model", "architecture", "roles", "params", "d_head", "format", "size",
+                  "parity reference", "profile"],
+                 [[f"`{m.name}`", m.title, m.architecture, ", ".join(m.roles),
+                   f"{m.params / 1e6:,.0f}M", m.d_head, m.format, f"{m.size / 1e6:,.0f} MB",
+                   m.reference, m.profile] for m in models.values()], cell=str)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from qkvlab.analysis.zoo import ZooError, fetch, get, load_manifest, rows, zoo_dir
+from qkvlab.tables import markdown_table
 
 
 def configure_zoo(parser: argparse.ArgumentParser) -> None:
@@ -31,21 +32,20 @@ def configure_zoo(parser: argparse.ArgumentParser) -> None:
 def run_zoo(args) -> int:
     models = load_manifest()
     if args.action == "table":
-        from qkvlab.analysis.zoo import markdown_table
+        from qkvlab.analysis.zoo import markdown_table as zoo_table
 
-        print(markdown_table(models))
+        print(zoo_table(models))
         return 0
     if args.action == "summary":
         print(summary_table(models, Path(args.analysis)))
         return 0
     if args.action == "list":
         print(f"zoo folder: {zoo_dir(args.dir)} (set --dir or ${'QKVLAB_ZOO'})")
-        print("| name | model | family | roles | params | size | profile | where |")
-        print("|---|---|---|---|---|---|---|---|")
-        for r in rows(models, args.dir):
-            print(f"| {r['name']} | {r['model']} | {r['family']} | {r['roles']} | "
-                  f"{r['params'] / 1e6:,.0f}M | {r['size'] / 1e6:,.0f} MB | {r['profile']} | "
-                  f"{r['where']} |")
+        print(markdown_table(
+            ["name", "model", "family", "roles", "params", "size", "profile", "where"],
+            [[r["name"], r["model"], r["family"], r["roles"], f"{r['params'] / 1e6:,.0f}M",
+              f"{r['size'] / 1e6:,.0f} MB", r["profile"], r["where"]]
+             for r in rows(models, args.dir)], cell=str))
         return 0
     if not args.names:
         print(f"error: zoo fetch: name a model or 'all'; known: {sorted(models)}",
@@ -69,8 +69,7 @@ HEADLINE = ("symmetry", "symmetry_layer", "overlap_qk", "overlap_kv", "overlap_q
 def summary_table(models: dict, folder: Path) -> str:
     """Per zoo model and role: mean over heads (null mean) of the headline measures, read from
     the ``measures.json`` that ``qkvlab analyze`` wrote; models not analyzed are left out."""
-    lines = ["| model | params | role | heads | " + " | ".join(HEADLINE) + " | analyze s |",
-             "|---|---|---|---|" + "---|" * (len(HEADLINE) + 1)]
+    out = []
     for m in models.values():
         path = folder / m.name / "measures.json"
         if not path.is_file():
@@ -82,6 +81,7 @@ def summary_table(models: dict, folder: Path) -> str:
                      if (role, k) in by else "" for k in HEADLINE]
             n = next((s["n_heads"] for (r, k), s in by.items()
                       if r == role and k == "symmetry"), "")
-            lines.append(f"| {m.name} | {m.params / 1e6:,.0f}M | {role} | {n} | "
-                         + " | ".join(cells) + f" | {res['timings']['total_s']:.0f} |")
-    return "\n".join(lines)
+            out.append([m.name, f"{m.params / 1e6:,.0f}M", role, n, *cells,
+                        f"{res['timings']['total_s']:.0f}"])
+    return markdown_table(["model", "params", "role", "heads", *HEADLINE, "analyze s"], out,
+                          cell=str)

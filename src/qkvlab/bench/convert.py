@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from qkvlab.timing import interleaved_rounds, rate, ratio_stats
+from qkvlab.tables import markdown_table
 
 
 def _plain_step(student, teacher, opt, x, alpha=0.5, temp=2.0):
@@ -86,9 +87,9 @@ def bench_convert(source: str = "smollm2", rounds: int = 3, batch: int = 4, seq_
 def convert_table(res: dict) -> str:
     """The bench's rows as a markdown table, the ratio and its verdict under it."""
     r = res["ratio"]
-    lines = ["| contender | precision | tokens/s (median) | matrix TFLOP/s |", "|---|---|---|---|"]
-    lines += [f"| {x['contender']} | {x['precision']} | {x['tokens_per_s']:.1f} | "
-              f"{x['tflop_s']:.3f} |" for x in res["rows"]]
+    lines = [markdown_table(["contender", "precision", "tokens/s (median)", "matrix TFLOP/s"],
+                            [[x["contender"], x["precision"], f"{x['tokens_per_s']:.1f}",
+                              f"{x['tflop_s']:.3f}"] for x in res["rows"]], cell=str)]
     lines.append(f"\nqkvlab / plain loop: {r['ratio']:.2f}× (min {r['min']:.2f}, max "
                  f"{r['max']:.2f}; {r['verdict']}); process peak RSS {res['peak_rss_gb']:.1f} GiB")
     return "\n".join(lines)

@@ -7,20 +7,8 @@ missing column prints empty) and nothing else.
 from __future__ import annotations
 
 from qkvlab.bench.peers import PEER_SETTINGS
+from qkvlab.tables import markdown_table
 from qkvlab.timing import SPEED_MARGIN
-
-
-def markdown_table(headers: list[str], rows: list[list]) -> str:
-    """A Markdown table; floats to 3 significant digits below 0.01 or from 1e5, else 2
-    decimals, ints with thousands separators."""
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.3g}" if abs(v) < 1e-2 or abs(v) >= 1e5 else f"{v:,.2f}"
-        return f"{v:,}" if isinstance(v, int) else str(v)
-
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _cpu_table(res: dict) -> str:

@@ -8,6 +8,7 @@ import sys
 from qkvlab.hf.cost import CostConfig, layer_table, measure_tie_cost, refusals, summary_rows
 from qkvlab.hf.tie import KINDS
 from qkvlab.inputs import print_error
+from qkvlab.tables import markdown_table
 
 
 def _kinds(text: str) -> tuple[str, ...]:
@@ -66,19 +67,16 @@ def run_tiecost(args) -> int:
                                     log=lambda s: print(s, file=sys.stderr, flush=True))
         except (FileNotFoundError, ValueError) as e:
             return print_error("qkvlab tiecost", ValueError(str(e)))
-    print("| tie | layers | stage | ppl | Δ ppl | Δ nll | KV cache | attn params |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in summary_rows(recs):
-        print(f"| {r['tie']} | {r['layers']} | {r['stage']} | {r['ppl']:.2f} | "
-              f"{r['delta_ppl']:+.2f} | {r['delta_nll']:+.3f} | {r['kv_cache']:.2f} | "
-              f"{r['attn_params']:.2f} |")
-    for kind, why in refusals(recs).items():
-        print(f"| {kind} | | refused: {why} | | | | | |")
+    print(markdown_table(
+        ["tie", "layers", "stage", "ppl", "Δ ppl", "Δ nll", "KV cache", "attn params"],
+        [*([r["tie"], r["layers"], r["stage"], f"{r['ppl']:.2f}", f"{r['delta_ppl']:+.2f}",
+            f"{r['delta_nll']:+.3f}", f"{r['kv_cache']:.2f}", f"{r['attn_params']:.2f}"]
+           for r in summary_rows(recs)),
+         *([kind, "", f"refused: {why}", "", "", "", "", ""]
+           for kind, why in refusals(recs).items())], cell=str))
     headers, rows = layer_table(recs)
     if rows:
-        print("\n| " + " | ".join(headers) + " |\n|" + "---|" * len(headers))
-        for row in rows:
-            cells = ["" if v is None else f"{v:+.2f}" if h.startswith("Δ") else f"{v:.3f}"
-                     for h, v in zip(headers[1:], row[1:])]
-            print("| " + " | ".join([str(row[0]), *cells]) + " |")
+        print("\n" + markdown_table(headers, [
+            [str(row[0]), *("" if v is None else f"{v:+.2f}" if h.startswith("Δ") else f"{v:.3f}"
+                            for h, v in zip(headers[1:], row[1:]))] for row in rows], cell=str))
     return 0

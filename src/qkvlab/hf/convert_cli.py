@@ -10,6 +10,7 @@ from pathlib import Path
 
 from qkvlab.hf.tie import STARTS
 from qkvlab.hf.uptrain import UptrainConfig
+from qkvlab.tables import markdown_table
 
 
 def _positive(text: str) -> int:
@@ -105,14 +106,12 @@ def run_convert(args) -> int:
                        more_text=args.more_text, time_limit=args.time_limit,
                        lr_grid=args.lr_grid,
                        log=lambda s: print(s, file=sys.stderr, flush=True))
-    print(f"| {args.source} {cfg.tie}/{cfg.start} | tokens | ppl | teacher ppl | perplexity over "
-          "the teacher's, per token (95% CI) | KV cache × | tokens/s |")
-    print("|---|---|---|---|---|---|---|")
-    for r in recs:
-        tps = f"{r['tokens_per_s']:.0f}" if r.get("tokens_per_s") else ""
-        print(f"| | {r['tokens']:,} | {r['ppl']:,.3f} | {r['ppl_teacher']:.3f} | "
-              f"{_gap(r['gap'])} ({_gap(r['gap_lo'])} to {_gap(r['gap_hi'])}) | "
-              f"{r['kv_cache']:.2f} | {tps} |")
+    print(markdown_table(
+        [f"{args.source} {cfg.tie}/{cfg.start}", "tokens", "ppl", "teacher ppl",
+         "perplexity over the teacher's, per token (95% CI)", "KV cache ×", "tokens/s"],
+        [["", f"{r['tokens']:,}", f"{r['ppl']:,.3f}", f"{r['ppl_teacher']:.3f}",
+          f"{_gap(r['gap'])} ({_gap(r['gap_lo'])} to {_gap(r['gap_hi'])})", f"{r['kv_cache']:.2f}",
+          f"{r['tokens_per_s']:.0f}" if r.get("tokens_per_s") else ""] for r in recs], cell=str))
     if args.out:
         print(f"wrote {args.out} (load it with qkvlab.hf.convert.load_converted)")
     return 0

@@ -16,6 +16,7 @@ from html import escape
 from pathlib import Path
 
 from qkvlab.fileio import atomic_write_text
+from qkvlab.tables import markdown_table
 
 CSS = """
 body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",sans-serif;max-width:1100px;margin:0 auto;
@@ -41,10 +42,6 @@ border-radius:6px;padding:.4rem 1rem;margin:.8rem 0;background:#fafbfc}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem;font-size:13px}\
 dt{font-weight:600}
 """
-
-
-def _md_cell(x) -> str:
-    return str(x).replace("|", "\\|").replace("\n", " ")
 
 
 @dataclass(frozen=True)
@@ -153,10 +150,8 @@ class Table:
                 f"{leg}")
 
     def markdown(self) -> str:
-        lines = [f"*{self.caption}*", "", "| " + " | ".join(map(_md_cell, self.headers)) + " |",
-                 "|" + "---|" * len(self.headers)]
-        lines += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in self.rows] \
-            or [f"| {self.empty} |"]
+        lines = [f"*{self.caption}*", "", markdown_table(self.headers, self.rows, cell=str,
+                                                         empty=self.empty)]
         if self.legend:
             lines += ["", self.legend]
         return "\n".join(lines)
