@@ -118,3 +118,16 @@ def test_render_decides_nothing():
             bad |= {f"{p.relative_to(SRC)} imports {n}" for n in names
                     if n.split(".")[0] in ("scipy", "statsmodels")}
     assert bad == set()
+
+
+def test_the_plan_has_no_import_circle():
+    """Profiles are sizes: they import nothing of how rates are read back (``Rates`` is filled
+    by the preparer ``plan.experiments`` registers), so no plan module imports one that imports
+    it back. Every import counts: lazy ones and those under ``TYPE_CHECKING`` too."""
+    import graphlib
+
+    plan = STUDY / "plan"
+    graph = {p.stem: imports(p, "qkvlab.studies.qkv.plan") - {p.stem}
+             for p in plan.glob("*.py") if p.stem != "__init__"}
+    graphlib.TopologicalSorter(graph).prepare()  # raises CycleError naming the circle
+    assert "rates" not in graph["profiles"] and "scaling" not in graph["profiles"]

@@ -28,6 +28,7 @@ from qkvlab.studies.qkv.plan.scaling import EXPERIMENTS as SCALING
 from qkvlab.studies.qkv.plan.vocab import CONTROL
 from qkvlab.studies.qkv.render.tables import compare_table
 from qkvlab.studies.qkv.render.text import WORDS, cell, said
+from qkvlab.studies.qkv.plan.profiles import Rates
 
 MARGIN = np.log1p(0.02)  # val_loss: ±2% perplexity
 
@@ -152,10 +153,10 @@ def _listed(profile: str) -> list[str]:
     which need lr_tune's results, faked at the task's rate)."""
     p = get_profile(profile)
     if p.lr_grid:
-        p = dataclasses.replace(p, lrs={(t, d, a): rates.lr_of(t, 1.0, p)
-                                        for t, labels in rates.TUNED.items()
-                                        for d in ("standard", *labels)
-                                        for a in ("equal", "matched")})
+        p = dataclasses.replace(p, rates=Rates(lrs={(t, d, a): rates.lr_of(t, 1.0, p)
+                                                    for t, labels in rates.TUNED.items()
+                                                    for d in ("standard", *labels)
+                                                    for a in ("equal", "matched")}))
     return sorted(f"{name} {run_id(s.to_dict() if hasattr(s, 'to_dict') else dict(s))} "
                   f"{canonical(dict(t))}"
                   for name in ORDER if name not in NEW and name not in SCALING

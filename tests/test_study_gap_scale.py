@@ -16,6 +16,7 @@ from qkvlab.studies.qkv.compute import scaling as S
 from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.plan import scaling as P
 from qkvlab.studies.qkv.render import figures_scaling as R
+from qkvlab.studies.qkv.plan.profiles import Rates
 
 
 def run_row(exp, cell, steps, n, design, seed, loss, status="done", width=64, depth=2):
@@ -205,11 +206,11 @@ def tuned(p, losses: dict[float, float]):
         loss = losses[tags["lr"]]
         status[run_id(spec.to_dict())] = ("diverged", None) if math.isinf(loss) else \
             ("done", loss)
-    return dataclasses.replace(p, scaling_tuned=status)
+    return dataclasses.replace(p, rates=Rates(scaling_tuned=status))
 
 
 def test_rate_stages_wait_then_extend_the_edge_then_choose():
-    p = dataclasses.replace(get_profile("smoke"), scaling_tuned={})
+    p = dataclasses.replace(get_profile("smoke"), rates=Rates(scaling_tuned={}))
     with pytest.raises(P.ScalingPending):
         P.edge_runs(p)
     with pytest.raises(P.ScalingPending):
@@ -220,9 +221,9 @@ def test_rate_stages_wait_then_extend_the_edge_then_choose():
     assert {t["lr"] for _, t in edge} == {P.beyond(p, grid[1])} == {0.027}
     with pytest.raises(P.ScalingPending):  # the edge points have not run
         P.chosen(q)
-    status = dict(q.scaling_tuned)
+    status = dict(q.rates.scaling_tuned)
     status.update({run_id(s.to_dict()): ("done", 1.5) for s, _ in edge})
-    rates = P.chosen(dataclasses.replace(q, scaling_tuned=status))
+    rates = P.chosen(dataclasses.replace(q, rates=Rates(scaling_tuned=status)))
     assert set(rates.values()) == {grid[1]}  # the edge point was worse
     r = tuned(p, {grid[0]: float("inf"), grid[1]: 1.0})  # a diverged rate counts as inf
     assert {t["lr"] for _, t in P.edge_runs(r)} == {0.027}
@@ -269,7 +270,7 @@ def test_attention_used_reads_the_control_against_the_margin():
 
 
 def test_every_cell_trains_the_control():
-    p = dataclasses.replace(get_profile("smoke"), scaling_tuned={})
+    p = dataclasses.replace(get_profile("smoke"), rates=Rates(scaling_tuned={}))
     tags = [t for _, t in P.grid_runs(p)]
     assert {t["cell"] for t in tags if t["design"] == "control"} == {"budget", "size"}
     assert {t["design"] for t in tags} == {"standard", *P.DESIGNS, "control"}

@@ -1,5 +1,5 @@
 """Per-design learning rates: ``lr_tune``'s grid, the choice read back from the store, and the
-comparisons trained at the chosen rates (``QKVProfile.prepared``)."""
+comparisons trained at the chosen rates (``Profile.prepared``: ``experiments.read_rates``)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_lr_tune_covers_every_tuned_design_rate_and_seed(profile):
     runs = registry.runs_of("lr_tune", profile)
     want = {(t, d, a, float(f"{rates.task_lr(t, profile) * m:.3g}"), s)
             for t, labels in rates.TUNED.items() for d in ("standard", *labels)
-            for a in profile.tuned_arms(t, d) for m in GRID for s in (100, 101)}
+            for a in rates.tuned_arms(profile, t, d) for m in GRID for s in (100, 101)}
     got = {(tg["task"], tg["design"], tg["arm"], tg["lr"], tg["seed"]) for _, tg in runs}
     assert got == want and len(runs) == len(want)
     # the matched arm is tuned where the comparisons run one: not for standard (its matched
@@ -73,7 +73,7 @@ def test_comparisons_wait_for_the_grid_with_a_clear_error(profile, tmp_path):
 
 def n_tuned(p) -> int:
     """How many (task, design, arm) rates ``lr_tune`` chooses at profile ``p``."""
-    return sum(len(p.tuned_arms(t, d)) for t, labels in rates.TUNED.items()
+    return sum(len(rates.tuned_arms(p, t, d)) for t, labels in rates.TUNED.items()
                for d in ("standard", *labels))
 
 

@@ -116,7 +116,7 @@ def test_each_placement_and_width_trains_at_its_own_tuned_rate(tmp_path):
         ("lm", d, "equal", w) for d in (*SCALES, "control") for w in p.scale_train_d_heads}
     assert {k for k in chosen if len(k) == 3} == {
         (t, d, a) for t, labels in rates.TUNED.items() for d in ("standard", *labels)
-        for a in p.tuned_arms(t, d)}
+        for a in rates.tuned_arms(p, t, d)}
     want = {("none", widest): 2.0, ("none_t5", widest): 4.0, ("control", narrowest): 0.25}
     for spec, t in runs:
         mult = want.get((t["design"], t["d_head"]), 1.0)

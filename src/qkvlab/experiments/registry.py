@@ -61,8 +61,21 @@ class Profile:
 
     def prepared(self, store: Any) -> "Profile":
         """This profile completed from stored results (e.g. learning rates a tuning experiment
-        chose), for experiments whose runs depend on earlier ones; by default itself."""
-        return self
+        chose), for experiments whose runs depend on earlier ones: what the preparer a study
+        registered for its profile class returns (``register_preparer``); by default itself."""
+        prepare = PREPARERS.get(type(self))
+        return self if prepare is None else prepare(self, store)
+
+
+# A study's profile class -> the function that completes one of its profiles from a store. The
+# study's plan registers it where it reads the store, so its profiles (sizes) import nothing of
+# how results are read back.
+PREPARERS: dict[type, Callable[[Profile, Any], Profile]] = {}
+
+
+def register_preparer(cls: type, prepare: Callable[[Any, Any], Any]) -> None:
+    """``Profile.prepared`` of a ``cls`` profile calls ``prepare(profile, store)``."""
+    PREPARERS[cls] = prepare
 
 
 EXPERIMENTS: dict[str, Callable[[Profile], list[Run]]] = {}

@@ -15,16 +15,23 @@ from qkvlab.experiments.registry import (
     design_arms,
     experiment,
     make_run,
+    register_preparer,
     task_info,
 )
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
-from qkvlab.studies.qkv.plan.rates import tuning_runs
+from qkvlab.studies.qkv.plan.rates import (
+    chosen_lrs,
+    design_lrs,
+    placement_grid_lrs,
+    tuning_runs,
+)
 from qkvlab.studies.qkv.plan.scale import (  # noqa: F401 (registers)
     scale_train,
     scale_tune,
     scale_tune_edge,
 )
 from qkvlab.studies.qkv.plan.scaling import EXPERIMENTS as SCALING  # registers them
+from qkvlab.studies.qkv.plan.scaling import tuned_status
 from qkvlab.studies.qkv.plan.vocab import CONTROL, DESIGNS, SCALED, TIED_QK
 from qkvlab.train import InitConfig, ProbeConfig
 
@@ -33,6 +40,22 @@ from qkvlab.train import InitConfig, ProbeConfig
 ORDER = ("scale_probe", "lr_tune", "scale_tune", "scale_tune_edge", "alt_vs_standard",
          "alt_init", "scale_train", "lm_tied_kv", "lm_gqa", "tied_qk_qkv", "directed_relation",
          "symmetry_emergence", "bind_vs_dhead", "kv_translate", "lm_scaling", *SCALING)
+
+
+def read_rates(p: QKVProfile, store) -> QKVProfile:
+    """``p`` with its ``Rates`` read from ``store`` (``Profile.prepared`` calls it): the scaling
+    tuning runs' statuses where the profile tunes scaling, the rates ``lr_tune`` and
+    ``scale_tune`` chose where it tunes rates; what is already read stays."""
+    r = p.rates
+    if p.scaling_lr_grid and r.scaling_tuned is None:
+        r = dataclasses.replace(r, scaling_tuned=tuned_status(store, p.name))
+    if p.lr_grid and r.lrs is None:
+        r = dataclasses.replace(r, lrs=chosen_lrs(p, store),
+                                scale_grid=placement_grid_lrs(p, store))
+    return p if r is p.rates else dataclasses.replace(p, rates=r)
+
+
+register_preparer(QKVProfile, read_rates)
 
 
 def arms(task: str, p: QKVProfile, labels: tuple[str, ...], **kw) -> list[Run]:
@@ -47,7 +70,7 @@ def arms(task: str, p: QKVProfile, labels: tuple[str, ...], **kw) -> list[Run]:
         kw.setdefault("arms", p.task_arms[task])
     arm_list = kw.get("arms", ("equal", "matched"))
     runs = design_arms(task, p, {d: DESIGNS[d].model_options(p) for d in labels},
-                       lrs=p.design_lrs(task, labels, arm_list), **kw)
+                       lrs=design_lrs(p, task, labels, arm_list), **kw)
     return runs + control_runs(task, p, **kw) if "equal" in arm_list else runs
 
 
@@ -57,7 +80,7 @@ def control_runs(task: str, p: QKVProfile, **kw) -> list[Run]:
     in several experiments is one run, trained once (lm's control serves five experiments)."""
     kw = {**kw, "arms": ("equal",)}
     runs = design_arms(task, p, {CONTROL: DESIGNS[CONTROL].model_options(p)},
-                       lrs=p.design_lrs(task, (CONTROL,), ("equal",)), **kw)
+                       lrs=design_lrs(p, task, (CONTROL,), ("equal",)), **kw)
     return [(spec, tags) for spec, tags in runs if tags["design"] == CONTROL]
 
 

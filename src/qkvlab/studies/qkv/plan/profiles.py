@@ -20,15 +20,26 @@ from typing import Any
 from qkvlab.experiments.registry import Profile, register_profile
 from qkvlab.hf.convert import ConvertConfig
 from qkvlab.hf.cost import CostConfig
-from qkvlab.studies.qkv.plan.rates import (
-    EQUAL_ONLY,
-    TUNED,
-    RatesPending,
-    chosen_lrs,
-    placement_grid_lrs,
-)
 from qkvlab.studies.qkv.plan.vocab import LM_VOCAB
-from qkvlab.studies.qkv.plan.scaling import tuned_status
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What the study reads back from the store before it plans the runs that depend on it
+    (``plan.experiments.read_rates``, registered as the profiles' preparer), never a size:
+
+    - ``lrs``: the rates ``lr_tune`` chose, ``{(task, design, arm): rate}``, and the final
+      choices of ``scale_tune``/``scale_tune_edge``, ``{(task, placement, arm, d_head): rate}``;
+    - ``scale_grid``: ``scale_tune``'s choices on its grid alone (the plan of
+      ``scale_tune_edge``);
+    - ``scaling_tuned``: run id -> (status, final val loss) of the scaling tuning runs.
+
+    None: not read (the profile tunes nothing there, or no store was given).
+    """
+
+    lrs: Mapping[tuple, float] | None = None
+    scale_grid: Mapping[tuple, float] | None = None
+    scaling_tuned: Mapping[str, tuple[str, float | None]] | None = None
 
 
 @dataclass(frozen=True)
@@ -40,10 +51,10 @@ class QKVProfile(Profile):
     learning-rate grid.
 
     Learning rates: with an empty ``lr_grid`` every design trains at the task's rate. Otherwise
-    experiment ``lr_tune`` trains each design of ``TUNED`` in each arm its comparisons run
-    (``tuned_arms``) at ``lr_grid`` × the task's rate on ``lr_seeds`` (disjoint from
+    experiment ``lr_tune`` trains each design of ``rates.TUNED`` in each arm its comparisons run
+    (``rates.tuned_arms``) at ``lr_grid`` × the task's rate on ``lr_seeds`` (disjoint from
     ``seeds``), and the comparisons train each (design, arm) at the rate with the lowest mean
-    validation loss over those seeds (``prepared`` reads it from the store into ``lrs``; a
+    validation loss over those seeds (read from the store into ``rates``; a
     diverged run counts as infinite loss; ties go to the smaller rate). The parameter-matched
     arm is a model of another width, so it gets its own rate; standard's matched arm is its
     equal-width run. The reported numbers come from the other seeds.
@@ -76,10 +87,6 @@ class QKVProfile(Profile):
     # seeds than real text
     task_seeds: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     task_arms: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
-    # (task, design, arm) -> rate, and (task, placement, arm, d_head) -> rate; see prepared
-    lrs: Mapping[tuple, float] | None = None
-    # scale_tune's choices on the grid alone, the plan of scale_tune_edge (prepared)
-    scale_grid: Mapping[tuple, float] | None = None
     # What each tie costs a trained decoder (``qkvlab.hf.cost``): the zoo's decoder LMs
     # measured, the ties also measured one layer at a time, and the sizes (None: not measured)
     tie_cost: CostConfig | None = None
@@ -92,7 +99,7 @@ class QKVProfile(Profile):
     # The gap against training budget and size (``plan.scaling``; empty: not run): steps of
     # the budget cells and their seeds; widths and depths of the size cells, the tokens each
     # trains on per non-embedding parameter and their seeds; the rate grid (× lm's rate) and
-    # its seeds; ``scaling_tuned`` the tuning runs' statuses read from the store (``prepared``)
+    # its seeds
     scaling_budgets: tuple[int, ...] = ()
     scaling_seeds: tuple[int, ...] = ()
     size_widths: tuple[int, ...] = ()
@@ -101,45 +108,8 @@ class QKVProfile(Profile):
     size_seeds: tuple[int, ...] = ()
     scaling_lr_grid: tuple[float, ...] = ()
     scaling_lr_seeds: tuple[int, ...] = ()
-    scaling_tuned: Mapping[str, tuple[str, float | None]] | None = None
-
-    def prepared(self, store) -> QKVProfile:
-        p = self
-        if self.scaling_lr_grid and self.scaling_tuned is None:
-            p = dataclasses.replace(p, scaling_tuned=tuned_status(store, self.name))
-        if not self.lr_grid or self.lrs is not None:
-            return p
-        return dataclasses.replace(p, lrs=chosen_lrs(self, store),
-                                   scale_grid=placement_grid_lrs(self, store))
-
-    def tuned_arms(self, task: str, label: str) -> tuple[str, ...]:
-        """The arms whose rate ``lr_tune`` tunes for a design: those its comparisons run."""
-        if label == "standard" or label in EQUAL_ONLY:
-            return ("equal",)
-        return tuple(self.task_arms.get(task, ("equal", "matched")))
-
-    def design_lrs(self, task: str, designs, arms=("equal", "matched")
-                   ) -> dict[tuple[str, str], float]:
-        """``{(label, arm): learning rate}`` of ``standard`` and ``designs`` in ``arms`` on
-        ``task`` (empty when every design trains at the task's rate).
-
-        Raises:
-            RatesPending: the profile tunes rates and ``lr_tune`` has not chosen them yet.
-        """
-        if not self.lr_grid or task not in TUNED:
-            return {}
-        lrs = self.lrs or {}
-
-        def key(d: str, arm: str) -> tuple[str, str, str]:
-            return (task, d, "equal" if d == "standard" else arm)
-        want = [(d, arm) for arm in arms for d in ("standard", *designs)]
-        missing = sorted({f"{d} ({key(d, a)[2]})" for d, a in want if key(d, a) not in lrs})
-        if missing:
-            raise RatesPending(
-                f"profile {self.name}: {task} trains each design at the learning rate that "
-                f"experiment lr_tune chose, and it has not finished for {missing}; run "
-                f"`qkvlab sweep lr_tune --profile {self.name}` first (qkvlab study does)")
-        return {(d, a): lrs[key(d, a)] for d, a in want}
+    # what the store holds of the tuning experiments, read before the runs that depend on them
+    rates: Rates = Rates()
 
 
 # Task options per profile: short contexts and small vocabularies keep CPU runs in seconds.

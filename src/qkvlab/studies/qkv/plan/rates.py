@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
 
 from qkvlab.experiments.registry import (
     Profile,
@@ -33,10 +32,8 @@ from qkvlab.experiments.registry import (
 )
 from qkvlab.experiments.store import canonical
 from qkvlab.studies.qkv.plan.placements import PLACEMENTS, control_run, placement_run
+from qkvlab.studies.qkv.plan.profiles import QKVProfile
 from qkvlab.studies.qkv.plan.vocab import CONTROL, DESIGNS
-
-if TYPE_CHECKING:  # profiles imports this module
-    from qkvlab.studies.qkv.plan.profiles import QKVProfile
 
 
 class RatesPending(ResultsPending):
@@ -67,6 +64,37 @@ def lr_of(task: str, mult: float, p: Profile) -> float:
     return float(f"{task_lr(task, p) * mult:.3g}")
 
 
+def tuned_arms(p: QKVProfile, task: str, label: str) -> tuple[str, ...]:
+    """The arms whose rate ``lr_tune`` tunes for a design: those its comparisons run."""
+    if label == "standard" or label in EQUAL_ONLY:
+        return ("equal",)
+    return tuple(p.task_arms.get(task, ("equal", "matched")))
+
+
+def design_lrs(p: QKVProfile, task: str, designs, arms=("equal", "matched")
+               ) -> dict[tuple[str, str], float]:
+    """``{(label, arm): learning rate}`` of ``standard`` and ``designs`` in ``arms`` on
+    ``task`` (empty when every design trains at the task's rate).
+
+    Raises:
+        RatesPending: the profile tunes rates and ``lr_tune`` has not chosen them yet.
+    """
+    if not p.lr_grid or task not in TUNED:
+        return {}
+    lrs = p.rates.lrs or {}
+
+    def key(d: str, arm: str) -> tuple[str, str, str]:
+        return (task, d, "equal" if d == "standard" else arm)
+    want = [(d, arm) for arm in arms for d in ("standard", *designs)]
+    missing = sorted({f"{d} ({key(d, a)[2]})" for d, a in want if key(d, a) not in lrs})
+    if missing:
+        raise RatesPending(
+            f"profile {p.name}: {task} trains each design at the learning rate that "
+            f"experiment lr_tune chose, and it has not finished for {missing}; run "
+            f"`qkvlab sweep lr_tune --profile {p.name}` first (qkvlab study does)")
+    return {(d, a): lrs[key(d, a)] for d, a in want}
+
+
 def tuning_runs(p: QKVProfile) -> list[Run]:
     """``lr_tune``'s runs: every tuned design, in each arm it is compared in, at every grid
     point, on the tuning seeds."""
@@ -78,7 +106,7 @@ def tuning_runs(p: QKVProfile) -> list[Run]:
             for seed in p.lr_seeds:
                 for arm in ("equal", "matched"):
                     for d in ("standard", *labels):
-                        if arm not in p.tuned_arms(task, d):
+                        if arm not in tuned_arms(p, task, d):
                             continue
                         m = {**base, **DESIGNS[d].model_options(p)}
                         if arm == "matched":
@@ -120,15 +148,15 @@ def placement_edge(p: Profile, lr: float) -> float | None:
 
 def placement_edge_runs(p: QKVProfile) -> list[Run]:
     """``scale_tune_edge``'s runs: for each (placement or control, d_head) whose ``scale_tune``
-    choice (``p.scale_grid``) sits on the grid's edge, the rate one grid step beyond it, on the
-    tuning seeds, scored on val only like the grid's.
+    choice (``p.rates.scale_grid``) sits on the grid's edge, the rate one grid step beyond it,
+    on the tuning seeds, scored on val only like the grid's.
 
     Raises:
         RatesPending: ``scale_tune`` has not chosen every (placement, d_head) yet.
     """
     if not p.lr_grid:
         return []
-    grid = p.scale_grid or {}
+    grid = p.rates.scale_grid or {}
     keys = [(tag, d) for d in p.scale_train_d_heads for tag in (*PLACEMENTS, CONTROL)]
     missing = [f"{tag} at d_head {d}" for tag, d in keys if ("lm", tag, "equal", d) not in grid]
     if missing:
@@ -198,7 +226,7 @@ def _rows(store, name: str, p: QKVProfile, runs: list[Run], width: bool):
 
 def placement_grid_lrs(p: QKVProfile, store) -> dict[tuple, float]:
     """``scale_tune``'s choices on lm's grid alone, from its finished runs in ``store``: the
-    plan of ``scale_tune_edge`` (``placement_edge_runs`` reads them as ``p.scale_grid``)."""
+    plan of ``scale_tune_edge`` (``placement_edge_runs`` reads them as ``p.rates.scale_grid``)."""
     return placement_choices(p, _rows(store, "scale_tune", p, placement_tuning_runs(p), True))[0]
 
 
@@ -211,7 +239,8 @@ def chosen_lrs(p: QKVProfile, store) -> dict[tuple, float]:
     rows = _rows(store, "scale_tune", p, placement_tuning_runs(p), True)
     base, _ = placement_choices(p, rows)
     try:
-        edge = placement_edge_runs(dataclasses.replace(p, scale_grid=base))
+        edge = placement_edge_runs(dataclasses.replace(
+            p, rates=dataclasses.replace(p.rates, scale_grid=base)))
     except RatesPending:  # the grid has not finished: nothing past its edges yet
         edge = []
     _, final = placement_choices(p, rows + _rows(store, "scale_tune_edge", p, edge, True))

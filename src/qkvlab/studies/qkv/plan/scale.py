@@ -14,19 +14,15 @@ own metric) are Q1's headline cells (``families``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from qkvlab.experiments.registry import Run, experiment
 from qkvlab.studies.qkv.plan.placements import PLACEMENTS, control_run, placement_run
+from qkvlab.studies.qkv.plan.profiles import QKVProfile
 from qkvlab.studies.qkv.plan.rates import (
     RatesPending,
     placement_edge_runs,
     placement_tuning_runs,
 )
 from qkvlab.studies.qkv.plan.vocab import CONTROL
-
-if TYPE_CHECKING:
-    from qkvlab.studies.qkv.plan.profiles import QKVProfile
 
 
 def placement_lr(p: QKVProfile, tag: str, d_head: int) -> float | None:
@@ -39,13 +35,13 @@ def placement_lr(p: QKVProfile, tag: str, d_head: int) -> float | None:
     if not p.lr_grid:
         return None
     key = ("lm", tag, "equal", d_head)
-    if key not in (p.lrs or {}):
+    if key not in (p.rates.lrs or {}):
         raise RatesPending(
             f"profile {p.name}: scale_train trains each placement of 1/sqrt(d_k) at the rate "
             f"experiments scale_tune and scale_tune_edge chose at its d_head, and they have not "
             f"finished for {tag} at d_head {d_head}; run `qkvlab sweep scale_tune "
             f"--profile {p.name}`, then scale_tune_edge, first (qkvlab study does)")
-    return p.lrs[key]
+    return p.rates.lrs[key]
 
 
 @experiment("scale_tune", "Q1: each placement of 1/sqrt(d_k) at its own learning rate, per "

@@ -35,18 +35,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from qkvlab.data import get_task
 from qkvlab.experiments.registry import ResultsPending, Run, experiment, make_run
 from qkvlab.experiments.store import run_id
 from qkvlab.models import ModelConfig, config_params
+from qkvlab.studies.qkv.plan.profiles import QKVProfile
 from qkvlab.studies.qkv.plan.rates import lr_of
 from qkvlab.studies.qkv.plan.vocab import CONTROL
 from qkvlab.studies.qkv.plan.vocab import DESIGNS as DESIGN_ROWS
-
-if TYPE_CHECKING:  # profiles imports this module
-    from qkvlab.studies.qkv.plan.profiles import QKVProfile
 
 TASK = "lm"
 BASELINE = "standard"
@@ -163,8 +161,8 @@ def pick(by_lr: dict[float, list[float]]) -> float | None:
 
 def _scores(p: QKVProfile, runs: list[Run]) -> dict[tuple, dict[float, list[float]]] | None:
     """Validation losses of ``runs`` per (cell, design) and rate from the store's statuses
-    (``p.scaling_tuned``); None while any is unfinished."""
-    known = p.scaling_tuned or {}
+    (``p.rates.scaling_tuned``); None while any is unfinished."""
+    known = p.rates.scaling_tuned or {}
     out: dict[tuple, dict[float, list[float]]] = {}
     for spec, tags in runs:
         status, loss = known.get(run_id(spec.to_dict()), (None, None))
