@@ -129,6 +129,30 @@ def test_chunked_distill_loss_and_grads_equal_the_whole_logits(tok, alpha):
         torch.testing.assert_close(g_got[n], p.grad, rtol=1e-5, atol=1e-9, msg=n)
 
 
+def test_a_bf16_output_layer_trains_the_same_loss_to_bf16_precision(tok):
+    """``head="bf16"``: the output layer's matmuls in bf16 (fp32 logits), the rest as before;
+    the loss and every gradient agree with the float64 reference to bf16's precision, and the
+    config's dict leaves ``head`` out at its default (so earlier records keep their ids)."""
+    import contextlib
+    teacher, student = tiny(tok, 0).double(), tiny(tok, 1).double()
+    x = torch.randint(0, len(tok), (3, 40))
+    cfg = UptrainConfig(alpha=0.5, temperature=2.0, chunk=17, precision="fp32", head="bf16")
+    got = distill_loss(student, teacher, x, cfg, contextlib.nullcontext)
+    got.backward()
+    g_got = {n: p.grad.clone() for n, p in student.named_parameters()}
+    student.zero_grad()
+    want = _reference_loss(student, teacher, x, 0.5, 2.0)
+    want.backward()
+    assert got.item() != pytest.approx(want.item(), rel=1e-6)  # bf16 rounding did happen
+    torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=1e-4)
+    for n, p in student.named_parameters():
+        cos = nn.functional.cosine_similarity(g_got[n].flatten(), p.grad.flatten(), dim=0)
+        assert cos > 0.99, n
+    assert "head" not in UptrainConfig().to_dict() and cfg.to_dict()["head"] == "bf16"
+    with pytest.raises(ValueError, match="head: 'fp16' is not 'fp32' or 'bf16'"):
+        UptrainConfig(head="fp16")
+
+
 def test_sequence_nll_sums_each_rows_loss(tok):
     m = tiny(tok)
     x = torch.randint(0, len(tok), (3, 20))
@@ -286,15 +310,17 @@ def test_a_kill_between_checkpoint_files_resumes_the_pair_state_json_names(tok, 
         torch.testing.assert_close(got[k], v, rtol=0, atol=0)
 
 
-def test_bench_convert_trains_both_contenders_on_one_batch(tok, monkeypatch):
+def test_bench_convert_trains_every_contender_on_one_batch(tok, monkeypatch):
     from qkvlab.bench.convert import bench_convert, convert_table
     from qkvlab.hf import cost
     monkeypatch.setattr(cost, "load_lm", lambda source: (tiny(tok), tok))
     res = bench_convert("tiny", rounds=2, batch=2, seq_len=16, log=lambda s: None)
-    assert [r["contender"] for r in res["rows"]] == ["qkvlab", "plain"]
+    assert [r["contender"] for r in res["rows"]] == ["qkvlab", "qkvlab_bf16_head", "plain"]
     assert all(len(r["rounds"]) == 2 and r["tokens_per_s"] > 0 for r in res["rows"])
-    assert res["ratio"]["verdict"] in ("faster", "slower", "level", "undecided")
-    assert "qkvlab / plain loop" in convert_table(res)
+    for key in ("ratio", "ratio_bf16_head"):
+        assert res[key]["verdict"] in ("faster", "slower", "level", "undecided")
+    text = convert_table(res)
+    assert "qkvlab / plain loop" in text and "qkvlab with --head bf16 / plain loop" in text
 
 
 def test_a_time_limit_stores_the_budgets_reached_as_the_shorter_run(tok, root, tmp_path,

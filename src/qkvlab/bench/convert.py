@@ -15,6 +15,7 @@ tokens/s, as a FLOP rate.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import resource
 
 import torch
@@ -50,7 +51,7 @@ def bench_convert(source: str = "smollm2", rounds: int = 3, batch: int = 4, seq_
     for p in teacher.parameters():
         p.requires_grad_(False)
     base = tie(copy.deepcopy(teacher), "kv", start="avg")  # the start does not change the speed
-    students = {k: copy.deepcopy(base) for k in ("qkvlab", "plain")}
+    students = {k: copy.deepcopy(base) for k in ("qkvlab", "qkvlab_bf16_head", "plain")}
     for s in students.values():  # copies of the frozen teacher: every parameter trains again
         s.train().requires_grad_(True)
     opts = {k: torch.optim.AdamW(s.parameters(), lr=1e-5) for k, s in students.items()}
@@ -59,16 +60,19 @@ def bench_convert(source: str = "smollm2", rounds: int = 3, batch: int = 4, seq_
     cfg = UptrainConfig(batch=batch, seq_len=seq_len)
     precision = resolve_precision(cfg.precision, "cpu")
 
-    def ours():
-        loss = distill_loss(students["qkvlab"], teacher, x, cfg, lambda: autocast(precision, "cpu"))
-        opts["qkvlab"].zero_grad(set_to_none=True)
+    def ours(name="qkvlab", cfg=cfg):
+        loss = distill_loss(students[name], teacher, x, cfg, lambda: autocast(precision, "cpu"))
+        opts[name].zero_grad(set_to_none=True)
         loss.backward()
-        opts["qkvlab"].step()
+        opts[name].step()
 
     tokens = batch * seq_len
     log(f"convert bench: {source}, batch {batch} × {seq_len}, {rounds} interleaved rounds, "
         f"qkvlab in {precision}")
+    bf16_head = dataclasses.replace(cfg, head="bf16")
     got = interleaved_rounds({"qkvlab": rate(ours, tokens),
+                              "qkvlab_bf16_head": rate(lambda: ours("qkvlab_bf16_head", bf16_head),
+                                                       tokens),
                               "plain": rate(lambda: _plain_step(students["plain"], teacher,
                                                                 opts["plain"], x), tokens)},
                              rounds)
@@ -76,10 +80,12 @@ def bench_convert(source: str = "smollm2", rounds: int = 3, batch: int = 4, seq_
     n_teacher = sum(p.numel() for p in teacher.parameters())
     flops_per_token = 6 * n_student + 2 * n_teacher
     rows = [{"contender": k, "tokens_per_s": sorted(v)[len(v) // 2], "rounds": v,
-             "precision": precision if k == "qkvlab" else "fp32",
+             "precision": {"qkvlab": precision, "plain": "fp32"}.get(
+                 k, f"{precision}, output layer bf16"),
              "tflop_s": flops_per_token * sorted(v)[len(v) // 2] / 1e12} for k, v in got.items()]
     return {"model": source, "batch": batch, "seq_len": seq_len, "rows": rows,
             "ratio": ratio_stats(got["qkvlab"], got["plain"]),
+            "ratio_bf16_head": ratio_stats(got["qkvlab_bf16_head"], got["plain"]),
             "flops_per_token": flops_per_token,
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
 
@@ -92,4 +98,8 @@ def convert_table(res: dict) -> str:
                               f"{x['tflop_s']:.3f}"] for x in res["rows"]], cell=str)]
     lines.append(f"\nqkvlab / plain loop: {r['ratio']:.2f}× (min {r['min']:.2f}, max "
                  f"{r['max']:.2f}; {r['verdict']}); process peak RSS {res['peak_rss_gb']:.1f} GiB")
+    if "ratio_bf16_head" in res:
+        b = res["ratio_bf16_head"]
+        lines.append(f"qkvlab with --head bf16 / plain loop: {b['ratio']:.2f}× (min "
+                     f"{b['min']:.2f}, max {b['max']:.2f}; {b['verdict']})")
     return "\n".join(lines)

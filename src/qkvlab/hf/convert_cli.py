@@ -65,6 +65,9 @@ def configure_convert(parser: argparse.ArgumentParser) -> None:
                         help="which parameters uptrain (default all)")
     parser.add_argument("--precision", choices=("bf16", "fp32"), default=u.precision,
                         help="bf16 autocast where the device has it natively (default), else fp32")
+    parser.add_argument("--head", choices=("fp32", "bf16"), default=u.head,
+                        help="the output layer's matmuls while training (default fp32; bf16 "
+                             "runs them at the body's rate, its logits in fp32; scoring is fp32)")
     parser.add_argument("--eval-tokens", type=_positive, default=32768,
                         help="held-out test tokens scored at each budget (default 32768)")
     parser.add_argument("--more-text", default=None, metavar="DIR",
@@ -91,7 +94,8 @@ def run_convert(args) -> int:
     cfg = ConvertConfig(tie=args.tie, start=args.start, tokens=args.tokens,
                         eval_tokens=args.eval_tokens,
                         uptrain=UptrainConfig(lr=args.lr, batch=args.batch, seq_len=args.seq_len,
-                                              train=args.train, precision=args.precision))
+                                              train=args.train, precision=args.precision,
+                                              head=args.head))
     if args.device != "cpu" and not args.device.startswith("cuda"):
         raise ValueError(f"--device: {args.device!r} is not 'cpu' or 'cuda[:N]'")
     if args.device.startswith("cuda") and not torch.cuda.is_available():

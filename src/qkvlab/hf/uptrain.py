@@ -51,6 +51,10 @@ class UptrainConfig:
     train: str = "all"          # "all" parameters, or "attention" (the attention modules only)
     chunk: int = 256
     precision: str = "bf16"     # resolved by qkvlab.train.precision (fp32 where bf16 is slow)
+    # the output layer's matmuls while training: "fp32" (TF32 on CUDA with a bf16 body), or
+    # "bf16" (inputs and weight in bf16, fp32 logits: 6x the fp32 GEMM rate on an AMX Xeon,
+    # where the fp32 layer took about a third of a step); scoring is fp32 either way
+    head: str = "fp32"
 
     def __post_init__(self):
         for name in ("batch", "seq_len", "chunk"):
@@ -66,13 +70,20 @@ class UptrainConfig:
             raise ValueError(f"temperature: must be positive, got {self.temperature}")
         if self.train not in ("all", "attention"):
             raise ValueError(f"train: {self.train!r} is not 'all' or 'attention'")
+        if self.head not in ("fp32", "bf16"):
+            raise ValueError(f"head: {self.head!r} is not 'fp32' or 'bf16'")
 
     @property
     def tokens_per_step(self) -> int:
         return self.batch * self.seq_len
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Every field; ``head`` only when not "fp32", so records made before it keep their
+        ids."""
+        d = asdict(self)
+        if d["head"] == "fp32":
+            del d["head"]
+        return d
 
 
 def _head(model: nn.Module) -> tuple[nn.Module, nn.Module, float | None]:
@@ -95,17 +106,19 @@ def _logits(h: torch.Tensor, head: nn.Module, cap: float | None) -> torch.Tensor
     return z if cap is None else torch.tanh(z / cap) * cap
 
 
-def _chunk_loss(hs, ht, y, s_weight, s_bias, t_head, cap, alpha, temp):
+def _chunk_loss(hs, ht, y, s_weight, s_bias, t_weight, t_bias, cap, alpha, temp):
     """Summed loss of one chunk of rows: alpha·T²·KL + (1−alpha)·CE (student weight passed in so
-    the checkpoint re-runs with the live Parameter)."""
-    zs = _wide(nn.functional.linear(hs, s_weight, s_bias))
+    the checkpoint re-runs with the live Parameter, or its bf16 cast: then the chunk's rows are
+    cast too, and the logits come out in fp32)."""
+    zs = _wide(nn.functional.linear(hs.to(s_weight.dtype), s_weight, s_bias))
     zs = zs if cap is None else torch.tanh(zs / cap) * cap
     out = zs.new_zeros(())
     if alpha < 1:
         out = out + (1 - alpha) * nn.functional.cross_entropy(zs, y, reduction="sum")
     if alpha > 0:
         with torch.no_grad():
-            zt = _logits(ht, t_head, cap)
+            zt = _wide(nn.functional.linear(ht.to(t_weight.dtype), t_weight, t_bias))
+            zt = zt if cap is None else torch.tanh(zt / cap) * cap
             log_pt = nn.functional.log_softmax(zt / temp, -1)
         log_ps = nn.functional.log_softmax(zs / temp, -1)
         kl = nn.functional.kl_div(log_ps, log_pt, log_target=True, reduction="sum")
@@ -128,11 +141,17 @@ def distill_loss(student: nn.Module, teacher: nn.Module, x: torch.Tensor, cfg: U
     hs, y = _wide(hs.reshape(-1, d)), x[:, 1:].reshape(-1)
     ht = _wide(ht.reshape(-1, d)) if cfg.alpha > 0 else hs.detach()
     total = hs.new_zeros(())
+    s_weight, s_bias = s_head.weight, getattr(s_head, "bias", None)
+    t_weight, t_bias = t_head.weight.detach(), getattr(t_head, "bias", None)
+    if cfg.head == "bf16":  # cast once per step; the gradient reaches the fp32 weight through it
+        s_weight, t_weight = s_weight.to(torch.bfloat16), t_weight.to(torch.bfloat16)
+        s_bias = None if s_bias is None else s_bias.to(torch.bfloat16)
+        t_bias = None if t_bias is None else t_bias.detach().to(torch.bfloat16)
     for s in range(0, len(y), cfg.chunk):
         total = total + checkpoint(
             _chunk_loss, hs[s:s + cfg.chunk], ht[s:s + cfg.chunk], y[s:s + cfg.chunk],
-            s_head.weight, getattr(s_head, "bias", None), t_head, cap, cfg.alpha,
-            cfg.temperature, use_reentrant=False)
+            s_weight, s_bias, t_weight, t_bias, cap, cfg.alpha, cfg.temperature,
+            use_reentrant=False)
     return total / len(y)
 
 
@@ -241,6 +260,8 @@ class Uptrainer:
         """The output layer's matmuls while training: TF32 on CUDA when the body runs in bf16
         (plain fp32 without tensor cores would take about half of a step there), else fp32.
         Scoring is fp32 everywhere."""
+        if self.cfg.head == "bf16":
+            return "bf16"
         cuda = next(self.student.parameters()).is_cuda
         return "tf32" if cuda and self.cfg.precision == "bf16" else "fp32"
 
