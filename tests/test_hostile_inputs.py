@@ -60,8 +60,8 @@ def test_an_empty_db_file_is_refused_by_every_command_in_the_same_line(tmp_path,
                      ["tiecost", "no/such-model"], ["results", "all"]):
             assert main([*argv, "--db", str(db)]) == 2, argv
             err = capsys.readouterr().err.strip().splitlines()
-            prefix = "" if argv[0] == "results" else f"qkvlab {argv[0]}: "  # results' own
-            assert err == [f"{prefix}error: db: {db} is empty, not a results database"], argv
+            assert err == [f"qkvlab {argv[0]}: error: db: {db} is empty, not a results "
+                           "database"], argv
     for readonly in (False, True):
         with pytest.raises(InputFileError):
             Store(db, readonly=readonly)
@@ -81,7 +81,7 @@ def test_results_stats_refuses_a_metric_no_run_records_listing_those_they_do(tmp
         for rid in s.add("toy", "smoke", toy_runs()):
             s.finish(rid, "done", 12, {"val_loss": 1.5, "accuracy": 0.25}, {"n_params": 100})
     assert main(["results", "all", "--db", str(db), "--stats", "nosuch"]) == 2
-    assert capsys.readouterr().err == ("error: --stats: unknown metric 'nosuch'; the runs shown "
+    assert capsys.readouterr().err == ("qkvlab results: error: --stats: unknown metric 'nosuch'; the runs shown "
                                        "record: accuracy, val_loss\n")
     assert main(["results", "all", "--db", str(db), "--stats", "val_loss"]) == 0
     out = capsys.readouterr().out  # one seed each: a mean, no interval

@@ -140,7 +140,8 @@ def test_text_that_is_not_utf8_is_one_line_naming_the_store_and_the_row(tmp_path
     args = ["all", "--db", str(db), "--errors"]
     assert cli.run_results(_parser(cli.configure_results).parse_args(args)) == 2
     assert capsys.readouterr().err == (
-        f"error: db: {db}: table runs, row id '{ids[1]}', column error is not UTF-8 text "
+        f"qkvlab results: error: db: {db}: table runs, row id '{ids[1]}', column error is not "
+        f"UTF-8 text "
         "(invalid start byte at byte 4); the store is damaged or was changed by hand\n")
     with sqlite3.connect(db) as c:
         c.execute("UPDATE runs SET error = NULL, spec = CAST(? AS TEXT) WHERE id=?",

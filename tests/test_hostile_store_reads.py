@@ -88,6 +88,7 @@ def test_a_read_command_refuses_a_spec_that_does_not_hash_to_its_id(tmp_path, st
     c.close()
     assert main(["results", "all", "--db", str(db)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"error: db: {db}: run {rid}: the spec stored "
+    assert err.count("\n") == 1 and err.startswith(f"qkvlab results: error: db: {db}: run {rid}: "
+                                                   "the spec stored "
                                                    "under this id hashes to ")
 

@@ -48,7 +48,7 @@ def run_zoo(args) -> int:
              for r in rows(models, args.dir)], cell=str))
         return 0
     if not args.names:
-        print(f"error: zoo fetch: name a model or 'all'; known: {sorted(models)}",
+        print(f"qkvlab zoo: error: fetch: name a model or 'all'; known: {sorted(models)}",
               file=sys.stderr)
         return 2
     names = list(models) if args.names == ["all"] else args.names
@@ -58,7 +58,7 @@ def run_zoo(args) -> int:
             root = fetch(m, args.dir, progress=not args.quiet, keep_wheels=args.keep_wheels)
             print(f"{m.name}: {len(m.files)} files verified in {root}")
     except ZooError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"qkvlab zoo: error: {e}", file=sys.stderr)
         return 2
     return 0
 

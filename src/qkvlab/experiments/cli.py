@@ -134,7 +134,8 @@ def run_results(args: argparse.Namespace) -> int:
             df = runs_frame(store, name, args.profile)
         if not rows:
             at = f" at profile {args.profile}" if args.profile else ""
-            print(f"error: no runs of {args.name!r}{at} in {args.db}{hint}", file=sys.stderr)
+            print(f"qkvlab results: error: no runs of {args.name!r}{at} in {args.db}{hint}",
+                  file=sys.stderr)
             return 1
         if args.errors:
             print(format_errors(rows))
@@ -148,8 +149,7 @@ def run_results(args: argparse.Namespace) -> int:
             return 0
         text = export(df, args.format, args.out)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return print_error("qkvlab results", e)
     if text is not None:
         print(text)
     else:
