@@ -16,6 +16,7 @@ from fuzz_formats import (
     ct2_bytes,
     ct2_vars,
     gguf_bytes,
+    gguf_lm_seed,
     gguf_seed,
     marian_bytes,
     marian_items,
@@ -82,8 +83,8 @@ def safetensors_fields(raw: bytes, ints: list, wrong: list) -> list[tuple[str, b
 
 
 # ---- GGUF, CTranslate2, Marian, ONNX: header fields through the writers -----------------
-def gguf_fields(q8: bool, ints: list, wrong: list) -> list[tuple[str, bytes]]:
-    meta, tensors = gguf_seed(q8)
+def gguf_fields(q8: bool, ints: list, wrong: list, seed=None) -> list[tuple[str, bytes]]:
+    meta, tensors = seed or gguf_seed(q8)
     out = [(f"gguf:version={v}", gguf_bytes(meta, tensors, version=v)) for v in (0, 1, 4, 2**32 - 1)]
     for v in (0, 2**40, 2**64 - 1):
         out += [(f"gguf:n_tensors={v}", gguf_bytes(meta, tensors, n_tensors=v)),
@@ -176,9 +177,9 @@ def field_mutations(name: str, raw: bytes, ints: list, wrong: list) -> list[tupl
     if name in ("qkvlab_api", "ckpt"):
         return safetensors_fields(raw, ints, wrong)
     if name.startswith("gguf"):
-        q8 = name == "gguf_q8"
-        return (gguf_fields(q8, ints, wrong) + fuzz_hostile.gguf_values(q8)
-                + fuzz_hostile.gguf_consistency(q8))
+        q8, seed = name == "gguf_q8", gguf_lm_seed() if name == "gguf_lm" else None
+        return (gguf_fields(q8, ints, wrong, seed) + fuzz_hostile.gguf_values(q8, seed)
+                + fuzz_hostile.gguf_consistency(q8, seed))
     hostile = {"ct2": fuzz_hostile.ct2_values, "marian": fuzz_hostile.marian_values}
     fields = {"ct2": ct2_fields, "marian": marian_fields, "onnx": onnx_fields}
     if name in fields:
@@ -259,6 +260,7 @@ def write_seeds(root: Path) -> dict:
                                      "decoder_layers": 1, "encoder_attention_heads": 2,
                                      "decoder_attention_heads": 2}, whisper)
     files = {"gguf.gguf": gguf_bytes(*gguf_seed()), "gguf_q8.gguf": gguf_bytes(*gguf_seed(True)),
+             "gguf_lm.gguf": gguf_bytes(*gguf_lm_seed()),
              "ct2/model.bin": ct2_bytes(ct2_vars()), "marian.bin": marian_bytes(marian_items()),
              "vit.onnx": onnx_bytes()}
     for rel, data in files.items():
@@ -289,4 +291,5 @@ def write_seeds(root: Path) -> dict:
             "tok_char": ("tokenizer", root / "char.json", root / "char.json"),
             "tok_bpe": ("tokenizer", root / "bpe.json", root / "bpe.json"),
             "llama_weights": ("analyze", llama, llama / "model.safetensors"),
+            "gguf_lm": ("lm", root / "gguf_lm.gguf", root / "gguf_lm.gguf"),
             "store": ("store", store, store)}

@@ -87,6 +87,14 @@ def gguf_seed(q8: bool = False):
     return meta, tensors
 
 
+def gguf_lm_seed():
+    """(meta, tensors) of the float llama GGUF with a tokenizer model named, which
+    ``hf.cost.load_lm`` (``tiecost``, ``convert``) reads through transformers."""
+    meta, tensors = gguf_seed()
+    return meta + [("tokenizer.ggml.model", 8, "llama"),
+                   ("tokenizer.ggml.token_type", 9, (5, [1] * 12))], tensors
+
+
 # ---- CTranslate2 ------------------------------------------------------------------------------
 def ct2_vars(D: int = 8, H: int = 2) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(2)

@@ -72,8 +72,8 @@ def safetensors_values(raw: bytes) -> list[tuple[str, bytes]]:
     return out
 
 
-def gguf_values(q8: bool) -> list[tuple[str, bytes]]:
-    meta, tensors = gguf_seed(q8)
+def gguf_values(q8: bool, seed=None) -> list[tuple[str, bytes]]:
+    meta, tensors = seed or gguf_seed(q8)
     out = []
     for j, (name, dims, gtype, data) in enumerate(tensors):
         if not name.startswith("blk.0.attn_") or "norm" in name:
@@ -129,8 +129,8 @@ def config_edits(raw: bytes) -> list[tuple[str, bytes]]:
     return out
 
 
-def gguf_consistency(q8: bool) -> list[tuple[str, bytes]]:
-    meta, tensors = gguf_seed(q8)
+def gguf_consistency(q8: bool, seed=None) -> list[tuple[str, bytes]]:
+    meta, tensors = seed or gguf_seed(q8)
     out = []
     for j, (key, kind, v) in enumerate(meta):
         if kind == 4:

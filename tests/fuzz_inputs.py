@@ -121,12 +121,22 @@ def _readers():
 
     import gguf  # noqa: F401  (imported before the cap: the readers import them lazily)
     import onnx  # noqa: F401
+    import transformers.integrations.gguf  # noqa: F401  (load_lm's: the GGUF reader, Llama)
+    import transformers.modeling_gguf_pytorch_utils  # noqa: F401
+    import transformers.models.llama.modeling_llama  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
     import tokenizers  # noqa: F401
     torch.set_num_threads(1)
     def measure(path):  # all of `qkvlab analyze` but the CKA (which needs a tokenizer)
         return analyze(path, n_null=4, cka=False, figures=False, progress=False)
 
-    return {"analyze": measure, "load_model": load_model, "store": fuzz_hostile.read_store, "checkpoint": checkpoint,
+    from qkvlab.hf.cost import load_lm  # tiecost's and convert's loader, through transformers
+
+    def lm(path):
+        return load_lm(str(path))
+
+    return {"analyze": measure, "load_model": load_model, "store": fuzz_hostile.read_store,
+            "lm": lm, "checkpoint": checkpoint,
             "spec": load_spec, "tokenizer": load_tokenizer, "allocate": allocate}
 
 

@@ -344,7 +344,10 @@ def test_a_null_with_no_finite_sample_is_one_clear_error():
 
 
 def test_load_lm_refuses_tokenizer_metadata_that_builds_no_tokenizer(tmp_path, monkeypatch):
-    """The tiecost/convert loader: the same bare Exception from AutoTokenizer is one line."""
+    """The tiecost/convert loader: the same bare Exception from AutoTokenizer is one line, and
+    so is a KeyError, ValueError, TypeError or IndexError, what transformers' converters raise
+    on metadata they do not expect (the fuzz corpus's flipped 'scores' key); any other error
+    stays what it is."""
     pytest.importorskip("transformers")
     import transformers
 
@@ -357,10 +360,17 @@ def test_load_lm_refuses_tokenizer_metadata_that_builds_no_tokenizer(tmp_path, m
     with pytest.raises(InputFileError, match=r"m.gguf: its tokenizer metadata does not build"):
         load_tokenizer(tmp_path / "m.gguf", str(tmp_path))
 
+    def renamed(*a, **k):
+        raise KeyError("scores")
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", renamed)
+    with pytest.raises(InputFileError, match=r"m.gguf: its tokenizer metadata does not build a "
+                                             r"tokenizer \(KeyError: 'scores'\)"):
+        load_tokenizer(tmp_path / "m.gguf", str(tmp_path))
+
     def bug(*a, **k):
-        raise KeyError("a bug of ours stays a bug")
+        raise AttributeError("a bug of ours stays a bug")
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", bug)
-    with pytest.raises(KeyError):
+    with pytest.raises(AttributeError):
         load_tokenizer(tmp_path / "m.gguf", str(tmp_path))
 
 

@@ -18,8 +18,6 @@ pytest.importorskip("transformers")
 
 FILL = "the weights do not fill the LlamaForCausalLM its config describes; "
 RANDOM = "missing from the file (transformers would initialize them at random)"
-NEW_LAYER = ("model.layers.2.input_layernorm.weight, model.layers.2.mlp.down_proj.weight, "
-             "model.layers.2.mlp.gate_proj.weight, and 6 more")
 
 
 def tiny_hf_llama(folder: Path) -> Path:
@@ -115,18 +113,21 @@ def test_a_damaged_hf_folder_is_refused_by_load_lm_in_one_line(tmp_path, caplog,
 
 @pytest.mark.parametrize("edit, said", [
     (lambda m, t: ([(k, ty, v + 1 if k == "llama.block_count" else v) for k, ty, v in m], t),
-     f"9 tensors {RANDOM}: {NEW_LAYER}"),
+     "GGUF block_count = 3, but the tensors hold blocks 0-1 (2)"),
     (lambda m, t: (m, [x for x in t if x[0] != "blk.1.attn_v.weight"]),
-     f"1 tensor {RANDOM}: model.layers.1.self_attn.v_proj.weight"),
+     "block 1 lacks blk.1.attn_v.weight"),
 ], ids=["block_count-one-too-many", "attn_v-missing"])
 def test_a_gguf_that_does_not_fill_its_model_is_refused_by_load_lm(tmp_path, edit, said):
+    """Refused as ``analyze`` refuses them (one set of checks, ``open_gguf``), before
+    transformers fills the gaps at random (its load report refused them after, as a last
+    line)."""
     from qkvlab.hf.cost import load_lm
 
     path = tmp_path / "m.gguf"
     path.write_bytes(fuzz_formats.gguf_bytes(*edit(*fuzz_formats.gguf_seed())))
     with pytest.raises(InputFileError) as e:
         load_lm(str(path))
-    assert str(e.value) == f"{path}: {FILL}{said} (refused)"
+    assert str(e.value) == f"{path}: {said}"
 
 
 @pytest.mark.parametrize("meta, infos, said", [

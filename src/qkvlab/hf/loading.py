@@ -67,19 +67,22 @@ def check_loading_info(path: str | Path, info: dict, model_name: str) -> None:
 
 
 def check_before_load(path: str | Path) -> None:
-    """The checks that need no model, before transformers builds one: a GGUF file's header
-    walked against the file (``analysis._gguf.check_gguf``: counts, offsets, overlapping
-    tensor data, special token ids inside the vocabulary), and an HF folder's stated layer
-    count against the layers its safetensors hold (a config claiming 4,000 layers was built
-    in full, 16 s for a 16-wide model, before the load report refused it).
+    """The checks that need no model, before transformers builds one: a GGUF file read as
+    ``analyze`` reads it (``analysis.load_llama.open_gguf``: the header walked against the file,
+    overlapping tensor data, special token ids inside the vocabulary, then every size its
+    metadata states bounded and matched to the tensors' shapes: transformers would build a
+    block_count of 2^31 layers, or fail on a size of "x" with a traceback), and an HF
+    folder's stated layer count against the layers its safetensors hold (a config claiming
+    4,000 layers was built in full, 16 s for a 16-wide model, before the load report refused
+    it).
 
     Raises:
         InputFileError: naming the file and the first problem.
     """
     path = Path(path)
-    if path.is_file():
-        from qkvlab.analysis._gguf import check_gguf
-        check_gguf(path)
+    if path.is_file():  # the header walk, then every size the metadata states, bounded and
+        from qkvlab.analysis.load_llama import open_gguf  # checked against the tensors' shapes
+        open_gguf(path)
         return
     try:
         cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -102,6 +105,16 @@ def check_before_load(path: str | Path) -> None:
     if found and stated != len(found):
         raise InputFileError(f"{path}: config.json says num_hidden_layers = {stated:,}, but "
                              f"the weight files hold {len(found)} layers (refused)", path=path)
+
+
+def _config_errors() -> tuple[type[Exception], ...]:
+    """What transformers' strict configs raise on a value of the wrong type or range (not a
+    ValueError: huggingface_hub's StrictDataclassError), where that library has it."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ()
+    return (StrictDataclassError,)
 
 
 def _quiet_gguf_bar():
@@ -144,6 +157,13 @@ def load_checked(cls, path: str | Path, folder: str, **kw):
             raise
         raise InputFileError(f"{path}: transformers could not load the weights: "
                              f"{' '.join(str(e).split())[:300]} (refused)", path=path) from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError,
+            *_config_errors()) as e:  # a config value transformers' own checks refuse
+        if isinstance(e, InputFileError):
+            raise
+        raise InputFileError(f"{path}: transformers cannot build a model from it "
+                             f"({type(e).__name__}: {' '.join(str(e).split())[:200]})",
+                             path=path) from None
     finally:
         modeling_utils.logger.removeFilter(hold)
         if bars:
@@ -162,8 +182,9 @@ def load_tokenizer(path: str | Path, folder: str, **kw):
     try:
         kw.pop("trust_remote_code", None)
         return AutoTokenizer.from_pretrained(folder, trust_remote_code=False, **kw)
-    except Exception as e:  # noqa: BLE001 - only the library's bare Exception is re-worded
-        if type(e) is not Exception:
+    except Exception as e:  # noqa: BLE001 - the library's bare Exception, and what its
+        # converters raise on metadata they do not expect (a GGUF's renamed 'scores' key)
+        if type(e) not in (Exception, KeyError, ValueError, TypeError, IndexError):
             raise
-        raise InputFileError(f"{path}: its tokenizer metadata does not build a tokenizer ({e})",
-                             path=path) from None
+        raise InputFileError(f"{path}: its tokenizer metadata does not build a tokenizer "
+                             f"({type(e).__name__}: {e})", path=path) from None
