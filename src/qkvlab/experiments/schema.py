@@ -77,6 +77,35 @@ CREATE TABLE IF NOT EXISTS store_meta (key TEXT PRIMARY KEY, value TEXT);
 ADDED_COLUMNS = {"timings": "TEXT", "threads": "INTEGER", "trained_by": "TEXT"}
 
 
+def _columns_of_schema() -> dict[str, set[str]]:
+    """Each table of :data:`SCHEMA` -> its columns (read from SQLite itself, not parsed)."""
+    c = sqlite3.connect(":memory:")
+    try:
+        c.executescript(SCHEMA)
+        tables = [r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return {t: {r[1] for r in c.execute(f'PRAGMA table_info("{t}")')} for t in tables}
+    finally:
+        c.close()
+
+
+# What every qkvlab store has in each of its tables (a table it lacks is an older store's);
+# a column renamed or lost (a damaged schema page) is refused before any read meets it
+REQUIRED_COLUMNS = {t: cols - (set(ADDED_COLUMNS) if t == "runs" else set())
+                    for t, cols in _columns_of_schema().items()}
+
+
+def lost_columns(conn: sqlite3.Connection) -> dict[str, list[str]]:
+    """``{table: [missing columns]}`` of the store's tables against :data:`REQUIRED_COLUMNS`."""
+    present = {r[0] for r in sqlite3.Connection.execute(
+        conn, "SELECT name FROM sqlite_master WHERE type='table'")}
+    out = {}
+    for t in sorted(present & set(REQUIRED_COLUMNS)):
+        have = {r[1] for r in sqlite3.Connection.execute(conn, f'PRAGMA table_info("{t}")')}
+        if REQUIRED_COLUMNS[t] - have:
+            out[t] = sorted(REQUIRED_COLUMNS[t] - have)
+    return out
+
+
 
 
 def kind(conn: sqlite3.Connection) -> str:

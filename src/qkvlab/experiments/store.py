@@ -64,6 +64,11 @@ class Store(MeasureStore):
                 raise InputFileError(f"db: {self.path}: its runs table lacks the columns {lost} "
                                      "every qkvlab store has; the store is damaged or was "
                                      "changed by hand", path=path)
+            lost_in = schema.lost_columns(self.conn) if kind == "ours" else {}
+            if lost_in:  # a marked store's tables hold every column of the schema
+                t, cols = next(iter(lost_in.items()))
+                raise InputFileError(f"db: {self.path}: its {t} table lacks the columns {cols}; "
+                                     "the store is damaged or was changed by hand", path=path)
             if not readonly:
                 self._migrate(legacy=kind == "legacy")
             self._columns = {r["name"] for r in self.conn.execute("PRAGMA table_info(runs)")}
