@@ -95,11 +95,12 @@ REQUIRED_COLUMNS = {t: cols - (set(ADDED_COLUMNS) if t == "runs" else set())
 
 
 def lost_columns(conn: sqlite3.Connection) -> dict[str, list[str]]:
-    """``{table: [missing columns]}`` of the store's tables against :data:`REQUIRED_COLUMNS`."""
+    """``{table: [missing columns]}`` of the store's tables against :data:`REQUIRED_COLUMNS`
+    (``runs`` always: every qkvlab store has it; a table added later may be absent)."""
     present = {r[0] for r in sqlite3.Connection.execute(
         conn, "SELECT name FROM sqlite_master WHERE type='table'")}
     out = {}
-    for t in sorted(present & set(REQUIRED_COLUMNS)):
+    for t in sorted((present & set(REQUIRED_COLUMNS)) | {"runs"}):
         have = {r[1] for r in sqlite3.Connection.execute(conn, f'PRAGMA table_info("{t}")')}
         if REQUIRED_COLUMNS[t] - have:
             out[t] = sorted(REQUIRED_COLUMNS[t] - have)

@@ -58,17 +58,14 @@ class Store(MeasureStore):
         self.readonly = readonly
         self.conn, kind = schema.connect(path, readonly)
         try:
-            columns = {r["name"] for r in self.conn.execute("PRAGMA table_info(runs)")}
-            lost = sorted(schema.LEGACY_RUNS - columns) if kind != "new" else []
-            if lost:  # every qkvlab store ever made has these (a renamed column, say)
-                raise InputFileError(f"db: {self.path}: its runs table lacks the columns {lost} "
+            # a marked store's tables hold every column of the schema (a legacy one was
+            # recognized by its runs table's columns); a renamed column is damage
+            lost = schema.lost_columns(self.conn) if kind == "ours" else {}
+            if lost:
+                t, cols = next(iter(lost.items()))
+                raise InputFileError(f"db: {self.path}: its {t} table lacks the columns {cols} "
                                      "every qkvlab store has; the store is damaged or was "
                                      "changed by hand", path=path)
-            lost_in = schema.lost_columns(self.conn) if kind == "ours" else {}
-            if lost_in:  # a marked store's tables hold every column of the schema
-                t, cols = next(iter(lost_in.items()))
-                raise InputFileError(f"db: {self.path}: its {t} table lacks the columns {cols}; "
-                                     "the store is damaged or was changed by hand", path=path)
             if not readonly:
                 self._migrate(legacy=kind == "legacy")
             self._columns = {r["name"] for r in self.conn.execute("PRAGMA table_info(runs)")}
