@@ -293,17 +293,24 @@ def test_analyze_of_a_nan_weight_prints_one_line_and_exits_2(tmp_path, capsys):
         "(refused)\n")
 
 
+def ct2_scaled(tmp_path, scale, rows=slice(0, 1)):
+    """The fuzz corpus's CTranslate2 Whisper with its one int8 weight's scale set to ``scale``
+    on ``rows`` (whose int8 values are set to 1: no 0 / 0)."""
+    import fuzz_formats
+
+    v = fuzz_formats.ct2_vars()
+    v["decoder/layer_0/attention/linear_2/weight_scale"][rows] = scale
+    v["decoder/layer_0/attention/linear_2/weight"][rows] = 1
+    f = tmp_path / "model.bin"
+    f.write_bytes(fuzz_formats.ct2_bytes(v))
+    return f
+
+
 @pytest.mark.parametrize("scale, count", [(0.0, "0 NaN and 8 infinite"),
                                           (float("nan"), "8 NaN and 0 infinite")])
 def test_a_zero_or_nan_int8_scale_is_refused_naming_the_weight(tmp_path, scale, count):
     """CTranslate2 dequantizes w = q / scale: a zero scale makes a row infinite (a zero q NaN)."""
-    import fuzz_formats
-
-    v = fuzz_formats.ct2_vars()
-    v["decoder/layer_0/attention/linear_2/weight_scale"][0] = scale
-    v["decoder/layer_0/attention/linear_2/weight"][0] = 1  # no 0 / 0 in the row
-    f = tmp_path / "model.bin"
-    f.write_bytes(fuzz_formats.ct2_bytes(v))
+    f = ct2_scaled(tmp_path, scale)
     with pytest.raises(InputFileError) as e:
         resolve(str(f))
     assert str(e.value) == (f"{f}: weight W_O of layer cross.0 is not finite ({count} of "
@@ -330,12 +337,7 @@ def test_a_nan_q8_0_scale_in_a_gguf_is_refused_naming_the_weight(tmp_path):
 def test_an_infinite_int8_scale_zeroes_a_head_and_is_refused_naming_it(tmp_path):
     """w = q / inf is a head of zeros, whose symmetry and ranks are 0 / 0: it was measured as
     NaN (found by the fuzz corpus's hostile edits)."""
-    import fuzz_formats
-
-    v = fuzz_formats.ct2_vars()
-    v["decoder/layer_0/attention/linear_2/weight_scale"][:] = np.inf
-    f = tmp_path / "model.bin"
-    f.write_bytes(fuzz_formats.ct2_bytes(v))
+    f = ct2_scaled(tmp_path, np.inf, slice(None))
     with pytest.raises(InputFileError) as e:
         resolve(str(f))
     assert str(e.value) == (f"{f}: weight W_O of layer cross.0 is all zeros in head 0 (2 of 2 "
