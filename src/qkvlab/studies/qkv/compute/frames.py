@@ -246,6 +246,8 @@ def kv_payoff(data: StudyData) -> pd.DataFrame:
     kv = data.measure("kv_decode")
     if kv.empty or "context" not in kv:
         return pd.DataFrame()
+    if "spec.cpu_model" in kv and kv["spec.cpu_model"].notna().any():
+        kv = kv[kv["spec.cpu_model"].notna()]  # the current method's, not an older record
     kv = kv[kv.measure_id == kv.measure_id.iloc[0]]
     bench = data.measure("kv_bench")
     cpu = kv["spec.cpu_model"].iloc[0] if "spec.cpu_model" in kv else None

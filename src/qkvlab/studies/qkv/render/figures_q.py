@@ -357,7 +357,8 @@ def fig_q3_kv_payoff(data: StudyData, out: Path) -> Figure | None:
     axes[0][-1].legend(fontsize=7)
     src = kv.iloc[0]
     where = (f"Measured by `qkvlab bench --only kv` on this CPU ({src.taken}, "
-             f"{int(src.threads)} threads), read in place of the study's own shorter measurement"
+             f"{int(src.threads)} thread{'s' * (int(src.threads) != 1)}), read in place of the "
+             "study's own shorter measurement"
              if src.source == "bench" else "One interleaved measurement by the study")
     return save(fig, kv, out, "q3_kv_payoff", "Where K = V pays, and by how much",
                 "One decode step of a one-layer decoder (d_model 512, 8 heads of 64) whose cache "
