@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from qkvlab.studies.qkv.plan.claims import QUESTIONS
+from qkvlab.studies.qkv.plan.questions import QUESTIONS
 from qkvlab.tables import markdown_table
 
 BEGIN, END = "<!-- answers: begin -->", "<!-- answers: end -->"
@@ -32,14 +32,14 @@ def rows(report: Path) -> list[tuple[str, str, str]]:
         if q in cards:
             c = cards[q]
             nums = "<br>".join(f"{k}: {v}" for k, v in c["numbers"])
-            out.append((QUESTIONS[q][0], f"`{c['profile']}`, {when}",
+            out.append((QUESTIONS[q].title, f"`{c['profile']}`, {when}",
                         f"**{c['sentence']}** {c.get('more', '')}<br>{nums}"))
     return out
 
 
 def table(reports: list[Path]) -> str:
     found = [r for rep in reports for r in rows(rep)]
-    order = {title: i for i, (title, _) in enumerate(QUESTIONS.values())}
+    order = {q.title: i for i, q in enumerate(QUESTIONS.values())}
     found.sort(key=lambda r: order[r[0]])  # by question, reports in the order given
     return markdown_table(["question", "report", "the answer, and the numbers that carry it"],
                           found, cell=str)

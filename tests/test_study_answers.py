@@ -17,7 +17,7 @@ from qkvlab.report.blocks import Card, Heading, Para, Section, Table, Title
 from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.compute.answers import Finding, Published, Scale, answer, answers
 from qkvlab.studies.qkv.compute.effects import Effect, Status
-from qkvlab.studies.qkv.plan.claims import QUESTIONS
+from qkvlab.studies.qkv.plan.questions import QUESTIONS
 from qkvlab.studies.qkv.plan.references import REF_KV_CITE, REF_KV_PPL_PCT
 from qkvlab.studies.qkv.render.answers import answer_blocks, answer_text, published_words
 from qkvlab.studies.qkv.render.page import SECTION_IDS, build
@@ -127,14 +127,14 @@ def test_the_answers_open_the_page_one_paragraph_per_question(tmp_path):
     # a card per question first, then each answer in full under its heading
     cards = blocks[start + 1:start + 4]
     assert [c.id for c in cards if isinstance(c, Card)] == ["q1", "q2", "q3"]
-    assert [c.question for c in cards] == [t for t, _ in QUESTIONS.values()]
+    assert [c.question for c in cards] == [q.title for q in QUESTIONS.values()]
     assert isinstance(blocks[start + 4], Heading)
     paras = blocks[start + 5:start + 8]
     assert start + 8 < summary and all(isinstance(p, Para) for p in paras)
-    assert [p.text.split(". ")[0] for p in paras] == [t for t, _ in QUESTIONS.values()]
+    assert [p.text.split(". ")[0] for p in paras] == [q.title for q in QUESTIONS.values()]
     full = answer_blocks(data)
     assert [blocks[start], *paras] == full
-    assert paras[2].text == f"{QUESTIONS['q3'][0]}. {answer_text(answers(data)['q3'])}"
+    assert paras[2].text == f"{QUESTIONS['q3'].title}. {answer_text(answers(data)['q3'])}"
 
 
 def test_a_published_number_beside_a_task_we_did_not_learn_gets_no_number_of_ours():

@@ -29,6 +29,7 @@ from qkvlab.studies.qkv.plan.vocab import CONTROL
 from qkvlab.studies.qkv.render.tables import compare_table
 from qkvlab.studies.qkv.render.text import WORDS, cell, said
 from qkvlab.studies.qkv.plan.profiles import Rates
+from qkvlab.studies.qkv.plan.questions import tuned_designs
 
 MARGIN = np.log1p(0.02)  # val_loss: ±2% perplexity
 
@@ -154,7 +155,7 @@ def _listed(profile: str) -> list[str]:
     p = get_profile(profile)
     if p.lr_grid:
         p = dataclasses.replace(p, rates=Rates(lrs={(t, d, a): rates.lr_of(t, 1.0, p)
-                                                    for t, labels in rates.TUNED.items()
+                                                    for t, labels in tuned_designs().items()
                                                     for d in ("standard", *labels)
                                                     for a in ("equal", "matched")}))
     return sorted(f"{name} {run_id(s.to_dict() if hasattr(s, 'to_dict') else dict(s))} "

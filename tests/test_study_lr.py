@@ -12,6 +12,7 @@ from qkvlab.experiments import registry
 from qkvlab.experiments.runner import sweep_plan
 from qkvlab.experiments.store import Store
 from qkvlab.studies.qkv.plan import profiles, rates
+from qkvlab.studies.qkv.plan.questions import equal_only, tuned_designs
 
 GRID = (0.5, 1.0, 2.0)
 
@@ -38,7 +39,7 @@ def _finish_grid(store: Store, p, loss, skip=()) -> None:
 def test_lr_tune_covers_every_tuned_design_rate_and_seed(profile):
     runs = registry.runs_of("lr_tune", profile)
     want = {(t, d, a, float(f"{rates.task_lr(t, profile) * m:.3g}"), s)
-            for t, labels in rates.TUNED.items() for d in ("standard", *labels)
+            for t, labels in tuned_designs().items() for d in ("standard", *labels)
             for a in rates.tuned_arms(profile, t, d) for m in GRID for s in (100, 101)}
     got = {(tg["task"], tg["design"], tg["arm"], tg["lr"], tg["seed"]) for _, tg in runs}
     assert got == want and len(runs) == len(want)
@@ -46,8 +47,8 @@ def test_lr_tune_covers_every_tuned_design_rate_and_seed(profile):
     # arm is its equal run), GQA or identity-init alt (equal width only), or a task whose
     # profile runs equal width only
     assert {(t, d) for t, d, a, _, _ in want if a == "matched"} == {
-        (t, d) for t, labels in rates.TUNED.items() for d in labels
-        if d not in rates.EQUAL_ONLY and t != "lm_char"}  # lm_char: equal width only
+        (t, d) for t, labels in tuned_designs().items() for d in labels
+        if d not in equal_only() and t != "lm_char"}  # lm_char: equal width only
     assert profile.task_arms["lm_char"] == ("equal",)
     narrow = dataclasses.replace(profile, task_arms={"mlm": ("equal",)})
     assert not {tg["design"] for _, tg in registry.runs_of("lr_tune", narrow)
@@ -73,7 +74,7 @@ def test_comparisons_wait_for_the_grid_with_a_clear_error(profile, tmp_path):
 
 def n_tuned(p) -> int:
     """How many (task, design, arm) rates ``lr_tune`` chooses at profile ``p``."""
-    return sum(len(rates.tuned_arms(p, t, d)) for t, labels in rates.TUNED.items()
+    return sum(len(rates.tuned_arms(p, t, d)) for t, labels in tuned_designs().items()
                for d in ("standard", *labels))
 
 

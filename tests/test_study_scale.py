@@ -24,10 +24,11 @@ from qkvlab.models import ModelConfig
 from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.compute.scale import placement_effects, placement_grid, scale_answer
 from qkvlab.studies.qkv.plan import profiles, rates
-from qkvlab.studies.qkv.plan.families import FAMILIES
+from qkvlab.studies.qkv.plan.questions import families
 from qkvlab.studies.qkv.plan.placements import PLACEMENTS, SCALE_HEADS
 from qkvlab.studies.qkv.render import figures_q
 from qkvlab.studies.qkv.render.scale import fig_q1_scale_train, scale_table, scale_words
+from qkvlab.studies.qkv.plan.questions import tuned_designs
 from qkvlab.train import InitConfig
 from qkvlab.train.build import apply_init, build_seeded
 from conftest import scored
@@ -115,7 +116,7 @@ def test_each_placement_and_width_trains_at_its_own_tuned_rate(tmp_path):
     assert {k for k in chosen if len(k) == 4} == {  # the control tuned per width too
         ("lm", d, "equal", w) for d in (*SCALES, "control") for w in p.scale_train_d_heads}
     assert {k for k in chosen if len(k) == 3} == {
-        (t, d, a) for t, labels in rates.TUNED.items() for d in ("standard", *labels)
+        (t, d, a) for t, labels in tuned_designs().items() for d in ("standard", *labels)
         for a in rates.tuned_arms(p, t, d)}
     want = {("none", widest): 2.0, ("none_t5", widest): 4.0, ("control", narrowest): 0.25}
     for spec, t in runs:
@@ -268,7 +269,7 @@ def test_verdict_rows_are_each_placement_vs_inside_per_width_in_q1s_family(data)
     assert status.pop(("none", 16)) == "worse"
     assert set(status.values()) == {"equivalent"}  # ±0.4% at most, the margin ±2%
     # the family holds exactly these cells at this profile, each at its width
-    assert {(h.design, h.d_head) for h in FAMILIES["Q1"].members
+    assert {(h.design, h.d_head) for h in families()["Q1"].members
             if h.experiment == "scale_train" and h.d_head in widths} == set(zip(df.design,
                                                                               df.d_head))
 

@@ -23,6 +23,7 @@ from qkvlab.studies.qkv.plan.vocab import CONTROL, reported
 from qkvlab.studies.qkv.render.tables import compare_table, margins_table
 from qkvlab.studies.qkv.render.text import pm
 from qkvlab.studies.qkv.plan.profiles import Rates
+from qkvlab.studies.qkv.plan.questions import tuned_designs
 
 VAL = {"standard": [2.00, 2.10, 2.20], "tied_kv": [2.01, 2.11, 2.21], CONTROL: [3.0, 3.1, 3.2]}
 TEST = {"standard": [2.05, 2.12, 2.30], "tied_kv": [2.40, 2.52, 2.66], CONTROL: [3.5, 3.6, 3.7]}
@@ -118,7 +119,7 @@ def test_every_reported_run_is_scored_on_test(name):
         scale = {("lm", tag, "equal", d): rates.lr_of("lm", 1.0, p)
                  for tag in (*PLACEMENTS, CONTROL) for d in p.scale_train_d_heads}
         p = dataclasses.replace(p, rates=Rates(
-            lrs={(t, d, a): rates.lr_of(t, 1.0, p) for t, labels in rates.TUNED.items()
+            lrs={(t, d, a): rates.lr_of(t, 1.0, p) for t, labels in tuned_designs().items()
                  for d in ("standard", *labels) for a in ("equal", "matched")} | scale,
             scale_grid=scale))
     if p.scaling_lr_grid:  # scaling's runs at lm's rate, as if scaling_tune had chosen it

@@ -19,7 +19,7 @@ from qkvlab.data import get_task
 from qkvlab.data.lm import LM, LMChar
 from qkvlab.experiments.registry import get_profile, runs_of
 from qkvlab.studies.qkv.plan import vocab
-from qkvlab.studies.qkv.plan.families import FAMILIES
+from qkvlab.studies.qkv.plan.questions import families
 from qkvlab.studies.qkv.plan.profiles import TASK_OPTIONS
 from qkvlab.studies.qkv.plan.references import REF_KV_PPL_PCT, per_char
 from qkvlab.studies.qkv.plan.vocab import METRICS, TASK_METRIC
@@ -90,9 +90,9 @@ def test_each_text_loss_margin_is_true_in_its_unit():
 
 def test_char_rows_are_secondary_members_of_each_lm_family():
     for q, exp, designs in (("Q1", "alt_vs_standard", {"alt"}),
-                            ("Q2", "tied_qk_qkv", set(vocab.TIED_QK)),
+                            ("Q2", "tied_qk_qkv", {"tied_qk", "tied_qk_selfmask", "tied_qkv"}),
                             ("Q3", "lm_tied_kv", {"tied_kv"})):
-        char = [h for h in FAMILIES[q].members if h.task == "lm_char"]
+        char = [h for h in families()[q].members if h.task == "lm_char"]
         assert {(h.experiment, h.design, h.arm, h.metric) for h in char} == \
             {(exp, d, "equal", "bits_per_char") for d in designs}
 

@@ -40,7 +40,8 @@ from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.compute import scaling as S
 from qkvlab.studies.qkv.plan.experiments import ORDER
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
-from qkvlab.studies.qkv.plan.vocab import DESIGNS, SPEED_DESIGNS
+from qkvlab.studies.qkv.plan.questions import QUESTIONS, tuned_designs
+from qkvlab.studies.qkv.plan.vocab import CONTROL, DESIGNS
 from qkvlab.studies.qkv.render import page
 from qkvlab.train import RunSpec, make_task
 
@@ -207,7 +208,7 @@ def run_measures(rec: Recorder, cfg: StudyConfig) -> None:
                 on_model("convex_range", row, M.convex_range)
     qk = runs["tied_qk_qkv"]
     if not qk.empty:
-        for design in ("standard", "tied_qk", "tied_qk_selfmask", "tied_qkv"):
+        for design in ("standard", *QUESTIONS["q2"].designs("tied_qk_qkv")):
             for task in ("lm", "relation"):
                 for row in _done(qk, task=task, arm="equal", design=design).itertuples():
                     on_model("own_position", row, M.own_position_weight)
@@ -227,12 +228,14 @@ def run_measures(rec: Recorder, cfg: StudyConfig) -> None:
 
     seq = int(p.task_options.get("lm", {}).get("seq_len", 64))
     dims = {"d_model": p.d_model, "n_heads": p.n_heads}
-    variants = {d: DESIGNS[d].model_options(p) for d in SPEED_DESIGNS}
+    # every design the questions compare on lm; decode once per cache (a self-mask is
+    # its unmasked design's cache and step)
+    variants = {d: DESIGNS[d].model_options(p) for d in tuned_designs()["lm"] if d != CONTROL}
     rec("attention_speed", {**dims, "T": seq, "B": p.batch_size, "rounds": p.rounds,
                             "variants": variants},
         lambda: M.attention_speed(p.d_model, p.n_heads, seq, p.batch_size, variants,
                                   rounds=p.rounds))
-    dec = {"standard": {}, **{k: v for k, v in variants.items() if k != "tied_qk_selfmask"}}
+    dec = {"standard": {}, **{k: v for k, v in variants.items() if not v.get("self_mask")}}
     n_ctx = 8 + p.decode_tokens
     rec("decode_speed", {**dims, "n_layers": p.n_layers, "n_ctx": n_ctx, "new": p.decode_tokens,
                          "variants": dec, "rounds": p.rounds},

@@ -19,7 +19,8 @@ from qkvlab.data import get_task
 from qkvlab.studies.qkv.compute.effects import Effect, Status, effect
 from qkvlab.studies.qkv.compute.multiplicity import members
 from qkvlab.studies.qkv.compute.results import StudyData, row_chance
-from qkvlab.studies.qkv.plan.families import FAMILIES, Family
+from qkvlab.studies.qkv.plan.families import Family
+from qkvlab.studies.qkv.plan.questions import QUESTIONS
 from qkvlab.studies.qkv.plan.references import (
     REF_KV_CITE,
     REF_KV_PPL_PCT,
@@ -161,9 +162,9 @@ def answer(data: StudyData, question: str) -> Answer:
     """The answer to one question (``"q1"``, ``"q2"``, ``"q3"``) from the stored runs.
 
     Raises:
-        KeyError: a question without a family in ``plan.families``.
+        KeyError: a question that is not one of ``plan.questions.QUESTIONS``.
     """
-    fam = FAMILIES[question.upper()]
+    fam = QUESTIONS[question.lower()].family
     found, sources = findings(data, fam)
     by = {s: [f for f in found if f.effect.status in s] for s in
           (DECIDED, (Status.UNDECIDED,), (Status.NOT_LEARNED,), (Status.ATTENTION_UNUSED,))}
@@ -180,4 +181,4 @@ def answer(data: StudyData, question: str) -> Answer:
 
 def answers(data: StudyData) -> dict[str, Answer]:
     """``{question: Answer}`` for the three questions, in order."""
-    return {q.lower(): answer(data, q) for q in FAMILIES}
+    return {q: answer(data, q) for q in QUESTIONS}

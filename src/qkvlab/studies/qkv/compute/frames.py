@@ -19,13 +19,13 @@ from qkvlab.studies.qkv.compute.results import (
     select,
 )
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
+from qkvlab.studies.qkv.plan.questions import QUESTIONS, summary_sources
 from qkvlab.studies.qkv.plan.rates import choose_lrs
 from qkvlab.studies.qkv.plan.vocab import (
     ARMS,
     CONTROL,
     KV_DESIGNS,
     TASK_METRIC,
-    TIED_QK,
     reported,
 )
 
@@ -76,9 +76,14 @@ def bind_point(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def q3_lm(data: StudyData) -> pd.DataFrame:
-    """lm comparisons of lm_tied_kv and lm_gqa; lm_gqa's standard and control rows (the same
-    runs as lm_tied_kv's) dropped."""
-    df = data.compared(("lm_tied_kv", "lm_gqa"))
+    """lm comparisons of lm_tied_kv and lm_gqa (Q3's ``pooled`` experiments)."""
+    return pooled(data, QUESTIONS["q3"].pooled)
+
+
+def pooled(data: StudyData, experiments: tuple[str, ...]) -> pd.DataFrame:
+    """The comparisons of experiments that share their standard and control runs, as one:
+    the later experiments' standard and control rows (the same runs) dropped."""
+    df = data.compared(experiments)
     if df.empty:
         return df
     keys = [c for c in ("task", "arm", "d_head", "design", "metric") if c in df]
@@ -170,15 +175,11 @@ def width_needed(data: StudyData) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
-SUMMARY_SOURCES = ("alt_vs_standard", "tied_qk_qkv", "directed_relation", "lm_tied_kv", "lm_gqa",
-                   "kv_translate")
-
-
 def quality(data: StudyData) -> dict[str, dict[str, dict]]:
     """``{design: {task label: comparison row}}`` at equal width, each task's own metric;
     bind_codes at its largest m and d_head = m (``bind_point``)."""
     out: dict[str, dict[str, dict]] = {}
-    for exp in SUMMARY_SOURCES:
+    for exp in summary_sources():
         for r in data.compared(exp, arm="equal").to_dict("records"):
             if r["design"] != "standard" and r["metric"] == TASK_METRIC[r["task"]]:
                 out.setdefault(r["design"], {})[r["task"]] = r
@@ -272,19 +273,6 @@ def kv_pays(data: StudyData) -> pd.DataFrame:
     return top[top.batch == top.batch.max()].set_index("design")
 
 
-FOREST = {
-    "q1": [*(("alt_vs_standard", "alt", t) for t in ("lm", "translate")),
-           ("alt_init", "alt_identity", "translate")],
-    "q2": [*(("tied_qk_qkv", d, t) for d in TIED_QK for t in ("lm", "mlm", "mqar", "relation")),
-           *(("directed_relation", d, t) for d in TIED_QK[:2]
-             for t in ("successor", "successor_causal"))],
-    "q3": [(("lm_tied_kv", "lm_gqa"), "tied_kv", "lm"),
-           (("lm_tied_kv", "lm_gqa"), "gqa_half", "lm"),
-           ("kv_translate", "tied_kv_cross", "translate"),
-           ("bind_vs_dhead", "tied_kv", "bind_codes")],
-}
-
-
 def forest_frame(data: StudyData, question: str) -> pd.DataFrame:
     """The rows of a question's forest plot: panel, design, task, arm, d_head, value, half.
 
@@ -294,9 +282,10 @@ def forest_frame(data: StudyData, question: str) -> pd.DataFrame:
     standard needs (``bind_point``).
     """
     rows = []
-    for exps, design, task in FOREST[question]:
+    q = QUESTIONS[question]
+    for exps, design, task in q.forest():
         metric = TASK_METRIC[task]
-        cmp = q3_lm(data) if exps == ("lm_tied_kv", "lm_gqa") else data.compared(exps)
+        cmp = pooled(data, exps) if isinstance(exps, tuple) else data.compared(exps)
         c = diffs(select(cmp, design=design, task=task, metric=metric))
         if c.empty:
             continue
@@ -316,7 +305,7 @@ def forest_frame(data: StudyData, question: str) -> pd.DataFrame:
                          "status": status, "unit": "points" if acc else "% perplexity"})
     df = pd.DataFrame(rows, columns=["panel", "design", "task", "arm", "d_head", "value", "lo",
                                      "hi", "status", "unit"]).astype({"d_head": "Int64"})
-    order = {(d, t): i for i, (_, d, t) in enumerate(FOREST[question])}
+    order = {(d, t): i for i, (_, d, t) in enumerate(q.forest())}
     df["_o"] = [order[(d, t)] for d, t in zip(df.design, df.task)]
     arm_o = {a: i for i, a in enumerate(ARMS)}
     df["_a"] = df.arm.map(arm_o)

@@ -1,4 +1,4 @@
-"""Each question's family of headline comparisons (``plan.families``), corrected together.
+"""Each question's family of headline comparisons (``plan.questions``), corrected together.
 
 ``correct(comparisons)`` adds four columns to the comparison rows: ``family`` (the
 question, None outside the families), ``family_m`` (how many comparisons the family holds at
@@ -15,7 +15,8 @@ import pandas as pd
 
 from qkvlab.stats import holm
 from qkvlab.studies.qkv.compute.effects import effect, finite
-from qkvlab.studies.qkv.plan.families import FAMILIES, Headline
+from qkvlab.studies.qkv.plan.families import Headline
+from qkvlab.studies.qkv.plan.questions import families
 
 CORRECTIONS = {"holm": holm}
 COLUMNS = ("family", "family_m", "p_decided", "p_adj")
@@ -49,7 +50,7 @@ def correct(df: pd.DataFrame) -> pd.DataFrame:
         return df
     df["family"], df["family_m"] = None, float("nan")
     df["p_decided"], df["p_adj"] = float("nan"), float("nan")
-    for fam in FAMILIES.values():
+    for fam in families().values():
         if fam.method not in CORRECTIONS:
             raise ValueError(f"method: {fam.method!r} of {fam.question} is not one of "
                              f"{sorted(CORRECTIONS)}")

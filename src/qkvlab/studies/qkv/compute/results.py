@@ -42,9 +42,8 @@ from qkvlab.stats import compare_frame
 from qkvlab.studies.qkv.compute.effects import attention_used, effect
 from qkvlab.studies.qkv.compute.measures import MEASURE_VERSION
 from qkvlab.studies.qkv.compute.multiplicity import correct
-from qkvlab.studies.qkv.plan.experiments import ORDER
+from qkvlab.studies.qkv.plan.experiments import BY_NAME, ORDER
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
-from qkvlab.studies.qkv.plan.scaling import EXPERIMENTS as SCALING
 from qkvlab.studies.qkv.plan.vocab import (
     CONTROL,
     TASK_METRIC,
@@ -53,11 +52,6 @@ from qkvlab.studies.qkv.plan.vocab import (
     reported,
 )
 
-# extra metrics compared per experiment, besides each task's own
-EXTRA_METRICS = {"alt_vs_standard": ("tokens_per_s", "chrf", "bleu"),
-                 "tied_qk_qkv": ("tokens_per_s",),
-                 "lm_tied_kv": ("tokens_per_s",), "lm_gqa": ("tokens_per_s",),
-                 "kv_translate": ("chrf", "bleu")}
 # tags that tell comparisons apart (besides design, seed)
 GROUP_BY = ("task", "arm", "m", "d_head", "d_model")
 PROBE_STATS = ("norm_entropy", "saturated", "grad_WQ", "grad_WK")
@@ -137,14 +131,12 @@ def comparisons(runs: pd.DataFrame, profile: QKVProfile | None = None) -> pd.Dat
     if runs.empty:
         return pd.DataFrame()
     for exp, df in runs.groupby("experiment", sort=False):
-        if exp not in ORDER or exp in ("scale_probe", "lr_tune", "scale_tune",
-                                       "scale_tune_edge", "symmetry_emergence") \
-                or exp in SCALING:  # compared per cell by compute.scaling
+        if exp not in BY_NAME or BY_NAME[exp].role != "comparison":
             continue
         df = scored_on_test(df)
         by = [c for c in GROUP_BY if c in df and df[c].notna().any()]
         for task, sub in df.groupby("task", sort=True):
-            metrics = [TASK_METRIC.get(task, "val_loss"), *EXTRA_METRICS.get(exp, ())]
+            metrics = [TASK_METRIC.get(task, "val_loss"), *BY_NAME[exp].metrics]
             for metric in dict.fromkeys(metrics):
                 col = reported(metric)  # mlm's masked_loss: test_val_loss
                 if col not in sub or sub[col].isna().all():

@@ -21,17 +21,6 @@ THREADS = {
 }
 LICENSE = "Stack Exchange content, CC BY-SA; quoted verbatim, short phrases only."
 
-QUESTIONS = {
-    "q1": ("Q1 — the 4th matrix and the scale",
-           "Why softmax(QKᵀ/√d_k)·V and not (1/√d_k)·softmax(QKᵀ/√d_k)·V·Wᵀ with a 4th matrix W?"),
-    "q2": ("Q2 — one matrix W = W_Q = W_K = W_V",
-           ("Why not one projection per head, W = W_Q = W_K = W_V, and how similar are the "
-            "three in trained transformers?")),
-    "q3": ("Q3 — K = V",
-           "Why are keys and values computed by different matrices, even for translation?"),
-}
-
-
 @dataclass(frozen=True)
 class Claim:
     seed: str

@@ -7,6 +7,7 @@ chooses.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from qkvlab.data import get_task
 from qkvlab.experiments.registry import (
@@ -32,14 +33,47 @@ from qkvlab.studies.qkv.plan.scale import (  # noqa: F401 (registers)
 )
 from qkvlab.studies.qkv.plan.scaling import EXPERIMENTS as SCALING  # registers them
 from qkvlab.studies.qkv.plan.scaling import tuned_status
-from qkvlab.studies.qkv.plan.vocab import CONTROL, DESIGNS, SCALED, TIED_QK
+from qkvlab.studies.qkv.plan.questions import designs_on
+from qkvlab.studies.qkv.plan.vocab import CONTROL, DESIGNS, SCALED
 from qkvlab.train import InitConfig, ProbeConfig
 
+# What an experiment's runs are for. compute.results compares only a "comparison"'s runs
+# (design vs standard per task); "scaling"'s are compared per cell by compute.scaling.
+ROLES = {"probe": "measured at init and early in training, not compared",
+         "tuning": "chooses rates on val; never scored on test",
+         "comparison": "each design against standard, paired by seed",
+         "measure": "trained for the measures made on its checkpoints",
+         "scaling": "compared per size and budget cell (compute.scaling)"}
+
+
+@dataclass(frozen=True)
+class StudyExperiment:
+    """One experiment of the study: its name (``@experiment``'s), its ``ROLES`` key, and the
+    metrics its comparisons read besides each task's own."""
+
+    name: str
+    role: str
+    metrics: tuple[str, ...] = ()
+
+
+SPEED, TEXT = ("tokens_per_s",), ("chrf", "bleu")
 # The experiments behind the three questions, in the order the study runs them (cheapest
 # first, so a smoke study fails fast on a broken set-up).
-ORDER = ("scale_probe", "lr_tune", "scale_tune", "scale_tune_edge", "alt_vs_standard",
-         "alt_init", "scale_train", "lm_tied_kv", "lm_gqa", "tied_qk_qkv", "directed_relation",
-         "symmetry_emergence", "bind_vs_dhead", "kv_translate", "lm_scaling", *SCALING)
+STUDY = (StudyExperiment("scale_probe", "probe"), StudyExperiment("lr_tune", "tuning"),
+         StudyExperiment("scale_tune", "tuning"), StudyExperiment("scale_tune_edge", "tuning"),
+         StudyExperiment("alt_vs_standard", "comparison", SPEED + TEXT),
+         StudyExperiment("alt_init", "comparison"), StudyExperiment("scale_train", "comparison"),
+         StudyExperiment("lm_tied_kv", "comparison", SPEED),
+         StudyExperiment("lm_gqa", "comparison", SPEED),
+         StudyExperiment("tied_qk_qkv", "comparison", SPEED),
+         StudyExperiment("directed_relation", "comparison"),
+         StudyExperiment("symmetry_emergence", "measure"),
+         StudyExperiment("bind_vs_dhead", "comparison"),
+         StudyExperiment("kv_translate", "comparison", TEXT),
+         StudyExperiment("lm_scaling", "comparison"),
+         *(StudyExperiment(name, "scaling") for name in SCALING))
+ORDER = tuple(e.name for e in STUDY)
+BY_NAME = {e.name: e for e in STUDY}
 
 
 def read_rates(p: QKVProfile, store) -> QKVProfile:
@@ -84,6 +118,14 @@ def control_runs(task: str, p: QKVProfile, **kw) -> list[Run]:
     return [(spec, tags) for spec, tags in runs if tags["design"] == CONTROL]
 
 
+def compared_runs(experiment: str, p: QKVProfile) -> list[Run]:
+    """An experiment's runs from its questions' rows (``questions.designs_on``): on each task
+    the designs compared there with standard and the control (``arms``), in the rows' arms
+    where they name only the equal one, else in the profile's."""
+    return [r for task, (designs, only) in designs_on(experiment).items()
+            for r in arms(task, p, designs, **({"arms": only} if only else {}))]
+
+
 @experiment("lr_tune", "Every design at its own learning rate: the grid the comparisons pick from")
 def lr_tune(p: QKVProfile) -> list[Run]:
     return tuning_runs(p)
@@ -92,7 +134,7 @@ def lr_tune(p: QKVProfile) -> list[Run]:
 @experiment("alt_vs_standard", "Q1: does AttentionAlt's extra per-head matrix and outer scale "
                                "help?")
 def alt_vs_standard(p: QKVProfile) -> list[Run]:
-    return [r for t in ("lm", "lm_char", "translate") for r in arms(t, p, ("alt",))]
+    return compared_runs("alt_vs_standard", p)
 
 
 @experiment("scale_probe", "Q1: where must 1/sqrt(d_k) sit? entropy, saturation, grads vs d_k")
@@ -116,10 +158,7 @@ def scale_probe(p: QKVProfile) -> list[Run]:
 
 @experiment("tied_qk_qkv", "Q2: what does one matrix W = W_Q = W_K (= W_V) cost?")
 def tied_qk_qkv(p: QKVProfile) -> list[Run]:
-    return [r for t in ("lm", "lm_char", "mlm", "mqar", "relation") for r in arms(t, p, TIED_QK)]
-
-
-DIRECTED = ("successor", "successor_causal")
+    return compared_runs("tied_qk_qkv", p)
 
 
 @experiment("directed_relation", "Q2: does tied Q=K break a relation between contents, in an "
@@ -127,7 +166,7 @@ DIRECTED = ("successor", "successor_causal")
 def directed_relation(p: QKVProfile) -> list[Run]:
     # The same rule (each token's cyclic successor by id) seen whole by an encoder and causally
     # by a decoder; equal width only (the tie's cost, not its parameters, is the question).
-    return [r for t in DIRECTED for r in arms(t, p, TIED_QK[:2], arms=("equal",))]
+    return compared_runs("directed_relation", p)
 
 
 @experiment("symmetry_emergence", "Q2: do encoders learn a more symmetric W_QK than decoders?")
@@ -207,19 +246,19 @@ def lm_scaling(p: QKVProfile) -> list[Run]:
 
 @experiment("kv_translate", "Q3: 'for translation K should equal V': tied K=V in cross-attention")
 def kv_translate(p: QKVProfile) -> list[Run]:
-    return arms("translate", p, ("tied_kv_cross",))
+    return compared_runs("kv_translate", p)
 
 
 @experiment("lm_tied_kv", "Q3: the LM loss penalty of tied K = V (cf. ~3.1% ppl per token at "
                           "300M-1.2B)")
 def lm_tied_kv(p: QKVProfile) -> list[Run]:
-    return [r for t in ("lm", "lm_char") for r in arms(t, p, ("tied_kv",))]
+    return compared_runs("lm_tied_kv", p)
 
 
 @experiment("lm_gqa", "Q3: GQA (n_kv_heads = n_heads/2), same KV cache as tied K=V, on lm")
 def lm_gqa(p: QKVProfile) -> list[Run]:
     # Its KV cache per token equals tied K=V's (one buffer of H heads vs two of H/2); the
     # baseline runs are lm_tied_kv's (same spec, same id), so this costs one run per seed.
-    return arms("lm", p, ("gqa_half",), arms=("equal",))
+    return compared_runs("lm_gqa", p)
 
 

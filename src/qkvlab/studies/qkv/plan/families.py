@@ -1,5 +1,6 @@
 """The families of headline comparisons, one per question, and how each is corrected for
-multiplicity: written down before the runs, like the margins (``vocab.METRICS``).
+multiplicity: written down before the runs, like the margins (``vocab.METRICS``). Each
+question's family is read from its rows (``questions.Question.family``, ``questions.FAMILIES``).
 
 A family is every comparison its question's headline sentence and the summary table may call
 decided: design vs ``standard`` on a task's own metric (``vocab.TASK_METRIC``) in one arm.
@@ -36,9 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qkvlab.studies.qkv.plan.placements import PLACEMENTS
 from qkvlab.studies.qkv.plan.profiles import PROFILES
-from qkvlab.studies.qkv.plan.vocab import TASK_METRIC, TIED_QK
+from qkvlab.studies.qkv.plan.vocab import TASK_METRIC
 
 ALPHA = 0.05  # the family-wise error rate each question's headline verdicts keep
 
@@ -79,27 +79,3 @@ class Family:
 BOTH = ("equal", "matched")
 # Q1's trained scale: each placement vs inside (standard) at every head width a profile trains
 SCALE_D_HEADS = tuple(sorted({d for p in PROFILES.values() for d in p.scale_train_d_heads}))
-
-FAMILIES: dict[str, Family] = {f.question: f for f in (
-    Family("Q1", "holm", (
-        *(Headline("alt_vs_standard", "alt", t, a) for t in ("lm", "translate") for a in BOTH),
-        Headline("alt_vs_standard", "alt", "lm_char"),
-        Headline("alt_init", "alt_identity", "translate"),
-        *(Headline("scale_train", tag, "lm", d_head=d) for tag in PLACEMENTS
-          if tag != "standard" for d in SCALE_D_HEADS),
-    )),
-    Family("Q2", "holm", (
-        *(Headline("tied_qk_qkv", d, t, a) for d in TIED_QK
-          for t in ("lm", "mlm", "mqar", "relation") for a in BOTH),
-        *(Headline("tied_qk_qkv", d, "lm_char") for d in TIED_QK),
-        *(Headline("directed_relation", d, t) for d in TIED_QK[:2]
-          for t in ("successor", "successor_causal")),
-    )),
-    Family("Q3", "holm", (
-        *(Headline("lm_tied_kv", "tied_kv", "lm", a) for a in BOTH),
-        Headline("lm_tied_kv", "tied_kv", "lm_char"),
-        Headline("lm_gqa", "gqa_half", "lm"),
-        *(Headline("kv_translate", "tied_kv_cross", "translate", a) for a in BOTH),
-        *(Headline("bind_vs_dhead", "tied_kv", "bind_codes", a, widest_m=True) for a in BOTH),
-    )),
-)}

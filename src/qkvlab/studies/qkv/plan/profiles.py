@@ -51,10 +51,10 @@ class QKVProfile(Profile):
     learning-rate grid.
 
     Learning rates: with an empty ``lr_grid`` every design trains at the task's rate. Otherwise
-    experiment ``lr_tune`` trains each design of ``rates.TUNED`` in each arm its comparisons run
-    (``rates.tuned_arms``) at ``lr_grid`` × the task's rate on ``lr_seeds`` (disjoint from
-    ``seeds``), and the comparisons train each (design, arm) at the rate with the lowest mean
-    validation loss over those seeds (read from the store into ``rates``; a
+    experiment ``lr_tune`` trains each design of ``questions.tuned_designs()`` in each arm its
+    comparisons run (``rates.tuned_arms``) at ``lr_grid`` × the task's rate on ``lr_seeds``
+    (disjoint from ``seeds``), and the comparisons train each (design, arm) at the rate with
+    the lowest mean validation loss over those seeds (read from the store into ``rates``; a
     diverged run counts as infinite loss; ties go to the smaller rate). The parameter-matched
     arm is a model of another width, so it gets its own rate; standard's matched arm is its
     equal-width run. The reported numbers come from the other seeds.

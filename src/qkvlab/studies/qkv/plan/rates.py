@@ -2,7 +2,8 @@
 rule that picks each (task, design, arm)'s rate from their validation losses.
 
 With an empty ``lr_grid`` a profile trains every design at its task's rate. Otherwise
-experiment ``lr_tune`` trains each design of ``TUNED`` in each arm its comparisons run at
+experiment ``lr_tune`` trains each design of ``questions.tuned_designs()`` (those the
+questions compare on a tuned task) in each arm its comparisons run at
 ``lr_grid`` × the task's rate on ``lr_seeds`` (disjoint from the reported seeds), and the
 comparisons train each (design, arm) at the rate with the lowest mean validation loss there.
 The rates are chosen on the ``val`` split; the tuning runs are not scored on ``test`` at all,
@@ -33,6 +34,7 @@ from qkvlab.experiments.registry import (
 from qkvlab.experiments.store import canonical
 from qkvlab.studies.qkv.plan.placements import PLACEMENTS, control_run, placement_run
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
+from qkvlab.studies.qkv.plan.questions import equal_only, tuned_designs
 from qkvlab.studies.qkv.plan.vocab import CONTROL, DESIGNS
 
 
@@ -40,17 +42,6 @@ class RatesPending(ResultsPending):
     """A comparison's runs depend on the rates ``lr_tune`` chooses, and it has not finished."""
 
 
-# The designs each tuned task compares, and so the learning-rate grid.
-# The control is tuned like the others: at an untuned rate it would be a weaker baseline, and
-# standard would "use attention" by the rate alone.
-TUNED = {"lm": ("alt", "tied_qk", "tied_qk_selfmask", "tied_qkv", "tied_kv", "gqa_half",
-                "control"),
-         # the character-level second row, equal width only (profiles' task_arms)
-         "lm_char": ("alt", "tied_qk", "tied_qk_selfmask", "tied_qkv", "tied_kv", "control"),
-         "mlm": ("tied_qk", "tied_qk_selfmask", "tied_qkv", "control"),
-         "translate": ("alt", "alt_identity", "tied_kv_cross", "control")}
-# designs compared at equal width only (lm_gqa, alt_init, the control): no matched-width rate
-EQUAL_ONLY = frozenset({"gqa_half", "alt_identity", "control"})
 
 
 def task_lr(task: str, p: Profile) -> float:
@@ -66,7 +57,7 @@ def lr_of(task: str, mult: float, p: Profile) -> float:
 
 def tuned_arms(p: QKVProfile, task: str, label: str) -> tuple[str, ...]:
     """The arms whose rate ``lr_tune`` tunes for a design: those its comparisons run."""
-    if label == "standard" or label in EQUAL_ONLY:
+    if label == "standard" or label in equal_only():
         return ("equal",)
     return tuple(p.task_arms.get(task, ("equal", "matched")))
 
@@ -79,7 +70,7 @@ def design_lrs(p: QKVProfile, task: str, designs, arms=("equal", "matched")
     Raises:
         RatesPending: the profile tunes rates and ``lr_tune`` has not chosen them yet.
     """
-    if not p.lr_grid or task not in TUNED:
+    if not p.lr_grid or task not in tuned_designs():
         return {}
     lrs = p.rates.lrs or {}
 
@@ -99,7 +90,7 @@ def tuning_runs(p: QKVProfile) -> list[Run]:
     """``lr_tune``'s runs: every tuned design, in each arm it is compared in, at every grid
     point, on the tuning seeds."""
     runs = []
-    for task, labels in TUNED.items():
+    for task, labels in tuned_designs().items():
         base, kind = base_model(p), task_info(task)[1]
         for mult in p.lr_grid:
             lr = lr_of(task, mult, p)

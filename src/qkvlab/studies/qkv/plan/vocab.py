@@ -69,11 +69,9 @@ PLACEMENT_LABELS = {"outside": "1/√d_k outside", "both": "1/√d_k inside and 
 ARMS = {"equal": "equal width", "matched": "parameter-matched"}
 
 # The design groups the experiments, tables and figures share.
-TIED_QK = ("tied_qk", "tied_qk_selfmask", "tied_qkv")
 SCALED = ("alt", "tied_qk", "tied_qkv", "tied_kv", "gqa_half")  # lm_scaling's designs
 KV_DESIGNS = ("standard", "tied_kv", "gqa_half")  # same KV cache question, in drawing order
 CONTROL = "control"  # a comparison is decided only where standard beats it (compute.effects)
-SPEED_DESIGNS = ("alt", "tied_qk", "tied_qk_selfmask", "tied_qkv", "tied_kv", "gqa_half")
 
 
 def color(key: str) -> str:

@@ -12,7 +12,7 @@ from qkvlab.report.blocks import Block, Para, Section
 from qkvlab.studies.qkv.compute.answers import Answer, Finding, Published, Scale, answers
 from qkvlab.studies.qkv.compute.effects import Effect, Status
 from qkvlab.studies.qkv.compute.results import StudyData
-from qkvlab.studies.qkv.plan.claims import QUESTIONS
+from qkvlab.studies.qkv.plan.questions import QUESTIONS
 from qkvlab.studies.qkv.plan.references import REF_KV_CHARS_PER_TOKEN, per_char
 from qkvlab.studies.qkv.plan.vocab import ARMS, LM_CHARS_PER_TOKEN, label
 from qkvlab.studies.qkv.render.convert import convert_sentence
@@ -224,7 +224,7 @@ def answer_blocks(data: StudyData, lead: dict[str, str] | None = None) -> list[B
         text = f"{first} {answer_text(without_widths(a), True)}" if first else answer_text(a)
         if q.lower() == "q3" and converted:
             text += " " + converted
-        out.append(Para(f"{QUESTIONS[q][0]}. {text}"))
+        out.append(Para(f"{QUESTIONS[q].title}. {text}"))
     if at_scale:
         out.append(Para(at_scale))
     return out

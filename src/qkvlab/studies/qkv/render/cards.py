@@ -10,7 +10,7 @@ from qkvlab.report.blocks import Card as CardBlock
 from qkvlab.report.blocks import Figure
 from qkvlab.studies.qkv.compute.cards import Card, Number, cards
 from qkvlab.studies.qkv.compute.results import StudyData
-from qkvlab.studies.qkv.plan.claims import QUESTIONS
+from qkvlab.studies.qkv.plan.questions import QUESTIONS
 from qkvlab.studies.qkv.plan.vocab import label
 
 
@@ -99,7 +99,7 @@ def card_blocks(data: StudyData, figs: dict[str, list[Figure]]) -> list[CardBloc
     out = []
     for q, c in cards(data, set(by_name)).items():
         lead, more = sentence(c)
-        out.append(CardBlock(q, QUESTIONS[q][0], lead,
+        out.append(CardBlock(q, QUESTIONS[q].title, lead,
                              tuple((_what(n), number_text(n)) for n in c.numbers),
                              by_name.get(c.figure), open_text(c), more))
     return out

@@ -24,6 +24,7 @@ from qkvlab.report.blocks import Figure
 from qkvlab.studies.qkv.compute import frames
 from qkvlab.studies.qkv.compute.effects import Status
 from qkvlab.studies.qkv.compute.results import StudyData
+from qkvlab.studies.qkv.plan.questions import QUESTIONS
 from qkvlab.studies.qkv.plan.references import (
     KAYYAM_1B2_KV_PCT,
     REF_KV_CHARS_PER_TOKEN,
@@ -60,9 +61,6 @@ from qkvlab.studies.qkv.render.scale import fig_q1_scale_train
 
 
 
-FOREST_TITLES = {"q1": "Q1: the 4th matrix (alt) vs standard",
-                 "q2": "Q2: one matrix (tied Q=K, Q=K=V) vs standard",
-                 "q3": "Q3: K = V (and GQA, same KV cache) vs standard"}
 PANELS = {"loss": "perplexity vs standard (%)\n< 0 better · > 0 worse",
           "accuracy": "accuracy − standard (points)\n< 0 worse · > 0 better"}
 
@@ -127,7 +125,7 @@ def fig_forest(data: StudyData, out: Path, question: str) -> Figure | None:
                      "grey marker: no verdict (attention not used, or not learned)",
                title_fontsize=9)
     name = f"forest_{question}"
-    return save(fig, df, out, name, FOREST_TITLES[question],
+    return save(fig, df, out, name, QUESTIONS[question].forest_title,
                  "Paired difference to standard over seeds (same seeds) with its 95% CI; loss "
                  "tasks in % perplexity (lm per subword token, mlm per masked character, "
                  "translate per target token), accuracy tasks in percentage points; the grey "

@@ -25,13 +25,13 @@ from qkvlab.studies.qkv.compute.frames import (ci_rows, concat, decode_ratios, d
                                                 q3_lm)
 from qkvlab.studies.qkv.compute.results import StudyData, select
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
+from qkvlab.studies.qkv.plan.questions import QUESTIONS
 from qkvlab.studies.qkv.plan.references import REF_KV_CITE, REF_KV_PPL_PCT
 from qkvlab.studies.qkv.plan.vocab import (
     ARMS,
     CONTROL,
     DESIGNS,
     TASK_METRIC,
-    TIED_QK,
     color,
     label,
     ppl_pct,
@@ -173,7 +173,8 @@ def fig_q2_own(data: StudyData, out: Path) -> Figure | None:
     df = df.merge(ow.groupby("task", as_index=False).uniform.mean()
                   .rename(columns={"task": "group"}), on="group")
     fig, ax = plt.subplots(figsize=(8, 3.4))
-    designs = [d for d in ("standard", *TIED_QK) if d in set(df.design)]
+    designs = [d for d in ("standard", *QUESTIONS["q2"].designs("tied_qk_qkv"))
+               if d in set(df.design)]
     groups = sorted(df.group.unique())
     _bars(ax, df, groups, designs, "weight on own position")
     for i, g in enumerate(groups):

@@ -36,6 +36,7 @@ from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.compute.scale import scale_answer
 from qkvlab.studies.qkv.compute.zoo import zoo_table
 from qkvlab.studies.qkv.plan import claims as C
+from qkvlab.studies.qkv.plan.questions import QUESTIONS
 from qkvlab.studies.qkv.plan.references import SAPONATI_CITE, SAPONATI_MEASURE
 from qkvlab.studies.qkv.render import figures as F
 from qkvlab.studies.qkv.render import figures_scaling
@@ -198,11 +199,10 @@ def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Ve
         Section("summary", "Summary: each design against standard"), summary_table(data),
         margins_table(p)]
     forest = {q: [f for f in figs.get(q, []) if f.name.startswith("forest_")] for q in figs}
-    blocks += [f for q in ("q1", "q2", "q3") for f in forest.get(q, [])]
+    blocks += [f for q in QUESTIONS for f in forest.get(q, [])]
     blocks += [*figs.get("scaling", []), *scaling_blocks(data)]
-    for q in ("q1", "q2", "q3"):
-        title, question = C.QUESTIONS[q]
-        blocks += [Section(q, title), Para(question), verdicts[q],
+    for q, question in QUESTIONS.items():
+        blocks += [Section(q, question.title), Para(question.text), verdicts[q],
                    H("Claims in the thread and the experiment that tests each"),
                    Quotes(tuple(Quote(c["quote"], c["thread"] + ("" if c["verified"]
                                                                  else " [shipped copy]"),

@@ -14,7 +14,8 @@ from qkvlab.studies.qkv.compute import frames
 from qkvlab.studies.qkv.compute.effects import effect
 from qkvlab.studies.qkv.compute.results import StudyData, row_chance
 from qkvlab.studies.qkv.compute.ties import tie_costs
-from qkvlab.studies.qkv.plan.rates import TUNED, lr_of, task_lr
+from qkvlab.studies.qkv.plan.questions import tuned_designs
+from qkvlab.studies.qkv.plan.rates import lr_of, task_lr
 from qkvlab.studies.qkv.plan.vocab import METRICS, TASK_METRIC, label
 from qkvlab.studies.qkv.render.text import LEGEND, cell, ci_text, num, pm, said, splits_text
 from qkvlab.studies.qkv.render.ties import TIE_LABELS, ppl_change, ppl_text, why_refused
@@ -90,8 +91,8 @@ def lr_blocks(data: StudyData, figs: dict[str, list[Figure]]) -> list[Block]:
                   num(r.val_loss, 4), "yes: widen the grid" if r.edge else "no")
                  for r in chosen.itertuples())
     grids = "; ".join(f"{t}: {', '.join(f'{lr_of(t, m, p):g}' for m in p.lr_grid)}"
-                      for t in TUNED)
-    return [Para(f"Learning rates: each design of {', '.join(TUNED)} trains, in each arm "
+                      for t in tuned_designs())
+    return [Para(f"Learning rates: each design of {', '.join(tuned_designs())} trains, in each arm "
                  f"(equal width, and parameter-matched: another width, so its own rate), at "
                  f"the rate of its task's grid ({grids}) with the lowest mean val-split loss "
                  f"over tuning seeds {', '.join(map(str, p.lr_seeds))} (not the reported "

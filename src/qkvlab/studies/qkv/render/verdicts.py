@@ -37,7 +37,8 @@ from qkvlab.studies.qkv.render.pretrained import (
     large_heads,
     published_text,
 )
-from qkvlab.studies.qkv.plan.vocab import LM_CHARS_PER_TOKEN, TIED_QK
+from qkvlab.studies.qkv.plan.questions import QUESTIONS
+from qkvlab.studies.qkv.plan.vocab import LM_CHARS_PER_TOKEN
 from qkvlab.studies.qkv.render.sentences import (
     char_sentence,
     alt_init_sentence,
@@ -133,7 +134,7 @@ def verdict_q2(data: StudyData) -> Verdict:
     headline = ("; ".join(head) + "." if head else "No tied Q=K runs finished.") + \
         (" Standard reaches " + "; ".join(base) + "." if base and head else "")
     details = ["; ".join(parts) + "."] if parts else []
-    char = char_sentence(data, ("tied_qk_qkv",), TIED_QK)
+    char = char_sentence(data, ("tied_qk_qkv",), QUESTIONS["q2"].designs("tied_qk_qkv"))
     if char:
         details.append(char)
     if "mqar" in data.profile.task_seeds and not data.profile.task_seeds["mqar"]:
