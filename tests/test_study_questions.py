@@ -15,13 +15,15 @@ from qkvlab.studies.qkv.plan.experiments import BY_NAME, ORDER, ROLES
 from qkvlab.studies.qkv.plan.families import SCALE_D_HEADS, Headline
 from qkvlab.studies.qkv.plan.placements import PLACEMENTS
 
-TIED_QK = ("tied_qk", "tied_qk_selfmask", "tied_qkv")
+TIED_QK = ("tied_qk", "tied_qk_selfmask", "tied_qkv", "tied_qkv_selfmask")
+DIRECTED = ("tied_qk", "tied_qk_selfmask", "tied_qkv_selfmask")
 BOTH = ("equal", "matched")
 
 
 def test_the_families_are_the_ones_written_before_the_runs():
     """The families read from the rows are, member for member and in order, the lists
-    ``plan.families`` held before the rows existed."""
+    ``plan.families`` held before the rows existed, with Q=K=V + self-mask added to Q2's two
+    experiments as the rows add it."""
     before = {
         "Q1": (*(Headline("alt_vs_standard", "alt", t, a) for t in ("lm", "translate")
                  for a in BOTH),
@@ -32,7 +34,7 @@ def test_the_families_are_the_ones_written_before_the_runs():
         "Q2": (*(h for d in TIED_QK for h in (
                    *(Headline("tied_qk_qkv", d, t, a) for t in ("lm", "mlm", "mqar", "relation")
                      for a in BOTH), Headline("tied_qk_qkv", d, "lm_char"))),
-               *(Headline("directed_relation", d, t) for d in TIED_QK[:2]
+               *(Headline("directed_relation", d, t) for d in DIRECTED
                  for t in ("successor", "successor_causal"))),
         "Q3": (*(Headline("lm_tied_kv", "tied_kv", "lm", a) for a in BOTH),
                Headline("lm_tied_kv", "tied_kv", "lm_char"),
@@ -67,7 +69,7 @@ def test_the_lists_read_from_the_rows():
         "mlm": (*TIED_QK, "control"),
         "translate": ("alt", "alt_identity", "tied_kv_cross", "control")}
     assert Q.equal_only() == {"gqa_half", "alt_identity", "control"}
-    assert Q.designs_on("directed_relation") == {t: (TIED_QK[:2], ("equal",))
+    assert Q.designs_on("directed_relation") == {t: (DIRECTED, ("equal",))
                                                  for t in ("successor", "successor_causal")}
     assert Q.designs_on("tied_qk_qkv")["lm_char"] == (TIED_QK, None)
     assert Q.QUESTIONS["q3"].forest()[:2] == [(("lm_tied_kv", "lm_gqa"), "tied_kv", "lm"),

@@ -90,7 +90,8 @@ def test_each_text_loss_margin_is_true_in_its_unit():
 
 def test_char_rows_are_secondary_members_of_each_lm_family():
     for q, exp, designs in (("Q1", "alt_vs_standard", {"alt"}),
-                            ("Q2", "tied_qk_qkv", {"tied_qk", "tied_qk_selfmask", "tied_qkv"}),
+                            ("Q2", "tied_qk_qkv", {"tied_qk", "tied_qk_selfmask", "tied_qkv",
+                                             "tied_qkv_selfmask"}),
                             ("Q3", "lm_tied_kv", {"tied_kv"})):
         char = [h for h in families()[q].members if h.task == "lm_char"]
         assert {(h.experiment, h.design, h.arm, h.metric) for h in char} == \

@@ -234,7 +234,7 @@ def test_directed_relation_sentence_gives_standard_chance_and_both_kinds(tmp_pat
     assert f"tied Q=K in the decoder: {d.mean():+.1f} pp ± {half:.1f} pp" in s
     assert "tied Q=K in the encoder: " in s and "(equivalent" in s.split("in the decoder")[0]
     assert "(worse" in s.split("tied Q=K in the decoder")[1].split(";")[0]
-    assert ("with the self-mask in the encoder: +0.0 pp ± 0.0 pp accuracy (equivalent: every "
+    assert ("tied Q=K + self-mask in the encoder: +0.0 pp ± 0.0 pp accuracy (equivalent: every "
             "seed scores the same for both; p 0 after Holm over Q2's 4)") in s
     assert s.endswith("One head need not hold one directed relation.")
     with Store(tmp_path / "empty.db") as store:

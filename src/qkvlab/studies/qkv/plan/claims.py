@@ -42,10 +42,11 @@ CLAIMS: dict[str, list[Claim]] = {
     ],
     "q2": [
         Claim("003", "why we need three different matrices",
-              "tied_qk_qkv: tied Q=K and Q=K=V vs standard on lm, mlm, mqar, relation"),
+              "tied_qk_qkv: tied Q=K and Q=K=V (each ± self-mask) vs standard on lm, mlm, "
+              "mqar, relation"),
         Claim("003", "one attention head is responsible for one syntactic or semantic relation",
-              "directed_relation: tied Q=K (± self-mask) vs standard on a relation between "
-              "contents, encoder and decoder"),
+              "directed_relation: tied Q=K (± self-mask) and Q=K=V + self-mask vs standard on "
+              "a relation between contents, encoder and decoder"),
         Claim("003", "is also a way to save model parameters",
               "the parameter-matched arm: the tied design widened to standard's parameters"),
         Claim("003", "only sometimes symmetric",

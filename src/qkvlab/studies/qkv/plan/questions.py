@@ -112,8 +112,10 @@ QUESTIONS: dict[str, Question] = {q.key: q for q in (
         (Compared("tied_qk_qkv", "tied_qk", Q2_TASKS, also=CHAR),
          Compared("tied_qk_qkv", "tied_qk_selfmask", Q2_TASKS, also=CHAR),
          Compared("tied_qk_qkv", "tied_qkv", Q2_TASKS, also=CHAR),
+         Compared("tied_qk_qkv", "tied_qkv_selfmask", Q2_TASKS, also=CHAR),
          Compared("directed_relation", "tied_qk", DIRECTED, EQUAL),
-         Compared("directed_relation", "tied_qk_selfmask", DIRECTED, EQUAL))),
+         Compared("directed_relation", "tied_qk_selfmask", DIRECTED, EQUAL),
+         Compared("directed_relation", "tied_qkv_selfmask", DIRECTED, EQUAL))),
     Question(
         "q3", "Q3 — K = V",
         "Why are keys and values computed by different matrices, even for translation?",

@@ -48,6 +48,8 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
     Design("tied_qk_selfmask", "tied Q=K + self-mask", "#56B4E9",
            {"design": "tied_qk", "self_mask": True}),
     Design("tied_qkv", "Q=K=V", "#CC79A7", {"design": "tied_qkv"}),
+    Design("tied_qkv_selfmask", "Q=K=V + self-mask", "#E3AECF",
+           {"design": "tied_qkv", "self_mask": True}),
     Design("tied_kv", "tied K=V", "#009E73", {"design": "tied_kv"}),
     Design("gqa_half", "GQA (n_kv = n_heads/2)", "#E69F00"),  # n_kv_heads per profile
     Design("mqa", "MQA (n_kv = 1)", "#B39B00", {"n_kv_heads": 1}),  # Okabe-Ito yellow, darkened

@@ -34,6 +34,7 @@ from qkvlab.report.blocks import Heading as H
 from qkvlab.studies.qkv.compute.agreement import CSV, with_verdicts
 from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.compute.scale import scale_answer
+from qkvlab.studies.qkv.compute.share import shares
 from qkvlab.studies.qkv.compute.zoo import zoo_table
 from qkvlab.studies.qkv.plan import claims as C
 from qkvlab.studies.qkv.plan.questions import QUESTIONS
@@ -45,6 +46,7 @@ from qkvlab.studies.qkv.render.cards import card_blocks, cards_json
 from qkvlab.studies.qkv.render.convert import convert_blocks
 from qkvlab.studies.qkv.render.pretrained import published_text
 from qkvlab.studies.qkv.render.scale import scale_table, scale_words
+from qkvlab.studies.qkv.render.share import share_table
 from qkvlab.studies.qkv.render.tables import (
     budget_table,
     compare_table,
@@ -197,7 +199,7 @@ def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Ve
              f"values."),
         *_answers(data, figs),
         Section("summary", "Summary: each design against standard"), summary_table(data),
-        margins_table(p)]
+        share_table(data), margins_table(p)]
     forest = {q: [f for f in figs.get(q, []) if f.name.startswith("forest_")] for q in figs}
     blocks += [f for q in QUESTIONS for f in forest.get(q, [])]
     blocks += [*figs.get("scaling", []), *scaling_blocks(data)]
@@ -223,11 +225,12 @@ def build(data: StudyData, figs: dict[str, list[Figure]], verdicts: dict[str, Ve
 
 
 def write_report(data: StudyData, report_dir: Path) -> Path:
-    """Figures, ``index.html``, ``report.md``, ``verdicts.json`` and the comparisons with
-    their verdicts as CSV (``compute.agreement.CSV``) in ``report_dir``; returns the path of
-    ``index.html``. The report is written as a set (``fileio.atomic_dir``): into a folder
-    beside ``report_dir`` that replaces it once every file is written, so a failure or a kill
-    midway leaves the previous report whole, never a page without its CSV or figures."""
+    """Figures, ``index.html``, ``report.md``, ``verdicts.json``, the comparisons with
+    their verdicts as CSV (``compute.agreement.CSV``) and ``shares.csv`` in ``report_dir``;
+    returns the path of ``index.html``. The report is written as a set
+    (``fileio.atomic_dir``): into a folder beside ``report_dir`` that replaces it once every
+    file is written, so a failure or a kill midway leaves the previous report whole, never a
+    page without its CSV or figures."""
     report_dir = Path(report_dir)
     with atomic_dir(report_dir) as folder:
         figs = F.all_figures(data, folder / "figures")
@@ -241,4 +244,6 @@ def write_report(data: StudyData, report_dir: Path) -> Path:
              for q, v in verdicts.items()}, indent=1, ensure_ascii=False))
         # every comparison row with its verdict as the tables word it (``qkvlab study --agree``)
         atomic_write_text(folder / CSV, with_verdicts(data).to_csv(index=False))
+        # the share of attention's benefit each design gives up (``compute.share``)
+        atomic_write_text(folder / "shares.csv", shares(data).to_csv(index=False))
     return report_dir / "index.html"

@@ -19,6 +19,7 @@ from qkvlab.studies.qkv.compute.frames import (
 )
 from qkvlab.studies.qkv.compute.results import StudyData, chance
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
+from qkvlab.studies.qkv.plan.questions import QUESTIONS
 from qkvlab.studies.qkv.plan.vocab import TASK_METRIC, label, metric_of
 from qkvlab.studies.qkv.render.text import ci_text, said
 
@@ -95,11 +96,12 @@ DIRECTED_KINDS = (("successor", "encoder"), ("successor_causal", "decoder"))
 
 
 def directed_sentence(data: StudyData) -> str:
-    """Tied Q=K (with and without the self-mask) on a relation between contents, the encoder
-    and the decoder version side by side, with standard's accuracy and chance."""
+    """Q2's designs on a relation between contents (tied Q=K, with and without the self-mask,
+    ...: ``questions.QUESTIONS["q2"]``'s rows), the encoder and the decoder version side by
+    side, with standard's accuracy and chance."""
     rows = rows_of(data, "directed_relation")
-    eff = {(d, t): task_effects(rows, d, t, data)[0]
-           for d in ("tied_qk", "tied_qk_selfmask") for t, _ in DIRECTED_KINDS}
+    designs = QUESTIONS["q2"].designs("directed_relation")
+    eff = {(d, t): task_effects(rows, d, t, data)[0] for d in designs for t, _ in DIRECTED_KINDS}
     if all(e.status is Status.MISSING for e in eff.values()):
         return ""
     base = []
@@ -111,10 +113,9 @@ def directed_sentence(data: StudyData) -> str:
     s = ("A relation between contents (`successor`: each token's next token in the cyclic "
          "order of ids, which a symmetric score cannot rank for every token of a cycle; see "
          "`qkvlab.data.successor`)" + (f": standard reaches {' and '.join(base)}" if base else "")
-         + "; " + "; ".join(f"{label} in the {kind}: {said(eff[(d, t)])}"
-                            for d, label in (("tied_qk", "tied Q=K"),
-                                             ("tied_qk_selfmask", "with the self-mask"))
-                            for t, kind in DIRECTED_KINDS) + ".")
+         + "; " + "; ".join(f"{label(d)} in the {kind}: {said(eff[(d, t)])}"
+                            for d in designs for t, kind in DIRECTED_KINDS
+                            if eff[(d, t)].status is not Status.MISSING) + ".")
     enc = eff[("tied_qk", "successor")].status
     if enc in (Status.EQUIVALENT, Status.BETTER):
         s += (" Since no symmetric score orders a cycle, an encoder that keeps up with standard "

@@ -38,7 +38,7 @@ from qkvlab.studies.qkv.render.pretrained import (
     published_text,
 )
 from qkvlab.studies.qkv.plan.questions import QUESTIONS
-from qkvlab.studies.qkv.plan.vocab import LM_CHARS_PER_TOKEN
+from qkvlab.studies.qkv.plan.vocab import DESIGNS, LM_CHARS_PER_TOKEN, label
 from qkvlab.studies.qkv.render.sentences import (
     char_sentence,
     alt_init_sentence,
@@ -49,6 +49,7 @@ from qkvlab.studies.qkv.render.sentences import (
     width_sentence,
 )
 from qkvlab.studies.qkv.render.scale import scale_words
+from qkvlab.studies.qkv.render.share import share_sentence
 from qkvlab.studies.qkv.render.text import ci_text, said
 from qkvlab.studies.qkv.render.convert import convert_sentence
 from qkvlab.studies.qkv.render.ties import tie_cost_sentence
@@ -122,19 +123,21 @@ MQAR_LEFT_OUT = (
 def verdict_q2(data: StudyData) -> Verdict:
     rows = rows_of(data, "tied_qk_qkv")
     head, parts = [], []
-    for design, label in (("tied_qk", "tied Q=K"), ("tied_qkv", "one matrix Q=K=V")):
+    designs = QUESTIONS["q2"].designs("tied_qk_qkv")
+    for design in designs:  # the self-masked forms in the details
+        masked = bool(DESIGNS[design].options.get("self_mask"))
         for task in ("lm", "mlm", "mqar", "relation"):
             eq, mt = task_effects(rows, design, task, data)
             if eq.status is not Status.MISSING:
-                s = (f"{label} on {task}: {said(eq)} at equal width, {said(mt)} "
+                s = (f"{label(design)} on {task}: {said(eq)} at equal width, {said(mt)} "
                      f"parameter-matched")
-                (head if task in ("lm", "relation") else parts).append(s)
+                (head if task in ("lm", "relation") and not masked else parts).append(s)
     base = [standard_level(rows, t, data) for t in ("relation", "mqar")]
     base = [b for b in base if b]
     headline = ("; ".join(head) + "." if head else "No tied Q=K runs finished.") + \
         (" Standard reaches " + "; ".join(base) + "." if base and head else "")
     details = ["; ".join(parts) + "."] if parts else []
-    char = char_sentence(data, ("tied_qk_qkv",), QUESTIONS["q2"].designs("tied_qk_qkv"))
+    char = char_sentence(data, ("tied_qk_qkv",), designs)
     if char:
         details.append(char)
     if "mqar" in data.profile.task_seeds and not data.profile.task_seeds["mqar"]:
@@ -146,10 +149,9 @@ def verdict_q2(data: StudyData) -> Verdict:
         uni = [r["uniform"] for r in own if r["task"] == "lm"]
         details.append(
             f"Weight a head puts on its own position (lm, uniform spread would give "
-            f"{ci_text(uni, '{:.2f}')}): standard {ci_text(ow('standard'), '{:.2f}')}, tied Q=K "
-            f"{ci_text(ow('tied_qk'), '{:.2f}')}, tied Q=K with the self-mask "
-            f"{ci_text(ow('tied_qk_selfmask'), '{:.2f}')}, "
-            f"Q=K=V {ci_text(ow('tied_qkv'), '{:.2f}')}.")
+            f"{ci_text(uni, '{:.2f}')}): "
+            + ", ".join(f"{label(d)} {ci_text(ow(d), '{:.2f}')}"
+                        for d in ("standard", *designs) if ow(d)) + ".")
     pre = []
     pt = data.measure("pretrained")
     if not pt.empty:
@@ -248,5 +250,15 @@ def verdict_q3(data: StudyData) -> Verdict:
     return Verdict(headline, tuple(d for d in details if d))
 
 
+VERDICTS = {"q1": verdict_q1, "q2": verdict_q2, "q3": verdict_q3}
+
+
 def all_verdicts(data: StudyData) -> dict[str, Verdict]:
-    return {"q1": verdict_q1(data), "q2": verdict_q2(data), "q3": verdict_q3(data)}
+    """Each question's verdict, with where its designs are indistinguishable from no
+    attention (``render.share``) after its details."""
+    out = {}
+    for q in QUESTIONS:
+        v = VERDICTS[q](data)
+        share = share_sentence(data, q)
+        out[q] = Verdict(v.headline, (*v.details, share)) if share else v
+    return out
