@@ -150,7 +150,8 @@ def test_the_control_has_its_row_in_the_comparison_table():
 
 def _listed(profile: str) -> list[str]:
     """``"experiment run_id tags"`` of every run the study lists at a profile, the control's,
-    ``NEW_DESIGNS``' and the scaling experiments' (added later, ``plan.scaling``) left out (standard's rates,
+    ``NEW_DESIGNS``', ``NEW_SEEDS``' and the scaling experiments' (added later,
+    ``plan.scaling``) left out (standard's rates,
     which need lr_tune's results, faked at the task's rate)."""
     p = get_profile(profile)
     if p.lr_grid:
@@ -162,13 +163,16 @@ def _listed(profile: str) -> list[str]:
                   f"{canonical(dict(t))}"
                   for name in ORDER if name not in NEW and name not in SCALING
                   for s, t in EXPERIMENTS[name](p)
-                  if t.get("design") not in (CONTROL, *NEW_DESIGNS))
+                  if t.get("design") not in (CONTROL, *NEW_DESIGNS)
+                  and t.get("seed") not in NEW_SEEDS.get((profile, name), ()))
 
 
 # experiments added since, every run of them new (Q1's scale in training)
 NEW = ("scale_tune", "scale_tune_edge", "scale_train")
 # designs added since, each a new row of its question: their runs are new, the others' kept
 NEW_DESIGNS = ("tied_qkv_selfmask",)
+# seeds added since (quick's width price: 2 -> 4 seeds), every run of them new
+NEW_SEEDS = {("quick", "bind_vs_dhead"): (2, 3)}
 
 
 # sha256 of _listed(profile) and its length: first pinned before the control was added
