@@ -22,6 +22,8 @@ from qkvlab.studies.qkv.compute.results import StudyData, row_chance
 from qkvlab.studies.qkv.plan.families import Family
 from qkvlab.studies.qkv.plan.questions import QUESTIONS
 from qkvlab.studies.qkv.plan.references import (
+    KAYYAM_RERUN_KV_PCT,
+    KAYYAM_RERUN_WHAT,
     REF_KV_CITE,
     REF_KV_PPL_PCT,
     REF_KV_SCALE,
@@ -73,6 +75,8 @@ class Published:
     cite: str
     ours: Finding | None
     our_unit: str
+    rerun: float | None = None  # the same authors' later corrected rerun, same unit
+    rerun_what: str = ""
 
     @property
     def same_unit(self) -> bool:
@@ -155,7 +159,7 @@ def published_kv(data: StudyData, found: list[Finding]) -> Published:
     ours = next((f for f in found if (f.design, f.task, f.arm) == ("tied_kv", "lm", "equal")),
                 None)
     return Published(REF_KV_PPL_PCT, REF_KV_UNIT, REF_KV_SCALE, REF_KV_CITE, ours,
-                     token_unit(data, "lm"))
+                     token_unit(data, "lm"), KAYYAM_RERUN_KV_PCT, KAYYAM_RERUN_WHAT)
 
 
 def answer(data: StudyData, question: str) -> Answer:

@@ -15,6 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qkvlab.experiments.registry import Profile
+from qkvlab.studies.qkv.plan.references import (
+    KAYYAM_RERUN_KV_PCT,
+    REF_KV_CHARS_PER_TOKEN,
+    REF_KV_TOKENIZER,
+)
 
 
 @dataclass(frozen=True)
@@ -141,8 +146,9 @@ class Metric:
 
 # The headline lm's tokenizer: byte-level BPE of LM_VOCAB symbols trained on the Bible's train
 # split (KJV + WEB). 1,024: at d_model 64 its tied embedding (65k parameters) stays below the
-# model's ~98k non-embedding ones, and a token spans ~3 characters (Llama's span ~4 on
-# SlimPajama); 512 spans 2.3, 2,048 3.6 but outweighs the model (docs/study-profiles.md).
+# model's ~98k non-embedding ones, and a token spans ~3 characters (GPT-2's, which Kayyam
+# et al. use, ~4 on English web text); 512 spans 2.3, 2,048 3.6 but outweighs the model
+# (docs/study-profiles.md).
 LM_VOCAB = 1024
 # Characters per token of that tokenizer on the val split (401,983 / 132,435, measured by
 # ``qkvlab.data`` 2026-11-25; a test re-measures it): converts a per-token ratio r to r^(1/c)
@@ -151,9 +157,18 @@ LM_CHARS_PER_TOKEN = 3.035
 # translate's target tokens (its own BPE of 1,000 symbols, profiles.TASK_OPTIONS): 200,868
 # characters in 81,571 scored target tokens of the val split (2026-11-25).
 TRANSLATE_CHARS_PER_TOKEN = 2.46
-# The headline margin: per-token perplexity of the BPE lm, in % (METRICS["val_loss"]).
-TOKEN_MARGIN_PCT = 2.0
-# The same margin per character: ±2% per token is log(1.02)/c nats, log2(1.02)/c bits, per char.
+# The headline margin: per-token perplexity of the BPE lm, in % (METRICS["val_loss"]). ±1%:
+# its anchor is the smallest published cost of tied K=V trained from scratch, Kayyam et al.'s
+# corrected rerun, +2.2% per GPT-2 token of ~4 characters, which is 1.022^(3.035/4) − 1 = 1.7%
+# per our token: inside ±2% (the margin until 2026-11-26), so an effect of the published size
+# could have read "equivalent". ±1% keeps it outside, with room for the ~4 being ~5.
+TOKEN_MARGIN_PCT = 1.0
+# The published anchor per our token and per target token (``references``; per character
+# r^(1/c), per token of c' characters r^(c'/c)).
+KAYYAM_PER_TOKEN = 100.0 * ((1 + KAYYAM_RERUN_KV_PCT / 100) ** (LM_CHARS_PER_TOKEN
+                                                                 / REF_KV_CHARS_PER_TOKEN) - 1)
+_R = 1.0 + TOKEN_MARGIN_PCT / 100.0  # the margin as a per-token ratio
+# The same margin per character: ±1% per token is log(1.01)/c nats, log2(1.01)/c bits, per char.
 CHAR_MARGIN_NATS = math.log1p(TOKEN_MARGIN_PCT / 100.0) / LM_CHARS_PER_TOKEN
 CHAR_MARGIN_BITS = CHAR_MARGIN_NATS / math.log(2)
 
@@ -177,10 +192,11 @@ def ppl_nats(pct: float) -> float:
 _char_pct = ppl_pct
 
 
-# The per-character margin per translate target token, and Kayyam et al.'s +3.1% per ~4-character
-# token per target token: the reason translate's margin is true in its unit.
+# The per-character margin per translate target token, and the published anchor per target
+# token: the reason translate's margin is true in its unit.
 TARGET_MARGIN_PCT = _char_pct(CHAR_MARGIN_NATS * TRANSLATE_CHARS_PER_TOKEN)
-_KAYYAM_PER_TARGET = 100.0 * (1.031 ** (TRANSLATE_CHARS_PER_TOKEN / 4.0) - 1.0)
+_KAYYAM_PER_TARGET = 100.0 * ((1 + KAYYAM_RERUN_KV_PCT / 100) ** (TRANSLATE_CHARS_PER_TOKEN
+                                                                  / REF_KV_CHARS_PER_TOKEN) - 1)
 
 
 # Written down before the runs (science standards): each metric's margin and why; in this order
@@ -189,32 +205,38 @@ _KAYYAM_PER_TARGET = 100.0 * (1.031 ** (TRANSLATE_CHARS_PER_TOKEN / 4.0) - 1.0)
 METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("val_loss", True, TOKEN_MARGIN_PCT, "% perplexity per subword token",
            f"lm, per subword token (byte-level BPE of {LM_VOCAB:,}, {LM_CHARS_PER_TOKEN} "
-           "characters a token): below the +3.1% per-token perplexity that tied K=V costs at "
-           "300M parameters (Kayyam et al. 2026), also after converting to their ~4-character "
-           f"Llama tokens (1.02^(4/{LM_CHARS_PER_TOKEN}) − 1 = "
-           f"{100 * (1.02 ** (4 / LM_CHARS_PER_TOKEN) - 1):.1f}%), so an effect of that size "
-           "reads 'worse', never 'equivalent'",
+           f"characters a token): below the +{KAYYAM_RERUN_KV_PCT}% per-token perplexity that "
+           "tied K=V costs at 300M parameters in Kayyam et al.'s corrected rerun (2026; +3.1% "
+           "in their slides), which per our token is "
+           f"{1 + KAYYAM_RERUN_KV_PCT / 100:g}^({LM_CHARS_PER_TOKEN}/"
+           f"{REF_KV_CHARS_PER_TOKEN:g}) − 1 = {KAYYAM_PER_TOKEN:.1f}% ({REF_KV_TOKENIZER}, "
+           f"~{REF_KV_CHARS_PER_TOKEN:g} characters a token), so an effect of that size reads "
+           "'worse', never 'equivalent'",
            "perplexity", "%", ppl_pct, ppl_nats),
     Metric("bits_per_char", True, round(CHAR_MARGIN_BITS, 4), "bits per character",
-           "the headline's ±2% per subword token, per character: a per-token ratio r is "
-           "r^(1/c) per character at c characters a token, so ±log2(1.02)/c bits per "
+           f"the headline's ±{TOKEN_MARGIN_PCT:g}% per subword token, per character: a "
+           "per-token ratio r is r^(1/c) per character at c characters a token, so "
+           f"±log2({_R:g})/c bits per "
            f"character at lm's c = {LM_CHARS_PER_TOKEN} (±{CHAR_MARGIN_BITS:.4f}); a "
            "character-level effect inside it would be inside the per-token margin",
            "", " bits/char", _identity, digits=3),
     Metric("masked_loss", True, round(_char_pct(CHAR_MARGIN_NATS), 2),
            "% perplexity per masked character",
-           "mlm is scored per masked character: the headline's ±2% per subword token spread "
-           f"over lm's {LM_CHARS_PER_TOKEN} characters a token (1.02^(1/c) − 1 = "
+           f"mlm is scored per masked character: the headline's ±{TOKEN_MARGIN_PCT:g}% per "
+           f"subword token spread over lm's {LM_CHARS_PER_TOKEN} characters a token "
+           f"({_R:g}^(1/c) − 1 = "
            f"{_char_pct(CHAR_MARGIN_NATS):.2f}%), the decoder's standard held per character; "
            "no masked-LM tie cost is published to anchor it otherwise",
            "masked-character perplexity", "%", ppl_pct, ppl_nats, column="val_loss"),
-    Metric("target_loss", True, round(TARGET_MARGIN_PCT, 1), "% perplexity per target token",
+    Metric("target_loss", True, round(TARGET_MARGIN_PCT, 2), "% perplexity per target token",
            "translate is scored per target token of its own BPE (1,000 symbols, "
-           f"{TRANSLATE_CHARS_PER_TOKEN} characters a German target token): lm's ±2% per "
-           f"token held per character is 1.02^({TRANSLATE_CHARS_PER_TOKEN}/{LM_CHARS_PER_TOKEN})"
-           f" − 1 = {TARGET_MARGIN_PCT:.1f}% per target token, below the "
-           f"{_KAYYAM_PER_TARGET:.1f}% per target token that tied K=V's published +3.1% per "
-           "~4-character token would be, so an effect of that size reads 'worse'",
+           f"{TRANSLATE_CHARS_PER_TOKEN} characters a German target token): lm's "
+           f"±{TOKEN_MARGIN_PCT:g}% per token held per character is "
+           f"{_R:g}^({TRANSLATE_CHARS_PER_TOKEN}/{LM_CHARS_PER_TOKEN}) − 1 = "
+           f"{TARGET_MARGIN_PCT:.2f}% per target token, below the {_KAYYAM_PER_TARGET:.1f}% per "
+           f"target token that tied K=V's published +{KAYYAM_RERUN_KV_PCT}% per "
+           f"~{REF_KV_CHARS_PER_TOKEN:g}-character token would be, so an effect of that size "
+           "reads 'worse'",
            "perplexity", "%", ppl_pct, ppl_nats, column="val_loss"),
     Metric("accuracy", False, 2.0, "pp",
            "diagnostic tasks are compared only where standard learns them well above chance; "

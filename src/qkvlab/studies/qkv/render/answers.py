@@ -135,7 +135,7 @@ def scale_words(s: Scale) -> str:
 def published_words(p: Published) -> str:
     """The published number beside ours: compared only in the same unit."""
     head = (f"Published ({p.cite}): tied K=V costs +{p.value:g}% perplexity per {p.unit} at "
-            f"{p.scale}")
+            f"{p.scale}" + (f" (+{p.rerun:g}% in their {p.rerun_what})" if p.rerun else ""))
     if p.ours is None:
         return head + "; this profile has no comparison of ours to set beside it."
     if p.ours.effect.value is None:  # not learned: no number of ours to set beside it
