@@ -1,6 +1,7 @@
 """Slow float64 oracle: attention head by head, query by query, from the public per-head view.
 
-It reads only what analysis reads, the per-head view of ``qkvlab.attention.Attention``:
+It reads only what analysis reads, the per-head view ``Attention.view()`` gives
+(``qkvlab.attention.view.LayerView``, the record the analysis loaders build too):
 
     q_h = x @ W_Q[h] + b_Q[h]       W_Q (H, D, dk)   b_Q (H, dk)
     k_h = s @ W_K[h] + b_K[h]       W_K (H, D, dk)   b_K (H, dk)    GQA already expanded
@@ -21,51 +22,21 @@ new design needs nothing here. Dropout must be off (``eval()`` or ``dropout=0``)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
 
-NAMES = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+from qkvlab.attention.view import LayerView
 
 
-@dataclass(frozen=True)
-class HeadView:
-    """The public per-head view of one attention layer in float64 (a bias is None if absent)."""
-
-    W_Q: Tensor  # (H, D, dk)
-    W_K: Tensor  # (H, D, dk)
-    W_V: Tensor  # (H, D, dv)
-    W_O: Tensor  # (H, dv, D)
-    b_Q: Tensor | None  # (H, dk)
-    b_K: Tensor | None  # (H, dk)
-    b_V: Tensor | None  # (H, dv)
-    b_O: Tensor | None  # (D,)
-
-    @classmethod
-    def of(cls, att, *, detach: bool = True) -> "HeadView":
-        """A float64 copy of ``att``'s view (not an alias: a later optimizer step leaves it
-        alone); ``detach=False`` keeps the graph back to ``att``'s parameters instead."""
-        def f64(t: Tensor | None) -> Tensor | None:
-            if t is None:
-                return None
-            return t.detach().double().clone() if detach else t.double()
-        return cls(**{n: f64(getattr(att, n)) for n in NAMES})
-
-    def leaves(self) -> "HeadView":
-        """Independent copies that require grad: an *untied* layer with the same weights."""
-        return HeadView(**{f.name: None if getattr(self, f.name) is None
-                           else getattr(self, f.name).detach().clone().requires_grad_()
-                           for f in fields(self)})
-
-    def check(self, cfg) -> None:
-        """Shapes as documented, from the config (not from the view itself)."""
-        H, D, dk, dv = cfg.n_heads, cfg.d_model, cfg.d_head, cfg.d_v
-        want = dict(W_Q=(H, D, dk), W_K=(H, D, dk), W_V=(H, D, dv), W_O=(H, dv, D),
-                    b_Q=(H, dk), b_K=(H, dk), b_V=(H, dv), b_O=(D,))
-        for name, shape in want.items():
-            t = getattr(self, name)
-            assert t is None or tuple(t.shape) == shape, f"{name}: {tuple(t.shape)} != {shape}"
+def check_view(view: LayerView, cfg) -> None:
+    """The view's shapes as documented, from the config (not from the view itself)."""
+    H, D, dk, dv = cfg.n_heads, cfg.d_model, cfg.d_head, cfg.d_v
+    want = dict(W_Q=(H, D, dk), W_K=(H, D, dk), W_V=(H, D, dv), W_O=(H, dv, D),
+                b_Q=(H, dk), b_K=(H, dk), b_V=(H, dv), b_O=(D,))
+    for name, shape in want.items():
+        t = getattr(view, name)
+        assert t is None or tuple(t.shape) == shape, f"{name}: {tuple(t.shape)} != {shape}"
 
 
 def _proj(inp: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
@@ -75,18 +46,18 @@ def _proj(inp: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
 
 
 def reference_attention(att, x, source=None, *, causal=False, allowed=None, additive=None,
-                        q_offset=0, view: HeadView | None = None, need_weights=False):
+                        q_offset=0, view: LayerView | None = None, need_weights=False):
     """Output (B, Tq, D) in float64, and with ``need_weights`` the weights (B, H, Tq, Tk).
 
     ``allowed``: bool (B, Tq, Tk) or None; ``additive``: float (B, Tq, Tk) or None.
-    ``view``: the weights to use, by default ``HeadView.of(att)``; pass ``HeadView.leaves()``
-    to get each role's gradient, or ``HeadView.of(att, detach=False)`` to backpropagate
-    through the view into ``att``'s parameters. Only ``att.cfg`` is read besides.
+    ``view``: the weights to use, by default ``att.view()``; pass ``att.view().leaves()`` to
+    get each role's gradient, or ``att.view(grad=True)`` to backpropagate through the view
+    into ``att``'s parameters. Only ``att.cfg`` is read besides.
     """
     cfg = att.cfg
     assert not (att.training and cfg.dropout > 0), "the oracle has no dropout"
-    view = HeadView.of(att) if view is None else view
-    view.check(cfg)
+    view = att.view() if view is None else view
+    check_view(view, cfg)
     x = x.double()
     src = x if source is None else source.double()
     B, Tq, _ = x.shape

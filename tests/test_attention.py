@@ -15,7 +15,7 @@ from safetensors.torch import load, save
 from torch.testing import assert_close
 
 from qkvlab.attention import DESIGNS, SCALES, AttentionConfig, build_attention, repeat_kv
-from reference import HeadView, reference_attention
+from reference import reference_attention
 
 ROLES = ("q", "k", "v")
 
@@ -135,7 +135,7 @@ def test_gradients_match_the_oracle_through_the_view(design, opts):
     w = torch.randn(2, 5, 16, dtype=torch.float64)  # a random linear loss
     names, params = zip(*att.named_parameters())
     got = torch.autograd.grad((att(x, is_causal=True) * w).sum(), (x, *params))
-    ref = reference_attention(att, x, causal=True, view=HeadView.of(att, detach=False))
+    ref = reference_attention(att, x, causal=True, view=att.view(grad=True))
     want = torch.autograd.grad((ref * w).sum(), (x, *params))
     for name, a, b in zip(("x", *names), got, want):
         assert_close(a, b, rtol=1e-10, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
@@ -151,11 +151,11 @@ def test_a_step_moves_each_role_by_the_summed_gradients_of_the_roles_it_shares(d
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     w = torch.randn(2, 5, 16, dtype=torch.float64)
     (att(x, is_causal=True) * w).sum().backward()
-    untied = HeadView.of(att).leaves()
+    untied = att.view().leaves()
     (reference_attention(att, x, causal=True, view=untied) * w).sum().backward()
-    before = HeadView.of(att)
+    before = att.view()
     torch.optim.SGD(att.parameters(), lr=1.0).step()
-    after = HeadView.of(att)
+    after = att.view()
 
     def stored(name: str, role: str) -> torch.Tensor:
         """The untied gradient of ``name`` (W or b) for ``role``, summed onto stored heads."""
@@ -302,7 +302,7 @@ def test_uniform_returns_the_mean_of_the_visible_values(causal):
     self- and cross-attention with padding and a boolean mask, GQA values, d_v != d_head."""
     att = make("uniform", bias=True, n_kv_heads=2, d_v=5)
     x, src, kpm, bool_mask = cross_inputs()
-    view = HeadView.of(att)
+    view = att.view()
     assert not view.W_Q.any() and not view.W_K.any()
     cases = [(x, None, torch.ones(2, 4, 4, dtype=torch.bool), {})]
     if causal:

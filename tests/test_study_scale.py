@@ -32,7 +32,6 @@ from qkvlab.studies.qkv.plan.questions import tuned_designs
 from qkvlab.train import InitConfig
 from qkvlab.train.build import apply_init, build_seeded
 from conftest import scored
-from reference import HeadView
 
 SCALES = {"standard": ("inside", None), "outside": ("outside", None), "both": ("both", None),
           "none": ("none", None), "none_t5": ("none", InitConfig(qk="t5"))}
@@ -142,7 +141,7 @@ def _lm(scale: str, init: InitConfig | None, seed: int = 3, d_head: int = 24):
 
 def _scores(att, x):
     """(B, H, T, T) float64 scores inner · q kᵀ, head by head from the public per-head view."""
-    v = HeadView.of(att)
+    v = att.view()
     q = torch.einsum("btd,hde->bhte", x, v.W_Q)
     k = torch.einsum("btd,hde->bhte", x, v.W_K)
     return att.cfg.inner_scale * q @ k.transpose(-1, -2)
@@ -156,7 +155,7 @@ def test_t5_init_with_no_scale_computes_exactly_the_scores_of_the_scale_inside()
     x = torch.randn(3, 7, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     for (_, _, a), (_, _, b), (_, _, c) in zip(ref.attention_layers(), t5.attention_layers(),
                                                bare.attention_layers()):
-        va, vb = HeadView.of(a), HeadView.of(b)
+        va, vb = a.view(), b.view()
         dk = a.cfg.d_head
         assert (a.cfg.inner_scale, b.cfg.inner_scale) == (1 / math.sqrt(dk), 1.0)
         # W_Q scaled by 1/√d_k (to float32's rounding), every other weight the model's own

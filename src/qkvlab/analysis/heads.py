@@ -1,16 +1,7 @@
-"""The canonical per-head view every loader produces and every measure reads.
-
-Shape legend: H query heads, G stored key/value heads (GQA), D d_model, dk d_head, dv d_v,
-N tokens. Per layer, in float64 and with GQA expanded (head h reads kv head h // (H/G), as
-HF's ``repeat_kv`` and ``qkvlab.attention.repeat_kv``):
-
-    q_h = x @ W_Q[h] + b_Q[h]        W_Q (H, D, dk)   b_Q (H, dk)
-    k_h = s @ W_K[h] + b_K[h]        W_K (H, D, dk)   b_K (H, dk)
-    v_h = s @ W_V[h] + b_V[h]        W_V (H, D, dv)   b_V (H, dv)
-    out = Σ_h z_h @ W_O[h] + b_O     W_O (H, dv, D)   b_O (D,)
-
-x is the input of the attention block (after the pre-norm where the model has one), s the
-source (x itself, or the encoder output for cross-attention).
+"""The checkpoints' attention layers as per-head views: ``ModelView`` (every layer of one
+checkpoint) and the layout helpers the loaders share. The per-head view itself, ``LayerView``,
+is ``qkvlab.attention.view``'s (its module docstring has the shapes): qkvlab's own layers give
+it by ``Attention.view()``, and every loader here builds the same record.
 """
 
 from __future__ import annotations
@@ -22,78 +13,10 @@ import torch
 from torch import Tensor
 
 from qkvlab.attention import repeat_kv
+from qkvlab.attention.view import ROLES, WEIGHTS, LayerView
 from qkvlab.inputs import InputFileError, check_finite
 
-ROLES = ("encoder", "decoder", "cross")
-WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")  # a LayerView's tensors
-
-
-def _f64(t: Tensor | None) -> Tensor | None:
-    return None if t is None else t.detach().to(torch.float64).cpu()
-
-
-@dataclass
-class LayerView:
-    """One attention layer as per-head matrices (see the module docstring for shapes).
-
-    ``role``: ``encoder`` (bidirectional self), ``decoder`` (causal self) or ``cross``.
-    ``n_kv_heads``: heads as stored, before expansion (G < H is GQA).
-    """
-
-    layer: int
-    role: str
-    W_Q: Tensor
-    W_K: Tensor
-    W_V: Tensor
-    W_O: Tensor | None = None
-    b_Q: Tensor | None = None
-    b_K: Tensor | None = None
-    b_V: Tensor | None = None
-    b_O: Tensor | None = None
-    n_kv_heads: int | None = None
-    name: str = ""
-
-    def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise ValueError(f"role: {self.role!r} is not one of {list(ROLES)}")
-        for k in WEIGHTS:
-            setattr(self, k, _f64(getattr(self, k)))
-        H, D, dk = self.W_Q.shape
-        checks = {"W_K": (H, D, dk), "W_V": (H, D, self.W_V.shape[-1]), "b_Q": (H, dk),
-                  "b_K": (H, dk), "b_V": (H, self.W_V.shape[-1]),
-                  "W_O": (H, self.W_V.shape[-1], D), "b_O": (D,)}
-        for k, want in checks.items():
-            t = getattr(self, k)
-            if t is not None and tuple(t.shape) != want:
-                raise ValueError(f"{k}: shape {tuple(t.shape)} does not match {want} "
-                                 f"(layer {self.layer}, {self.role})")
-        if self.n_kv_heads is None:
-            self.n_kv_heads = H
-        if not self.name:
-            self.name = f"{self.role}.{self.layer}"
-
-    @property
-    def n_heads(self) -> int:
-        return self.W_Q.shape[0]
-
-    @property
-    def d_model(self) -> int:
-        return self.W_Q.shape[1]
-
-    @property
-    def d_head(self) -> int:
-        return self.W_Q.shape[2]
-
-    @property
-    def d_v(self) -> int:
-        return self.W_V.shape[2]
-
-    def project(self, x: Tensor, role: str) -> Tensor:
-        """Per-head activations (H, N, d) of ``role`` in "qkv" for inputs x (N, D)."""
-        W, b = {"q": (self.W_Q, self.b_Q), "k": (self.W_K, self.b_K),
-                "v": (self.W_V, self.b_V)}[role]
-        y = x.to(torch.float64) @ W  # (N, D) @ (H, D, d) -> (H, N, d)
-        return y if b is None else y + b[:, None, :]
+__all__ = ["ROLES", "WEIGHTS", "LayerView", "ModelView", "from_attention", "from_linear"]
 
 
 @dataclass
@@ -206,11 +129,8 @@ def from_linear(layer: int, role: str, q: tuple, k: tuple, v: tuple, o: tuple, *
 
 
 def from_attention(att, layer: int, role: str, name: str = "") -> LayerView:
-    """A LayerView of a qkvlab ``Attention`` module (its per-head properties, GQA expanded)."""
-    with torch.no_grad():
-        return LayerView(layer=layer, role=role, name=name, W_Q=att.W_Q, W_K=att.W_K,
-                         W_V=att.W_V, W_O=att.W_O, b_Q=att.b_Q, b_K=att.b_K, b_V=att.b_V,
-                         b_O=att.b_O, n_kv_heads=att.cfg.n_kv_heads)
+    """A LayerView of a qkvlab ``Attention`` module (``Attention.view``)."""
+    return att.view(layer, role, name)
 
 
 def fold_qk_norm(lay: LayerView, g_q: Tensor, g_k: Tensor) -> LayerView:

@@ -6,7 +6,8 @@ from qkvlab.attention.circuits import FactoredMatrix
 from qkvlab.attention.config import SCALES, AttentionConfig
 from qkvlab.attention.core import KVCache, repeat_kv
 from qkvlab.attention.registry import DESIGNS, build_attention, register
+from qkvlab.attention.view import LayerView
 from qkvlab.attention import designs as _designs  # noqa: F401  (registers the designs)
 
-__all__ = ["Attention", "AttentionConfig", "DESIGNS", "FactoredMatrix", "KVCache", "SCALES",
-           "build_attention", "register", "repeat_kv"]
+__all__ = ["Attention", "AttentionConfig", "DESIGNS", "FactoredMatrix", "KVCache", "LayerView",
+           "SCALES", "build_attention", "register", "repeat_kv"]

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from qkvlab.attention.circuits import FactoredMatrix
 from qkvlab.attention.config import AttentionConfig
 from qkvlab.attention.core import KVCache, attend, build_mask, repeat_kv
+from qkvlab.attention.view import LayerView
 from qkvlab.kernels import Linear, linear
 from qkvlab.kernels import attend as decode_kernels
 
@@ -316,6 +317,17 @@ class Attention(nn.Module):
     def OV(self) -> FactoredMatrix:
         """W_V[h] · W_O[h] (H, D, D): what a fully attended token writes to the residual."""
         return FactoredMatrix(self.W_V, self.W_O)
+
+    def view(self, layer: int = 0, role: str = "decoder", name: str = "", *,
+             grad: bool = False) -> LayerView:
+        """This layer as the shared per-head view (``attention.view.LayerView``: float64, GQA
+        expanded, W_O the effective output map), the record the analysis and the tests read.
+        A detached copy, unless ``grad`` keeps the graph back to this module's parameters."""
+        with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+            return LayerView(layer=layer, role=role, name=name, W_Q=self.W_Q, W_K=self.W_K,
+                             W_V=self.W_V, W_O=self.W_O, b_Q=self.b_Q, b_K=self.b_K,
+                             b_V=self.b_V, b_O=self.b_O, n_kv_heads=self.cfg.n_kv_heads,
+                             grad=grad)
 
     def extra_repr(self) -> str:
         c = self.cfg
