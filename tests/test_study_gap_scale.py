@@ -279,3 +279,38 @@ def test_every_cell_trains_the_control():
     q = dataclasses.replace(p, scaling_lr_grid=())
     main = P.main_runs(q, "budget", q.scaling_seeds) + P.main_runs(q, "size", q.size_seeds)
     assert main and {s.train.test_batches for s, _ in main} == {q.eval_batches}
+
+
+def test_the_share_rule_reads_a_flat_raw_gap_as_shrinking_when_attention_grows_in_worth():
+    """#39's case: a tie's raw gap stays at ~10% while the control's grows from 20% to 60%
+    with the budget, so the raw rule reads flat and the tie gives up a falling share of what
+    attention buys: ln(1.1)/ln(1.2) = 52% at 100 steps, ln(1.1)/ln(1.6) = 20% at 800."""
+    noise = (0.1, -0.1, 0.05, -0.05)
+    control = {100: 20.0, 200: 30.0, 400: 45.0, 800: 60.0}
+
+    def gap(d, steps, seed):
+        return 10.0 + noise[seed]
+    df = budget_runs(gap)
+    ctrl = df[df.design == "standard"].assign(
+        design="control", run_id=lambda x: x.run_id + "-control")
+    ctrl["test_val_loss"] = [gap_loss(b, control[s]) for b, s in zip(ctrl.test_val_loss,
+                                                                      ctrl.steps)]
+    df = pd.concat([df, ctrl], ignore_index=True)
+    loss = S.losses(df)
+    raw = S.budget_trend(S.gaps(loss)).set_index("design")
+    share = S.share_gaps(loss)
+    assert set(share.design) == set(P.DESIGNS)  # neither standard nor the control
+    for seed in range(4):
+        want = {s: 100 * math.log1p((10 + noise[seed]) / 100) / math.log1p(control[s] / 100)
+                for s in control}
+        got = share[(share.design == "tied_kv") & (share.seed == seed)].set_index("steps").gap
+        assert got.to_dict() == pytest.approx(want, rel=1e-9)
+    rule = S.budget_trend(share).set_index("design")
+    assert (raw.verdict == S.FLAT).all() and (rule.verdict == S.SHRINKS).all()
+    assert rule.loc["tied_kv", "diff"] == pytest.approx(
+        sum(100 * math.log1p((10 + e) / 100) * (1 / math.log1p(0.2) - 1 / math.log1p(0.6))
+            for e in noise) / 4, rel=1e-9)
+    data = StudyData(profile=get_profile("smoke"), runs=df, comparisons=pd.DataFrame(),
+                     probe=pd.DataFrame(), measures={})
+    captions = [t.caption for t in R.tables(data)]
+    assert any(c.startswith("The same rule on the share") for c in captions)

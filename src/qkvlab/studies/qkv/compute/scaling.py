@@ -14,6 +14,11 @@ Written down before the runs:
   at the largest``; its two-sided one-sample t-test p over seeds, Holm-corrected over the
   designs (``ALPHA``). ``shrinks`` when the corrected test rejects 0 and the mean is above 0,
   ``grows`` when below, else ``flat/undecided``.
+- **The budget rule on the share** (``share_gaps``, added 2026-11-26 before any scaling store
+  was re-run, the raw rule kept beside it): the same rule on each seed's share of attention's
+  benefit, ``100·(loss − standard's)/(control's − standard's)`` (``plan.share``: 0% is
+  standard, 100% no attention), since a raw gap also moves with what attention is worth at the
+  budget. ``shrinks`` then means the tie gives up a smaller share of what attention buys.
 - **The size fit**: per design, ordinary least squares of the cell mean gap on
   ``log10(N)`` (N: the standard model's non-embedding parameters), ``gap% = a + b·log10 N``;
   the prediction's interval at N is the fit's 95% t confidence interval for the line there
@@ -39,7 +44,8 @@ from qkvlab.studies.qkv.plan.references import KAYYAM_1B2_KV_PCT, KAYYAM_300M_PC
 from qkvlab.studies.qkv.plan.scaling import BASELINE, DESIGNS, TASK
 from qkvlab.studies.qkv.plan.vocab import CONTROL, METRICS, ppl_pct, reported
 
-__all__ = ["TASK", "run_loss", "losses", "gaps", "cell_summary", "budget_trend", "used_budgets",
+__all__ = ["TASK", "run_loss", "losses", "gaps", "share_gaps", "cell_summary", "budget_trend",
+           "used_budgets",
            "used_sizes", "fit", "line", "prediction_records", "compare_published"]
 RUN_EXPERIMENTS = {"budget": "scaling_budget", "size": "scaling_size"}
 PREDICTION = "scaling_prediction"  # the measure the prediction is stored as
@@ -107,6 +113,30 @@ def gaps(loss: pd.DataFrame) -> pd.DataFrame:
         out.append({**{c: r[c] for c in CELL_COLS}, "design": r["design"], "seed": r["seed"],
                     "gap": ppl_pct(r["loss"] - float(b["loss"])),
                     "lost": bool(r["lost"]), "baseline_lost": bool(b["lost"])})
+    return pd.DataFrame(out, columns=cols)
+
+
+def share_gaps(loss: pd.DataFrame) -> pd.DataFrame:
+    """As :func:`gaps`, with ``gap`` each seed's share of the control's gap in % (``plan.share``:
+    (loss − standard's) / (control's − standard's)): per cell, design (neither standard nor the
+    control) and seed where all three ran; a seed whose control and standard tie is left out."""
+    cols = [*CELL_COLS, "design", "seed", "gap", "lost", "baseline_lost"]
+    if loss.empty:
+        return pd.DataFrame(columns=cols)
+    keys = [*CELL_COLS[:4], "seed"]
+    base = loss[loss.design == BASELINE].set_index(keys)
+    ctrl = loss[loss.design == CONTROL].set_index(keys)
+    out = []
+    for r in loss[~loss.design.isin([BASELINE, CONTROL])].to_dict("records"):
+        k = tuple(r[c] for c in keys)
+        if k not in base.index or k not in ctrl.index or not math.isfinite(r["loss"]):
+            continue
+        b, c = float(base.loc[k]["loss"]), float(ctrl.loc[k]["loss"])
+        if not (math.isfinite(b) and math.isfinite(c)) or c == b:
+            continue
+        out.append({**{c_: r[c_] for c_ in CELL_COLS}, "design": r["design"], "seed": r["seed"],
+                    "gap": 100.0 * (r["loss"] - b) / (c - b), "lost": bool(r["lost"]),
+                    "baseline_lost": bool(base.loc[k]["lost"])})
     return pd.DataFrame(out, columns=cols)
 
 

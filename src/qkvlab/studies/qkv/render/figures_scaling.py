@@ -163,6 +163,23 @@ def tables(data: StudyData) -> list[Block]:
                    f"{r.diff:+.1f} ± {r.half:.1f}" if math.isfinite(r.half)
                    else f"{r.diff:+.1f}" if r.n else "—",
                    num(r.p), num(r.p_adj), r.verdict) for r in t.itertuples())))
+    share = S.budget_trend(S.share_gaps(S.losses(data.runs, chance(S.TASK, data.profile))),
+                           S.used_budgets(summ))
+    if not share.empty:
+        out.append(Table(
+            "The same rule on the share of attention's benefit each design gives up (its gap "
+            "over the attention-free control's, per seed: 0% is standard, 100% no attention): "
+            "share at the smallest budget where standard uses attention − share at the "
+            "largest, in points, per-seed paired, Holm over the designs. The raw rule above "
+            "mixes the tie's cost with what attention is worth at each budget; this one does "
+            "not. Both were written down before a scaling store was read this way.",
+            ("design", "budgets (steps)", "seeds", "difference ± 95% CI", "p", "p (Holm)",
+             "verdict"),
+            tuple((label(r.design), f"{r.small:,.0f} → {r.large:,.0f}" if r.n else "—",
+                   str(r.n),
+                   f"{r.diff:+.1f} ± {r.half:.1f}" if math.isfinite(r.half)
+                   else f"{r.diff:+.1f}" if r.n else "—",
+                   num(r.p), num(r.p_adj), r.verdict) for r in share.itertuples())))
     used = S.attention_by_budget(frames(data)[1])
     if not used.empty:
         out.append(Table(
