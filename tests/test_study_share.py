@@ -101,3 +101,16 @@ def test_the_page_says_where_a_design_is_no_better_than_no_attention():
     rows = {r[1]: r for r in share_table(data).rows}
     assert rows["Q=K=V"][5] == "indistinguishable from no attention"
     assert rows["tied Q=K"][5] == "keeps part of it"
+
+
+def test_the_answer_card_says_where_a_design_is_no_better_than_no_attention():
+    from qkvlab.studies.qkv.compute.cards import cards, no_attention
+    from qkvlab.studies.qkv.render.cards import sentence
+    data = _data(_runs())
+    assert no_attention(data, "q2") == [("tied_qkv", "lm")] and no_attention(data, "q3") == []
+    c = cards(data)
+    assert c["q2"].facts["no_attention"] == [("tied_qkv", "lm")]
+    assert sentence(c["q2"])[1].endswith(
+        "Q=K=V on lm: indistinguishable from no attention (its gap to standard is the "
+        "attention-free control's, summary).")
+    assert "indistinguishable" not in sentence(c["q3"])[1]

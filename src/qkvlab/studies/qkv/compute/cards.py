@@ -21,8 +21,10 @@ from qkvlab.studies.qkv.compute.convert import curve_ends, curves
 from qkvlab.studies.qkv.compute.findings import fold, scale_init, seed_summary
 from qkvlab.studies.qkv.compute.frames import decode_ratios, records
 from qkvlab.studies.qkv.compute.results import StudyData
+from qkvlab.studies.qkv.compute.share import shares
 from qkvlab.studies.qkv.compute.ties import tie_costs
 from qkvlab.studies.qkv.compute.zoo import zoo_table
+from qkvlab.studies.qkv.plan.questions import QUESTIONS
 
 # the profile that decides what a smaller one leaves open (docs/study-profiles.md)
 SETTLES = {"smoke": "standard", "quick": "standard"}
@@ -156,12 +158,23 @@ def _q3(data: StudyData, a: Answer) -> tuple[list[Number], dict]:
     return out, facts
 
 
+def no_attention(data: StudyData, question: str) -> list[tuple[str, str]]:
+    """(design, task) of the question's rows whose share of attention's benefit reads
+    indistinguishable from no attention (``compute.share``, ``plan.share``), in row order."""
+    df = shares(data)
+    hit = {(r.experiment, r.design, r.task) for r in df.itertuples()
+           if r.reading == "none_kept"}
+    return list(dict.fromkeys((r.design, t) for r in QUESTIONS[question].rows
+                              for t in (*r.tasks, *r.also) if (r.experiment, r.design, t) in hit))
+
+
 def cards(data: StudyData, figures: set[str] = frozenset()) -> dict[str, Card]:
     """One card per question. ``figures``: the names drawn, so each card shows one that
     exists."""
     out = {}
     for key, a in answers(data).items():
         extra, facts = {"q1": _q1, "q2": _q2, "q3": _q3}[key](data, a)
+        facts = facts | {"no_attention": no_attention(data, key)}
         fig = FIGURE[key] if FIGURE[key] in figures else FALLBACK_FIGURE.get(key, "")
         out[key] = Card(key, tuple(_decided(a) + extra),
                         facts | {"decided": len(a.decided)},

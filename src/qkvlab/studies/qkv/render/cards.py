@@ -39,8 +39,18 @@ def _what(n: Number) -> str:
 
 
 def sentence(c: Card) -> tuple[str, str]:
-    """The card's plain sentence and, where something qualifies it, a second one; by question,
-    from its facts."""
+    """The card's plain sentence and, where something qualifies it, a second one (and where a
+    design is no better than no attention at all, a third); by question, from its facts."""
+    s, more = _sentence(c)
+    none = c.facts.get("no_attention") or []
+    if none:
+        more += (" " + "; ".join(f"{label(d)} on {t}" for d, t in none) + ": indistinguishable "
+                 "from no attention (its gap to standard is the attention-free control's, "
+                 "summary).")
+    return s, more
+
+
+def _sentence(c: Card) -> tuple[str, str]:
     f, worse = c.facts, [n for n in c.numbers if n.kind == "worse"]
     decided = (f"{f['decided']} trained comparison{'s' if f['decided'] != 1 else ''} of this "
                "question decided" if f.get("decided") else "No trained comparison of this "
