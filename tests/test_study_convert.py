@@ -116,6 +116,22 @@ def test_a_start_that_begins_below_the_others_final_gap_saved_all_its_tokens():
     assert f.saved == pytest.approx(65536 / f.tokens_better, rel=1e-12)
 
 
+def test_a_start_run_to_fewer_tokens_does_not_cut_the_others_comparison_short():
+    """keep_k reached only 16k tokens: fitted vs avg is still read at their common 65k, and
+    fitted vs keep_k at 16k."""
+    df = pd.DataFrame({"model": "m", "tie": "kv",
+                       "start": ["fitted"] * 3 + ["avg"] * 3 + ["keep_k"] * 2,
+                       "tokens": [0, 16384, 65536] * 2 + [0, 16384],
+                       "gap": [19.7, 9.0, 4.9, 3.9e5, 585.0, 524.0, 3.9e5, 1631.0]})
+    df = df.assign(gap_lo=df.gap * 0.9, gap_hi=df.gap * 1.1)
+    found = {f.worse: f for f in start_findings(df)}
+    assert set(found) == {"avg", "keep_k"} and {f.better for f in found.values()} == {"fitted"}
+    assert found["avg"].last == {"fitted": (65536, 4.9, 4.9 * 0.9, 4.9 * 1.1),
+                               "avg": (65536, 524.0, 524.0 * 0.9, 524.0 * 1.1)}
+    assert found["avg"].tokens_worse == 65536 and found["keep_k"].tokens_worse == 16384
+    assert found["keep_k"].last["keep_k"][:2] == (16384, 1631.0)
+
+
 def test_the_answers_open_with_the_conversion_where_nothing_else_ran(stored):
     from qkvlab.studies.qkv.render.answers import answer_blocks
     data, _, _ = stored

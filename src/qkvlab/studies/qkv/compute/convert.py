@@ -102,8 +102,10 @@ class StartFinding:
 
 def start_findings(df: pd.DataFrame) -> list[StartFinding]:
     """For each model and tie with two or more starts uptrained alike (the same batch and text:
-    a GPU curve at another batch is another experiment): each other start against the one that
-    ends lowest at their largest common budget."""
+    a GPU curve at another batch is another experiment): each other start against the best
+    one (the lowest at the largest budget every start reached), each pair read at the largest
+    budget the two share, so a start run to fewer tokens does not cut the others' comparison
+    short."""
     out = []
     if df.empty:
         return out
@@ -116,14 +118,15 @@ def start_findings(df: pd.DataFrame) -> list[StartFinding]:
         common = set.intersection(*(set(g[g.start == s].tokens) for s in starts))
         if not common:
             continue
-        top = max(common)
-        at = {s: g[(g.start == s) & (g.tokens == top)].iloc[0] for s in starts}
-        best = min(starts, key=lambda s: at[s].gap)
+        every = max(common)
+        best = min(starts, key=lambda s: g[(g.start == s) & (g.tokens == every)].gap.iloc[0])
         zero = {s: float(g[(g.start == s) & (g.tokens == 0)].gap.iloc[0])
                 if (g[(g.start == s)].tokens == 0).any() else math.nan for s in starts}
         for s in starts:
             if s == best:
                 continue
+            top = max(set(g[g.start == best].tokens) & set(g[g.start == s].tokens))
+            at = {x: g[(g.start == x) & (g.tokens == top)].iloc[0] for x in (best, s)}
             b, w = at[best], at[s]
             reach = tokens_to_reach(g[g.start == best], float(w.gap))
             out.append(StartFinding(
