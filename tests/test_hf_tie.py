@@ -317,3 +317,59 @@ def test_qk_residual_equals_the_explicit_whitened_forms():
     G = w[:, None] * w[None, :].conj()
     H = e[0][:, None] * e[1][None, :]
     assert math.isclose(((H - G).abs().square().sum() / H.abs().square().sum()).item(), 0.75, rel_tol=1e-12)
+
+
+def test_fitted_value_merge_is_the_best_shared_subspace():
+    """fit_values against Eckart–Young computed here: U orthonormal, and the error of the
+    group's values through each head's map, in the metric C, is the sum of the smallest
+    eigenvalues of V C Vᵀ, the least any shared d_head-dimensional projection allows."""
+    from qkvlab.hf.merge import fit_values
+    g = torch.Generator().manual_seed(3)
+    G, r, d, D = 2, 3, 4, 9
+    V = torch.randn(G, r, d, D, generator=g, dtype=torch.float64)
+    X = torch.randn(200, D, generator=g, dtype=torch.float64)
+    C = X.T @ X / 200
+    shared, U = fit_values(V, C)
+    for grp in range(G):
+        Ug = U[grp].reshape(r * d, d)
+        torch.testing.assert_close(Ug.T @ Ug, torch.eye(d, dtype=torch.float64), rtol=0,
+                                   atol=1e-12)
+        stacked = V[grp].reshape(r * d, D)
+        err = sum(((V[grp, j] - U[grp, j] @ shared[grp]) @ X.T).square().sum() / 200
+                  for j in range(r))
+        small = torch.linalg.eigvalsh(stacked @ C @ stacked.T)[:-d].sum()
+        torch.testing.assert_close(err, small, rtol=1e-10, atol=1e-12)
+
+
+def grouped(family: str):
+    """A tiny model whose kv heads 0 and 1 share their keys and one value row space
+    (V_1 = A V_0, values without bias): one kv head can hold both exactly."""
+    model = tiny(family, n_kv=N_KV)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            a = layer.self_attn
+            k, v = a.k_proj.weight.view(N_KV, D_HEAD, -1), a.v_proj.weight.view(N_KV, D_HEAD, -1)
+            k[1] = k[0]
+            v[1] = torch.randn(D_HEAD, D_HEAD, generator=g, dtype=torch.float64) @ v[0]
+            if a.k_proj.bias is not None:
+                a.k_proj.bias.view(N_KV, D_HEAD)[1] = a.k_proj.bias.view(N_KV, D_HEAD)[0]
+                a.v_proj.bias.zero_()
+    return model
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_fitted_gqa_is_exact_where_the_group_shares_keys_and_a_value_subspace(family):
+    """The fitted merge to one kv head keeps every logit of such a model (the values' maps
+    folded into W_O: an ordinary GQA model); mean-pooling does not."""
+    x_ids = ids(seed=4)
+    with torch.no_grad():
+        want = grouped(family)(input_ids=x_ids).logits
+        fitted = tie(grouped(family), "gqa", calibration=ids(seed=2), kv_heads=1,
+                     start="fitted")
+        pooled = tie(grouped(family), "gqa", kv_heads=1)
+        assert fitted.config.num_key_value_heads == pooled.config.num_key_value_heads == 1
+        torch.testing.assert_close(fitted(input_ids=x_ids).logits, want, rtol=1e-9, atol=1e-9)
+        assert (pooled(input_ids=x_ids).logits - want).abs().max() > 1e-3
+    with pytest.raises(TieError, match="calibration: tie 'gqa' is fitted on activations"):
+        tie(grouped(family), "gqa", kv_heads=1, start="fitted")

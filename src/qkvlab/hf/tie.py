@@ -33,8 +33,9 @@ tie allows on the calibration text's activations:
   patterns as well as the asymmetry. ``q_proj`` becomes :class:`SharedQuery`, which holds
   ``k_proj`` itself and repeats its heads (with n_rep = 1 the Parameter is assigned directly).
 - ``qkv``: ``qk``, then ``kv`` fitted against the new K: one Parameter serves Q, K and V.
-- ``gqa`` (reference, not a tie): kv heads merged by mean-pooling their W_K and W_V (Ainslie
-  et al., "GQA", 2023), ``n_kv_heads`` → ``kv_heads``; needs no calibration.
+- ``gqa`` (reference, not a tie): kv heads merged, ``n_kv_heads`` → ``kv_heads``, by
+  mean-pooling their W_K and W_V (Ainslie et al., "GQA", 2023; needs no calibration) or, from
+  the ``fitted`` start, with the keys mean-pooled and the values fitted (``hf.merge``).
 - ``alt`` is not offered: its fold into standard attention is exact, so it costs a trained
   model nothing (see ``qkvlab.models.fold``).
 
@@ -53,22 +54,25 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from qkvlab.hf.merge import merge_kv_heads
+from qkvlab.hf.projections import (  # noqa: F401 (TieError, TieRefused, SharedQuery: the API)
+    SharedQuery,
+    TieError,
+    TieRefused,
+    _metric,
+    _rows,
+    _shape,
+    _write,
+)
+
 KINDS = ("kv", "qk", "qkv", "gqa")
 # How a tie's shared projection starts (``tie(..., start=)``): ``fitted`` is the least-squares fit
 # above; ``avg`` (W_K + W_V)/2, ``keep_k`` W_K, ``keep_v`` W_V are Kayyam et al.'s naive K=V
-# starts (nothing folded into W_O); ``mean_pool`` is Ainslie et al.'s GQA conversion.
+# starts (nothing folded into W_O); ``mean_pool`` is Ainslie et al.'s GQA conversion, GQA's
+# default, and GQA's ``fitted`` start fits the values (``hf.merge``).
 STARTS = {"kv": ("fitted", "avg", "keep_k", "keep_v"), "qk": ("fitted",), "qkv": ("fitted",),
-          "gqa": ("mean_pool",)}
+          "gqa": ("mean_pool", "fitted")}
 FAMILIES = {"llama": KINDS, "mistral": KINDS, "qwen2": KINDS, "gemma3_text": ("kv", "gqa")}
-
-
-class TieError(ValueError):
-    """A tie that cannot be imposed on this model or with these arguments; the message says why."""
-
-
-class TieRefused(TieError):
-    """The model's architecture cannot take this tie at all (not a wrong argument): a fact about
-    the model worth reporting, e.g. Q=K under q/k RMSNorm, or GQA on a model with one kv head."""
 
 
 @dataclass
@@ -76,21 +80,6 @@ class Calibration:
     """Per layer second moment C = E[x̂ x̂ᵀ] of the attention input, x̂ = [x, 1], float64 [D, D]."""
     moments: list[torch.Tensor]
     n_tokens: int
-
-
-class SharedQuery(nn.Module):
-    """q = k (pre-rotary) for every q head: kv head g's projection repeated for its n_rep q heads.
-
-    Holds ``k_proj`` itself, so the tied model has one Parameter for Q and K.
-    """
-
-    def __init__(self, k_proj: nn.Linear, n_rep: int, d_head: int):
-        super().__init__()
-        self.proj, self.n_rep, self.d_head = k_proj, n_rep, d_head
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        k = self.proj(x).unflatten(-1, (-1, 1, self.d_head))         # (..., n_kv, 1, d_head)
-        return k.expand(*k.shape[:-2], self.n_rep, self.d_head).flatten(-3)  # (..., n_heads*d_head)
 
 
 # ---- model checks and calibration -------------------------------------------------------------
@@ -147,40 +136,7 @@ def calibrate(model: nn.Module, input_ids: torch.Tensor, batch: int = 4) -> Cali
     return Calibration([m / n for m in moments], n)
 
 
-# ---- the fits (float64, on one attention module) ---------------------------------------------
-def _shape(attn: nn.Module) -> tuple[int, int, int]:
-    d_head = attn.head_dim
-    n_kv = attn.k_proj.out_features // d_head
-    q = attn.q_proj
-    n_heads = n_kv * q.n_rep if isinstance(q, SharedQuery) else q.out_features // d_head
-    return n_heads, n_kv, d_head
-
-
-def _rows(lin: nn.Linear) -> torch.Tensor:
-    """[out, D]: weight with its bias as the last column (zeros when it has none)."""
-    if isinstance(lin, SharedQuery):  # the effective Q: each kv head's rows repeated n_rep times
-        k = _rows(lin.proj).unflatten(0, (-1, 1, lin.d_head))
-        return k.expand(-1, lin.n_rep, -1, -1).flatten(0, 2)
-    b = (lin.bias if lin.bias is not None
-         else torch.zeros(lin.out_features, device=lin.weight.device))
-    return torch.cat([lin.weight.detach().double(), b.detach().double()[:, None]], 1).cpu()
-
-
-def _write(lin: nn.Linear, rows: torch.Tensor) -> None:
-    lin.weight.data.copy_(rows[:, :-1].to(lin.weight))
-    if lin.bias is not None:
-        lin.bias.data.copy_(rows[:, -1].to(lin.bias))
-
-
-def _metric(attn: nn.Module, C: torch.Tensor) -> torch.Tensor:
-    """C restricted to x when the projections have no bias (the constant 1 then plays no part)."""
-    if attn.k_proj.bias is None:
-        C = C.clone()
-        C[-1, :] = 0
-        C[:, -1] = 0
-    return C
-
-
+# ---- the fits (float64, on one attention module; rows and shapes: ``hf.projections``) -------
 def fit_kv(attn: nn.Module, C: torch.Tensor) -> torch.Tensor:
     """M [n_kv, d_head, d_head]: least squares of V on K under C (V ≈ K M_g per kv head)."""
     n_heads, n_kv, d_head = _shape(attn)
@@ -301,23 +257,14 @@ def tie_qk(attn: nn.Module, C: torch.Tensor) -> None:
         attn.q_proj = SharedQuery(attn.k_proj, n_heads // n_kv, d_head)
 
 
-def merge_kv_heads(attn: nn.Module, kv_heads: int) -> None:
-    """Mean-pool consecutive kv heads into ``kv_heads`` groups (GQA conversion, Ainslie et al.)."""
-    n_heads, n_kv, d_head = _shape(attn)
-    if n_kv == 1:
-        raise TieRefused("gqa: the model already has a single kv head (MQA); there are no kv heads "
-                       "to merge")
-    if kv_heads >= n_kv or n_kv % kv_heads:
-        raise TieError(f"kv_heads: {kv_heads} must divide the model's {n_kv} kv heads and be fewer")
-    for name in ("k_proj", "v_proj"):
-        old = getattr(attn, name)
-        rows = (_rows(old).view(kv_heads, n_kv // kv_heads, d_head, -1).mean(1)
-                .reshape(kv_heads * d_head, -1))
-        new = nn.Linear(old.in_features, kv_heads * d_head, bias=old.bias is not None,
-                        device=old.weight.device, dtype=old.weight.dtype)
-        _write(new, rows)
-        setattr(attn, name, new)
-    attn.num_key_value_groups = n_heads // kv_heads
+def _calibration(model: nn.Module, calibration, kind: str, n_layers: int) -> Calibration:
+    if calibration is None:
+        raise TieError(f"calibration: tie {kind!r} is fitted on activations; "
+                       "pass token ids or a Calibration")
+    cal = calibration if isinstance(calibration, Calibration) else calibrate(model, calibration)
+    if len(cal.moments) != n_layers:
+        raise TieError(f"calibration: has {len(cal.moments)} layers, the model {n_layers}")
+    return cal
 
 
 # ---- the public entry point ------------------------------------------------------------------
@@ -366,8 +313,13 @@ def tie(model: nn.Module, kind: str, calibration: torch.Tensor | Calibration | N
     if bad:
         raise TieError(f"layers: {bad} out of range for a model with {len(all_layers)} layers")
     if kind == "gqa":
-        for i in layers:
-            merge_kv_heads(all_layers[i].self_attn, kv_heads)
+        cal = None
+        if start == "fitted":
+            cal = _calibration(model, calibration, kind, len(all_layers))
+        with torch.no_grad():
+            for i in layers:
+                merge_kv_heads(all_layers[i].self_attn, kv_heads,
+                               None if cal is None else cal.moments[i])
         if len(layers) == len(all_layers):
             model.config.num_key_value_heads = kv_heads
         return model
@@ -379,12 +331,7 @@ def tie(model: nn.Module, kind: str, calibration: torch.Tensor | Calibration | N
                     raise TieError(f"layers: layer {i} is already tied; tie a fresh model")
                 naive_kv(attn, start)
         return model
-    if calibration is None:
-        raise TieError(f"calibration: tie {kind!r} is fitted on activations; "
-                       "pass token ids or a Calibration")
-    cal = calibration if isinstance(calibration, Calibration) else calibrate(model, calibration)
-    if len(cal.moments) != len(all_layers):
-        raise TieError(f"calibration: has {len(cal.moments)} layers, the model {len(all_layers)}")
+    cal = _calibration(model, calibration, kind, len(all_layers))
     with torch.no_grad():
         for i in layers:
             attn, C = all_layers[i].self_attn, cal.moments[i]
