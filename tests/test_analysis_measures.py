@@ -14,7 +14,7 @@ from torch.testing import assert_close
 
 from qkvlab.analysis import measures as M
 from qkvlab.analysis.heads import from_attention
-from qkvlab.attention import AttentionConfig, build_attention
+from qkvlab.attention import AttentionConfig, FactoredMatrix, build_attention
 
 H, D, dk = 3, 24, 6
 
@@ -61,7 +61,8 @@ def test_positive_share_equals_dense_eigenvalues():
 def test_singular_values_overlap_copying_equal_dense():
     A, B = rand(H, D, dk, seed=3), rand(H, dk, D, seed=4)
     want = torch.linalg.svdvals(A @ B)[:, :dk]
-    assert_close(M.product_singular_values(A, B), want, rtol=1e-8, atol=1e-10)
+    assert_close(FactoredMatrix(A, B).singular_values(), want, rtol=1e-8, atol=1e-10)
+    assert_close(FactoredMatrix(A, B).svd()[1], want, rtol=1e-8, atol=1e-10)
     Wq, Wv = rand(H, D, dk, seed=5), rand(H, D, dk, seed=6)
     cos = torch.linalg.svdvals(torch.linalg.qr(Wq)[0].mT @ torch.linalg.qr(Wv)[0])
     assert_close(M.principal_cosines(Wq, Wv), cos, rtol=1e-10, atol=1e-10)

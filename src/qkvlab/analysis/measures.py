@@ -16,6 +16,8 @@ import torch
 from torch import Tensor
 
 from qkvlab.analysis.heads import LayerView
+from qkvlab.attention.circuits import FactoredMatrix
+from qkvlab.attention.circuits import psd_sqrt as _psd_sqrt
 
 WEIGHT_MEASURES = ("symmetry", "positive_share", "overlap_qk", "overlap_kv", "overlap_qv",
                    "eff_rank_qk", "eff_rank_ov", "copying")
@@ -93,11 +95,6 @@ def positive_share(W_Q: Tensor, W_K: Tensor) -> Tensor:
 # Batched QR of (H, D, d) is slow on CPU (seconds for 256 heads); every factorization below
 # works on d×d Gram matrices instead, which float64 keeps accurate for these well-conditioned
 # projections, and eigh handles rank-deficient (tied, pruned) heads by dropping null directions.
-def _psd_sqrt(G: Tensor) -> Tensor:
-    lam, V = torch.linalg.eigh(G)
-    return (V * lam.clamp_min(0).sqrt()[..., None, :]) @ V.transpose(-1, -2)
-
-
 def _basis(W: Tensor) -> tuple[Tensor, Tensor]:
     """Orthonormal basis of col(W[h]) (H, D, d), zero columns past its rank; and the ranks (H,)."""
     lam, V = torch.linalg.eigh(W.transpose(-1, -2) @ W)  # W = U·Σ·Vᵀ: U = W·V·Σ⁻¹
@@ -118,16 +115,6 @@ def subspace_overlap(A: Tensor, B: Tensor, _bases: tuple | None = None) -> Tenso
 def principal_cosines(A: Tensor, B: Tensor) -> Tensor:
     """Cosines of the principal angles, largest first (H, min(da, db))."""
     return torch.linalg.svdvals(_basis(A)[0].transpose(-1, -2) @ _basis(B)[0])
-
-
-def product_singular_values(A: Tensor, B: Tensor) -> Tensor:
-    """Singular values of A·B (H, k), largest first, for A (H, m, k), B (H, k, n).
-
-    σ(A·B)² are the eigenvalues of (AᵀA)^½·(B·Bᵀ)·(AᵀA)^½, a k×k problem.
-    """
-    S = _psd_sqrt(A.transpose(-1, -2) @ A)
-    lam = torch.linalg.eigvalsh(S @ (B @ B.transpose(-1, -2)) @ S)
-    return lam.clamp_min(0).sqrt().flip(-1)
 
 
 def effective_rank(sv: Tensor) -> Tensor:
@@ -152,9 +139,10 @@ def weight_measures(W_Q: Tensor, W_K: Tensor, W_V: Tensor, W_O: Tensor | None) -
            "overlap_qk": subspace_overlap(W_Q, W_K, (bq, bk)),
            "overlap_kv": subspace_overlap(W_K, W_V, (bk, bv)),
            "overlap_qv": subspace_overlap(W_Q, W_V, (bq, bv)),
-           "eff_rank_qk": effective_rank(product_singular_values(W_Q, W_K.transpose(-1, -2)))}
+           "eff_rank_qk": effective_rank(
+               FactoredMatrix(W_Q, W_K.transpose(-1, -2)).singular_values())}
     if W_O is not None:
-        out["eff_rank_ov"] = effective_rank(product_singular_values(W_V, W_O))
+        out["eff_rank_ov"] = effective_rank(FactoredMatrix(W_V, W_O).singular_values())
         out["copying"] = copying_score(W_V, W_O)
     return out
 
@@ -168,9 +156,9 @@ def layer_symmetry(W_Q: Tensor, W_K: Tensor) -> Tensor:
 
 def spectra(view: LayerView) -> dict[str, Tensor]:
     """Singular values of W_QK and W_OV per head, (H, dk) and (H, dv), largest first."""
-    out = {"qk": product_singular_values(view.W_Q, view.W_K.transpose(-1, -2))}
+    out = {"qk": view.QK.singular_values()}
     if view.W_O is not None:
-        out["ov"] = product_singular_values(view.W_V, view.W_O)
+        out["ov"] = view.OV.singular_values()
     return out
 
 

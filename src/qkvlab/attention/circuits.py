@@ -11,6 +11,12 @@ import torch
 from torch import Tensor
 
 
+def psd_sqrt(G: Tensor) -> Tensor:
+    """The symmetric square root of positive semidefinite matrices G (…, k, k)."""
+    lam, V = torch.linalg.eigh(G)
+    return (V * lam.clamp_min(0).sqrt()[..., None, :]) @ V.transpose(-1, -2)
+
+
 class FactoredMatrix:
     """The product A @ B with batch dims in front (one matrix per head)."""
 
@@ -40,7 +46,11 @@ class FactoredMatrix:
         return Qa @ U, S, Vh @ Qb.transpose(-1, -2)
 
     def singular_values(self) -> Tensor:
-        return self.svd()[1]
+        """σ(A·B) (…, k), largest first, without the factors: σ² are the eigenvalues of
+        (AᵀA)^½·(B·Bᵀ)·(AᵀA)^½, a k×k problem (what the analysis measures read)."""
+        S = psd_sqrt(self.A.transpose(-1, -2) @ self.A)
+        lam = torch.linalg.eigvalsh(S @ (self.B @ self.B.transpose(-1, -2)) @ S)
+        return lam.clamp_min(0).sqrt().flip(-1)
 
     def norm(self) -> Tensor:
         """Frobenius norm per matrix (…): ‖AB‖² = tr((AᵀA)(BBᵀ))."""
