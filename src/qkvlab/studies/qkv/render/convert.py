@@ -31,6 +31,9 @@ Y_TICKS = (0.7, 0.8, 0.9, 1, 1.1, 1.5, 2, 3, 5, 10, 100, 1e3, 1e4, 1e5, 1e6)  # 
 DECADES = (1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7)  # where the curves span more than ×1,000
 START_COLORS = {"fitted": "#d95f02", "avg": "#1b9e77", "keep_k": "#7570b3", "keep_v": "#e7298a",
                 "mean_pool": "#66a61e", "none": "#777777"}
+# the other ties' curves, in colours none of K=V's starts uses
+TIE_COLORS = {("qk", "fitted"): "#1f78b4", ("qkv", "fitted"): "#6a3d9a",
+              ("mqa", "fitted"): "#a6761d", ("mqa", "mean_pool"): "#e6ab02"}
 
 
 def _title(model: str) -> str:
@@ -91,7 +94,8 @@ def _draw_convert(ax, g, model: str, zoom: bool) -> None:
         line, = ax.plot(x, 1 + c.gap, marker="o" if batch == first else "s", ms=4,
                         ls="-" if batch == first else "--",
                         lw=1.0 if tie == "none" else 1.6,
-                        color=START_COLORS.get(start) if tie in ("kv", "none") else None,
+                        color=START_COLORS.get(start) if tie in ("kv", "none")
+                        else TIE_COLORS.get((tie, start)),
                         label=name + (f", batch {batch}" if several else ""))
         ax.fill_between(x, 1 + c.gap_lo, 1 + c.gap_hi, color=line.get_color(), alpha=0.15)
     for start, pts in KAYYAM_CONVERT.items():
