@@ -49,8 +49,9 @@ def configure_convert(parser: argparse.ArgumentParser) -> None:
                              "uptrained the same way, the baseline) (default kv)")
     parser.add_argument("--start", choices=starts, default=None,
                         help="how the shared projection starts: fitted (least squares on real "
-                             "activations; default), avg, keep_k, keep_v (K=V only), mean_pool "
-                             "(gqa/mqa)")
+                             "activations; default, for gqa/mqa the values fitted and the keys "
+                             "mean-pooled), avg, keep_k, keep_v (K=V only), mean_pool (gqa/mqa; "
+                             "their default)")
     parser.add_argument("--tokens", type=_positive, default=d,
                         help=f"uptraining tokens (default {d}); scored at 0, 16k, 64k, ... "
                              "and there")
