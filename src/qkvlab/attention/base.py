@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from qkvlab.attention.circuits import FactoredMatrix
+from qkvlab.attention.circuits import Circuits
 from qkvlab.attention.config import AttentionConfig
 from qkvlab.attention.core import KVCache, attend, build_mask, repeat_kv
 from qkvlab.attention.view import LayerView
@@ -30,7 +30,7 @@ from qkvlab.kernels import attend as decode_kernels
 Rope = Callable[[Tensor, int], Tensor]
 
 
-class Attention(nn.Module):
+class Attention(Circuits, nn.Module):
     """Multi-head attention; subclasses declare ``segments`` (and may add a value mixing)."""
 
     segments: tuple[str, ...] = ("q", "k", "v")
@@ -307,16 +307,6 @@ class Attention(nn.Module):
     @property
     def b_O(self) -> Tensor | None:
         return self.out_proj.bias
-
-    @property
-    def QK(self) -> FactoredMatrix:
-        """W_Q[h] · W_K[h]ᵀ (H, D, D): scores are x_i · QK · x_jᵀ (before scale, biases)."""
-        return FactoredMatrix(self.W_Q, self.W_K.transpose(-1, -2))
-
-    @property
-    def OV(self) -> FactoredMatrix:
-        """W_V[h] · W_O[h] (H, D, D): what a fully attended token writes to the residual."""
-        return FactoredMatrix(self.W_V, self.W_O)
 
     def view(self, layer: int = 0, role: str = "decoder", name: str = "", *,
              grad: bool = False) -> LayerView:

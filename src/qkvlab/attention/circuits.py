@@ -11,6 +11,21 @@ import torch
 from torch import Tensor
 
 
+class Circuits:
+    """The QK and OV circuits of whatever has per-head ``W_Q, W_K, W_V, W_O`` (H, D, d)
+    (``Attention``, ``LayerView``), as factored products."""
+
+    @property
+    def QK(self) -> "FactoredMatrix":
+        """W_Q[h] · W_K[h]ᵀ (H, D, D): scores are x_i · QK · s_jᵀ (before scale, biases)."""
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-1, -2))
+
+    @property
+    def OV(self) -> "FactoredMatrix":
+        """W_V[h] · W_O[h] (H, D, D): what a fully attended token writes to the residual."""
+        return FactoredMatrix(self.W_V, self.W_O)
+
+
 def psd_sqrt(G: Tensor) -> Tensor:
     """The symmetric square root of positive semidefinite matrices G (…, k, k)."""
     lam, V = torch.linalg.eigh(G)

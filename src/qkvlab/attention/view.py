@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from qkvlab.attention.circuits import FactoredMatrix
+from qkvlab.attention.circuits import Circuits
 
 ROLES = ("encoder", "decoder", "cross")
 WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")  # a LayerView's tensors
@@ -42,7 +42,7 @@ def _f64(t: Tensor | None, grad: bool = False) -> Tensor | None:
 
 
 @dataclass
-class LayerView:
+class LayerView(Circuits):
     """One attention layer as per-head matrices (see the module docstring for shapes).
 
     ``role``: ``encoder`` (bidirectional self), ``decoder`` (causal self) or ``cross``.
@@ -106,16 +106,6 @@ class LayerView:
                 "v": (self.W_V, self.b_V)}[role]
         y = x.to(torch.float64) @ W  # (N, D) @ (H, D, d) -> (H, N, d)
         return y if b is None else y + b[:, None, :]
-
-    @property
-    def QK(self) -> FactoredMatrix:
-        """W_Q[h] · W_K[h]ᵀ (H, D, D): scores are x_i · QK · s_jᵀ (before scale, biases)."""
-        return FactoredMatrix(self.W_Q, self.W_K.transpose(-1, -2))
-
-    @property
-    def OV(self) -> FactoredMatrix:
-        """W_V[h] · W_O[h] (H, D, D): what a fully attended token writes to the residual."""
-        return FactoredMatrix(self.W_V, self.W_O)
 
     def leaves(self) -> "LayerView":
         """Independent copies that require grad: an *untied* layer with the same weights."""

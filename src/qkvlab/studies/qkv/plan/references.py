@@ -30,8 +30,9 @@ REF_KV_SCALE = "300M parameters"
 # (``per_char``) and to convert the margin's anchor (``vocab.METRICS``).
 REF_KV_TOKENIZER = "GPT-2's BPE, vocab 50,304"
 REF_KV_CHARS_PER_TOKEN = 4.0
-# The same repository's later corrected-masking 300M rerun on FineWeb-Edu (one seed, verified
-# in its CSVs; ../shared/REFERENCES.md): perplexity per GPT-2 token, QKV 20.82 vs K=V 21.28.
+# The same repository's later corrected-masking 300M rerun on FineWeb-Edu (one seed; the values
+# are in the result CSVs of its later commits): perplexity per GPT-2 token, QKV 20.82 vs K=V
+# 21.28.
 # The smaller, and so the stricter, anchor of the margin: +2.2% beside the slides' +3.1%.
 KAYYAM_RERUN_PPL = {"QKV": 20.82, "Q–K=V": 21.28}
 KAYYAM_RERUN_KV_PCT = round(100 * (KAYYAM_RERUN_PPL["Q–K=V"] / KAYYAM_RERUN_PPL["QKV"] - 1), 1)

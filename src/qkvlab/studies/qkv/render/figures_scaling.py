@@ -146,6 +146,18 @@ def figures(data: StudyData, out: Path) -> list[Figure]:
     return [f for f in (fig_budget(data, out), fig_size(data, out)) if f is not None]
 
 
+TREND_HEADERS = ("design", "budgets (steps)", "seeds", "difference ± 95% CI", "p", "p (Holm)",
+                 "verdict")
+
+
+def _trend_rows(t: pd.DataFrame) -> tuple[tuple[str, ...], ...]:
+    """``S.budget_trend``'s rows as table cells (the raw rule's and the share's alike)."""
+    return tuple((label(r.design), f"{r.small:,.0f} → {r.large:,.0f}" if r.n else "—", str(r.n),
+                  f"{r.diff:+.1f} ± {r.half:.1f}" if math.isfinite(r.half)
+                  else f"{r.diff:+.1f}" if r.n else "—",
+                  num(r.p), num(r.p_adj), r.verdict) for r in t.itertuples())
+
+
 def tables(data: StudyData) -> list[Block]:
     """The budget verdicts and the predicted-vs-published table (when the store has them)."""
     g, summ = frames(data)
@@ -156,13 +168,8 @@ def tables(data: StudyData) -> list[Block]:
             "The gap against training budget: gap at the smallest budget where standard uses "
             "attention (next table) − gap at the largest (points of % perplexity), per-seed "
             "paired, Holm over the designs",
-            ("design", "budgets (steps)", "seeds", "difference ± 95% CI", "p", "p (Holm)",
-             "verdict"),
-            tuple((label(r.design), f"{r.small:,.0f} → {r.large:,.0f}" if r.n else "—",
-                   str(r.n),
-                   f"{r.diff:+.1f} ± {r.half:.1f}" if math.isfinite(r.half)
-                   else f"{r.diff:+.1f}" if r.n else "—",
-                   num(r.p), num(r.p_adj), r.verdict) for r in t.itertuples())))
+            TREND_HEADERS,
+_trend_rows(t)))
     share = S.budget_trend(S.share_gaps(S.losses(data.runs, chance(S.TASK, data.profile))),
                            S.used_budgets(summ))
     if not share.empty:
@@ -173,13 +180,8 @@ def tables(data: StudyData) -> list[Block]:
             "largest, in points, per-seed paired, Holm over the designs. The raw rule above "
             "mixes the tie's cost with what attention is worth at each budget; this one does "
             "not. Both were written down before a scaling store was read this way.",
-            ("design", "budgets (steps)", "seeds", "difference ± 95% CI", "p", "p (Holm)",
-             "verdict"),
-            tuple((label(r.design), f"{r.small:,.0f} → {r.large:,.0f}" if r.n else "—",
-                   str(r.n),
-                   f"{r.diff:+.1f} ± {r.half:.1f}" if math.isfinite(r.half)
-                   else f"{r.diff:+.1f}" if r.n else "—",
-                   num(r.p), num(r.p_adj), r.verdict) for r in share.itertuples())))
+            TREND_HEADERS,
+_trend_rows(share)))
     used = S.attention_by_budget(frames(data)[1])
     if not used.empty:
         out.append(Table(
