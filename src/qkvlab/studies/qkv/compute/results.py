@@ -69,6 +69,9 @@ class StudyData:
     published: dict[str, float] = field(default_factory=lambda: dict(PUBLISHED_SYMMETRY))
     published_source: str = PUBLISHED_SOURCE
     meta: dict[str, Any] = field(default_factory=dict)
+    # frames derived from the fields above, computed once per StudyData by the function that
+    # owns each (e.g. ``compute.share.shares``); never written by render
+    derived: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
 
     def measure(self, name: str) -> pd.DataFrame:
         """The records of one measure (an empty frame when it has none)."""

@@ -42,7 +42,15 @@ def shares(data: StudyData) -> pd.DataFrame:
     ``lo``–``hi``, ``n`` seeds with all three runs, ``reading`` (``plan.share.reading``; NaN
     unless standard beats the control, ``attention_used`` = 1); beside it the raw gaps it
     reads, as the tables show them: the design's (``value`` ± ``half``) and the control's
-    (``control_value`` ± ``control_half``) in ``unit``, shown with ``digits`` decimals."""
+    (``control_value`` ± ``control_half``) in ``unit``, shown with ``digits`` decimals.
+    Computed once per ``data`` (``StudyData.derived``): the table, each question's sentence
+    and each card read it."""
+    if "shares" not in data.derived:
+        data.derived["shares"] = _shares(data)
+    return data.derived["shares"]
+
+
+def _shares(data: StudyData) -> pd.DataFrame:
     cmp, runs = data.comparisons, data.runs
     if cmp.empty or runs.empty or "attention_used" not in cmp:
         return pd.DataFrame(columns=COLUMNS)
