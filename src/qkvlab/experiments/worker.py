@@ -28,6 +28,7 @@ from typing import Any, Mapping
 import torch
 
 from qkvlab.env import environment
+from qkvlab.experiments.ids import run_id
 from qkvlab.experiments.probe import ScaleProbe
 from qkvlab.experiments.store import Store, canonical
 from qkvlab.experiments.tensorboard import RunLogger
@@ -35,6 +36,7 @@ from qkvlab.inputs import EnvironmentFailure
 from qkvlab.models import count_params
 from qkvlab.train import RunSpec, allow_task_modules, run_from_spec
 from qkvlab.train.distributed import DistInfo, default_device
+from qkvlab.train.trainer import FINAL_MODEL
 
 
 def execute(spec: RunSpec | Mapping[str, Any], run_dir: Path, *, on_log=None,
@@ -66,8 +68,12 @@ def execute(spec: RunSpec | Mapping[str, Any], run_dir: Path, *, on_log=None,
 
     t0 = time.perf_counter()
     device = default_device()  # a GPU where there is one, unless QKVLAB_DEVICE says otherwise
+    # a run that starts from another run's model finds it in that run's folder, its sibling
+    parent = (run_dir.parent / run_id(spec.from_run.spec) / FINAL_MODEL
+              if spec.from_run is not None else None)
     res = run_from_spec(spec, run_dir=run_dir, on_log=on_log, callback_factory=factory,
-                        progress=progress, desc=desc, dist_info=DistInfo(device=device))
+                        progress=progress, desc=desc, dist_info=DistInfo(device=device),
+                        parent_model=parent)
     if res.status == "done":  # the optimizer state is only needed to resume an unfinished run
         (run_dir / "checkpoint.safetensors").unlink(missing_ok=True)
     env = environment()

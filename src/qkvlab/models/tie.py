@@ -124,6 +124,8 @@ def tie_kv(model: nn.Module, batches=None, start: str = "fitted") -> nn.Module:
     new = copy.deepcopy(model)
     for i, (parent, name, a) in enumerate(_self_attention(new)):
         setattr(parent, name, tie_kv_layer(a, None if Cs is None else Cs[i], start))
-    roles = {**new.cfg.roles, "decoder": {**new.cfg.roles.get("decoder", {}), "design": "tied_kv"}}
+    roles = dict(new.cfg.roles)  # a decoder role of its own says tied_kv too; none is added
+    if "decoder" in roles:
+        roles["decoder"] = {**roles["decoder"], "design": "tied_kv"}
     new.cfg = new.cfg.replace(design="tied_kv", roles=roles)
     return new

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,7 +19,7 @@ from torch import nn
 
 from qkvlab.data import get_task
 from qkvlab.data.base import TASKS, Task
-from qkvlab.models import ModelConfig, build_model
+from qkvlab.models import ModelConfig, build_model, load_model
 from qkvlab.train.config import InitConfig, RunSpec
 
 
@@ -169,3 +171,40 @@ def model_config(spec: RunSpec, task) -> ModelConfig:
     opts.setdefault("d_vocab", task.d_vocab)
     opts.setdefault("n_ctx", getattr(task, "n_ctx", None) or task.seq_len)
     return ModelConfig.from_dict(opts)
+
+
+def start_from(spec: RunSpec, task, parent_model: str | os.PathLike | None) -> nn.Module:
+    """The model a ``from_run`` spec starts from: the parent run's trained weights (the final
+    model its run folder keeps, ``parent_model``), tied K = V from the spec's start where it
+    says so (``qkvlab.models.tie``; the fitted start calibrated on ``calib_batches`` training
+    batches of ``task`` drawn with the run's seed).
+
+    Raises:
+        ValueError: no parent model file (the parent has not finished), a parent of another
+            task, or a spec whose ``model`` is not the model the start gives.
+        InputFileError: a damaged parent model file (``load_model``).
+    """
+    from qkvlab.models.tie import tie_kv  # models.tie imports attention only; kept local
+
+    fr = spec.from_run
+    parent = fr.parent
+    if (parent.task, parent.task_options) != (spec.task, spec.task_options):
+        raise ValueError(f"from_run.spec: the parent trained on task {parent.task!r} "
+                         f"{parent.task_options}; this run trains on {spec.task!r} "
+                         f"{spec.task_options}: a conversion keeps the task")
+    if parent_model is None or not Path(parent_model).is_file():
+        raise ValueError(f"from_run: the parent run's trained model ({parent_model}) is not "
+                         "there: train the parent run first (a sweep lists a conversion only "
+                         "once its parents are done)")
+    model = load_model(parent_model)
+    if fr.tie == "kv":
+        gen = torch.Generator().manual_seed(spec.train.seed)
+        batches = [task.batch("train", spec.train.batch_size, gen)["idx"]
+                   for _ in range(fr.calib_batches)]
+        model = tie_kv(model, batches, fr.start)
+    want = model_config(spec, task)
+    if model.cfg != want:
+        diff = sorted(k for k, v in want.to_dict().items() if model.cfg.to_dict()[k] != v)
+        raise ValueError(f"model: the start from the parent run gives another model than this "
+                         f"run's spec describes (differs in {diff})")
+    return model

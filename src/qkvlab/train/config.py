@@ -126,6 +126,49 @@ class InitConfig:
 
 
 MODEL_KEYS = frozenset(typed.field_names(ModelConfig))
+TIES = ("none", "kv")  # what a run started from another run's model imposes on it first
+TIE_STARTS = ("fitted", "keep_k", "keep_v", "avg")  # qkvlab.models.tie.STARTS
+
+
+@dataclass(frozen=True)
+class FromRun:
+    """A run that starts from another run's trained model (the controlled conversion): the
+    parent's final weights (``spec``, the parent's ``RunSpec`` dict, so the child's id hashes
+    its parent's whole spec), tied K = V from ``start`` (``qkvlab.models.tie``) where ``tie`` is
+    ``"kv"``, or kept as they are (``"none"``: the untied model trained on the same way). The
+    fitted start's input moments come from ``calib_batches`` training batches of the parent's
+    task (drawn with the child's seed); the child then trains as its ``train`` says, from
+    step 0 of a fresh optimizer and schedule.
+    """
+
+    spec: Mapping[str, Any]
+    tie: str = "kv"
+    start: str | None = None
+    calib_batches: int = 4
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.spec, Mapping):
+            raise ValueError(f"from_run.spec: {self.spec!r} must be the parent run's spec")
+        if self.tie not in TIES:
+            raise ValueError(f"from_run.tie: {self.tie!r} is not one of {list(TIES)}")
+        if self.tie == "none" and self.start is not None:
+            raise ValueError(f"from_run.start: {self.start!r} needs a tie; with tie 'none' "
+                             "the model is kept as it is (start None)")
+        if self.tie != "none" and self.start not in TIE_STARTS:
+            raise ValueError(f"from_run.start: {self.start!r} is not one of {list(TIE_STARTS)} "
+                             f"(tie {self.tie!r} needs one)")
+        v = self.calib_batches
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"from_run.calib_batches: {v!r} must be a positive integer")
+        parent = RunSpec.from_dict(self.spec)  # checked whole; stored canonical
+        if parent.from_run is not None:
+            raise ValueError("from_run.spec: the parent starts from another run itself; "
+                             "a chain of conversions is not supported")
+        object.__setattr__(self, "spec", parent.to_dict())
+
+    @property
+    def parent(self) -> RunSpec:
+        return RunSpec.from_dict(self.spec)
 
 
 @dataclass(frozen=True)
@@ -135,6 +178,9 @@ class RunSpec:
     ``model`` holds ``ModelConfig`` options; ``d_vocab`` and ``n_ctx`` come from the task when
     absent. ``task_version`` is the task's data version (bumped when its data changes), so runs
     on old data are not reused. ``kind`` (decoder, encoder, encdec) defaults to the task's.
+    ``from_run``: the run starts from another run's trained model (``FromRun``) instead of
+    its seed's initial weights; ``model`` must then be the model that start gives. It is left
+    out of the canonical dict when None, so the runs stored before it existed keep their ids.
     """
 
     task: str
@@ -145,6 +191,7 @@ class RunSpec:
     train: TrainConfig = field(default_factory=TrainConfig)
     probe: ProbeConfig | None = None
     init: InitConfig | None = None
+    from_run: FromRun | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.task, str) or not self.task:
@@ -160,8 +207,12 @@ class RunSpec:
         object.__setattr__(self, "model", dict(self.model))
 
     def to_dict(self) -> dict[str, Any]:
-        """The canonical dict: every field, defaults included (what the run id hashes)."""
-        return typed.to_dict(self)
+        """The canonical dict: every field, defaults included (what the run id hashes), but
+        ``from_run`` only where it is set."""
+        d = typed.to_dict(self)
+        if self.from_run is None:
+            del d["from_run"]
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | RunSpec) -> RunSpec:

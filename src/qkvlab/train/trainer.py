@@ -32,6 +32,7 @@ from qkvlab.train.build import (
     build_seeded,
     make_task,
     model_config,
+    start_from,
 )
 from qkvlab.train.checkpoints import discard_temp_files, load_checkpoint, save_checkpoint
 from qkvlab.train.config import RunSpec, TrainConfig
@@ -297,10 +298,13 @@ def train(model: nn.Module, task, cfg: TrainConfig, *, run_dir: str | Path | Non
 
 def run_from_spec(spec: RunSpec | Mapping[str, Any], *, run_dir: str | Path | None = None,
                   dist_info: DistInfo | None = None, on_log=None, callback_factory=None,
-                  progress: bool = True, desc: str = "train") -> TrainResult:
+                  progress: bool = True, desc: str = "train",
+                  parent_model: str | Path | None = None) -> TrainResult:
     """Build the task and model of a run spec and train it; saves the final model in run_dir.
 
-    ``spec`` is a ``RunSpec`` or its dict form (``RunSpec.from_dict``).
+    ``spec`` is a ``RunSpec`` or its dict form (``RunSpec.from_dict``). A spec with
+    ``from_run`` starts from the parent run's final model at ``parent_model``
+    (``build.start_from``).
 
     Raises:
         ValueError: a malformed spec (unknown key, bad option), naming the field.
@@ -309,9 +313,12 @@ def run_from_spec(spec: RunSpec | Mapping[str, Any], *, run_dir: str | Path | No
     spec = RunSpec.from_dict(spec)
     cfg = spec.train
     task = make_task(spec.task, spec.task_options)
-    kind = spec.kind or getattr(task, "model_kind", "decoder")
-    model = build_seeded(model_config(spec, task), kind, cfg.seed)
-    apply_init(model, spec.init, cfg.seed)
+    if spec.from_run is not None:  # another run's trained model, tied where the spec says
+        model = start_from(spec, task, parent_model)
+    else:
+        kind = spec.kind or getattr(task, "model_kind", "decoder")
+        model = build_seeded(model_config(spec, task), kind, cfg.seed)
+        apply_init(model, spec.init, cfg.seed)
     apply_input_codes(model, task)
     callback = callback_factory(model, task) if callback_factory is not None else None
     setup_s = time.perf_counter() - t0
