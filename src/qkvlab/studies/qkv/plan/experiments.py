@@ -31,6 +31,7 @@ from qkvlab.studies.qkv.plan.scale import (  # noqa: F401 (registers)
     scale_tune,
     scale_tune_edge,
 )
+from qkvlab.studies.qkv.plan import uptrain
 from qkvlab.studies.qkv.plan.scaling import EXPERIMENTS as SCALING  # registers them
 from qkvlab.studies.qkv.plan.scaling import tuned_status
 from qkvlab.studies.qkv.plan.questions import designs_on
@@ -43,7 +44,9 @@ ROLES = {"probe": "measured at init and early in training, not compared",
          "tuning": "chooses rates on val; never scored on test",
          "comparison": "each design against standard, paired by seed",
          "measure": "trained for the measures made on its checkpoints",
-         "scaling": "compared per size and budget cell (compute.scaling)"}
+         "scaling": "compared per size and budget cell (compute.scaling)",
+         "conversion": "each start against the untied model and K=V from scratch, paired by "
+                       "seed (compute.uptrain)"}
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ STUDY = (StudyExperiment("scale_probe", "probe"), StudyExperiment("lr_tune", "tu
          StudyExperiment("bind_vs_dhead", "comparison"),
          StudyExperiment("kv_translate", "comparison", TEXT),
          StudyExperiment("lm_scaling", "comparison"),
+         StudyExperiment("uptrain_tune", "tuning"), StudyExperiment("lm_convert", "conversion"),
          *(StudyExperiment(name, "scaling") for name in SCALING))
 ORDER = tuple(e.name for e in STUDY)
 BY_NAME = {e.name: e for e in STUDY}
@@ -86,7 +90,8 @@ def read_rates(p: QKVProfile, store) -> QKVProfile:
     if p.lr_grid and r.lrs is None:
         r = dataclasses.replace(r, lrs=chosen_lrs(p, store),
                                 scale_grid=placement_grid_lrs(p, store))
-    return p if r is p.rates else dataclasses.replace(p, rates=r)
+    p = p if r is p.rates else dataclasses.replace(p, rates=r)
+    return uptrain.with_stored(p, store)
 
 
 register_preparer(QKVProfile, read_rates)
@@ -262,3 +267,13 @@ def lm_gqa(p: QKVProfile) -> list[Run]:
     return compared_runs("lm_gqa", p)
 
 
+@experiment("uptrain_tune", "Q3: the uptraining rate of each start of the controlled conversion, "
+                            "chosen on val")
+def uptrain_tune(p: QKVProfile) -> list[Run]:
+    return uptrain.tuning_runs(p)
+
+
+@experiment("lm_convert", "Q3: the study's own lm converted to K = V from each start and "
+                          "uptrained: as good as training with the tie?")
+def lm_convert(p: QKVProfile) -> list[Run]:
+    return uptrain.reported_runs(p)

@@ -32,7 +32,9 @@ class Rates:
       choices of ``scale_tune``/``scale_tune_edge``, ``{(task, placement, arm, d_head): rate}``;
     - ``scale_grid``: ``scale_tune``'s choices on its grid alone (the plan of
       ``scale_tune_edge``);
-    - ``scaling_tuned``: run id -> (status, final val loss) of the scaling tuning runs.
+    - ``scaling_tuned``: run id -> (status, final val loss) of the scaling tuning runs;
+    - ``stored``: run id -> (status, final val loss) of every stored run, where the profile
+      converts its own lm (``plan.uptrain``: a conversion waits for its parent).
 
     None: not read (the profile tunes nothing there, or no store was given).
     """
@@ -40,6 +42,7 @@ class Rates:
     lrs: Mapping[tuple, float] | None = None
     scale_grid: Mapping[tuple, float] | None = None
     scaling_tuned: Mapping[str, tuple[str, float | None]] | None = None
+    stored: Mapping[str, tuple[str, float | None]] | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,11 @@ class QKVProfile(Profile):
     # each model of convert_models
     convert: tuple[ConvertConfig, ...] = ()
     convert_models: tuple[str, ...] = ()
+    # The controlled conversion (``plan.uptrain``): the standard lm converted to tied K=V and
+    # trained these fractions of its steps more (empty: not run), at the rate chosen from
+    # uptrain_lr_grid (× the parent's rate) on lr_seeds where the profile tunes rates
+    uptrain_fractions: tuple[float, ...] = ()
+    uptrain_lr_grid: tuple[float, ...] = ()
     # The gap against training budget and size (``plan.scaling``; empty: not run): steps of
     # the budget cells and their seeds; widths and depths of the size cells, the tokens each
     # trains on per non-embedding parameter and their seeds; the rate grid (× lm's rate) and
@@ -207,7 +215,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                kv_contexts=(64, 256), kv_batches=(1, 2), task_arms=CHAR_ARMS,
                scaling_budgets=(4, 8), scaling_seeds=(0, 1), size_widths=(16, 32),
                size_depths=(1,), tokens_per_param=0.02, size_seeds=(0,),
-               scaling_lr_grid=(1.0, 3.0), scaling_lr_seeds=(100,)),
+               scaling_lr_grid=(1.0, 3.0), scaling_lr_seeds=(100,), uptrain_fractions=(0.5,)),
     QKVProfile("quick", seeds=(0, 1, 2), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=200, lr=3e-3, eval_batches=8, task_options=TASK_OPTIONS["quick"],
                task_train=TASK_TRAIN["quick"], probe_d_heads=(16, 32, 64, 128, 256),
@@ -226,7 +234,9 @@ PROFILES = {p.name: register_profile(p) for p in (
                # averaged start begin, and one uptraining step (the convert profile's curve)
                convert=tuple(ConvertConfig(tie="kv", start=s, tokens=1024, eval_tokens=4096,
                                            calib_tokens=2048) for s in ("fitted", "avg")),
-               convert_models=("smollm2",)),
+               convert_models=("smollm2",),
+               # the controlled conversion at 5% and 20% of lm's 200 steps (~40 s on 2 cores)
+               uptrain_fractions=(0.05, 0.2)),
     QKVProfile("standard", seeds=tuple(range(8)), d_model=64, n_layers=2, n_heads=4,
                batch_size=16, steps=1000, lr=3e-3, eval_batches=16,
                task_options=TASK_OPTIONS["standard"], task_train=TASK_TRAIN["standard"],
@@ -244,7 +254,10 @@ PROFILES = {p.name: register_profile(p) for p in (
                            "successor": tuple(range(4)), "successor_causal": tuple(range(4))},
                task_arms={**CHAR_ARMS, "mlm": ("equal",)},
                tie_cost=CostConfig(), tie_cost_per_layer=("kv",),
-               tie_cost_models=("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b")),
+               tie_cost_models=("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b"),
+               # the controlled conversion at 1%, 5% and 20% of lm's 1,000 steps, each start's
+               # uptraining rate chosen on val of lr_seeds
+               uptrain_fractions=(0.01, 0.05, 0.2), uptrain_lr_grid=(0.1, 0.3, 1.0)),
     QKVProfile("full", seeds=(0, 1, 2, 3, 4), d_model=384, n_layers=6, n_heads=6, batch_size=64,
                steps=5000, lr=1e-3, eval_batches=50, task_options=TASK_OPTIONS["full"],
                task_train=TASK_TRAIN["full"], probe_d_heads=(16, 32, 64, 128, 256),

@@ -1,0 +1,90 @@
+"""The controlled conversion as the study reads it (``plan.uptrain`` decided how, before the
+runs): per fraction of pretraining, each start against the untied model trained on the same way
+and against K = V trained from scratch for the same total steps, paired by seed, on the test
+split, in % perplexity per token with lm's margin; each family Holm-corrected; gated on lm's
+attention-free control (lm_tied_kv's).
+
+``comparisons(data)`` returns one row per (family, fraction, start) with ``stats.compare``'s
+fields, ``metric`` "val_loss" and the multiplicity and control columns ``effects.effect``
+reads, plus two reference rows per fraction outside any family: K = V from scratch against
+standard from scratch (the tie's from-scratch cost at P + u steps) and the untied model trained
+on against standard from scratch (what continuing a trained model costs by itself).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from qkvlab.stats import compare_frame, holm
+from qkvlab.studies.qkv.compute.effects import attention_used, effect
+from qkvlab.studies.qkv.compute.results import StudyData, scored_on_test, unscored
+from qkvlab.studies.qkv.plan.uptrain import (
+    KV_SCRATCH,
+    STANDARD_SCRATCH,
+    UNTIED,
+    UPTRAIN_STARTS,
+)
+from qkvlab.studies.qkv.plan.vocab import CONTROL, reported
+
+EXPERIMENT = "lm_convert"
+METRIC = "val_loss"
+# family -> the baseline every start is compared with
+FAMILIES = {"Q3 conversion vs untied": UNTIED, "Q3 conversion vs K=V from scratch": KV_SCRATCH}
+REFERENCES = ((KV_SCRATCH, STANDARD_SCRATCH), (UNTIED, STANDARD_SCRATCH))  # (design, baseline)
+
+
+def _pairs(runs: pd.DataFrame, designs, baseline: str) -> pd.DataFrame:
+    col = reported(METRIC)
+    sub = runs[runs.design.isin([*designs, baseline])]
+    if sub.empty or col not in sub:
+        return pd.DataFrame()
+    c = compare_frame(unscored(sub, col), col, ["task", "fraction"], baseline=baseline,
+                      lower_is_better=True)
+    return c[c.design != baseline].assign(baseline=baseline, metric=METRIC,
+                                          experiment=EXPERIMENT)
+
+
+def _gate(data: StudyData) -> dict:
+    """lm's control row (equal width, val loss): ``attention_used`` and the control's effect."""
+    rows = data.compared("lm_tied_kv", task="lm", design=CONTROL, arm="equal", metric=METRIC)
+    if rows.empty:
+        return {}
+    r = rows.iloc[0].to_dict()
+    used, e = attention_used(r), effect(r)
+    if used is None:
+        return {}
+    return {"attention_used": float(used), "control_value": e.value,
+            "control_half": e.half if e.half is not None else float("nan")}
+
+
+def comparisons(data: StudyData) -> pd.DataFrame:
+    """The conversion's comparison rows (see the module); computed once per ``data``."""
+    if "uptrain" in data.derived:
+        return data.derived["uptrain"]
+    runs = data.runs
+    runs = runs[runs.experiment == EXPERIMENT] if "experiment" in runs else runs.iloc[0:0]
+    parts = []
+    if not runs.empty:
+        runs = scored_on_test(runs)
+        for fam, base in FAMILIES.items():
+            c = _pairs(runs, UPTRAIN_STARTS, base)
+            if not c.empty:
+                parts.append(c.assign(family=fam))
+        for design, base in REFERENCES:
+            c = _pairs(runs, (design,), base)
+            if not c.empty:
+                parts.append(c.assign(family=None))
+    df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    if not df.empty:
+        gate = _gate(data)
+        for k in ("attention_used", "control_value", "control_half"):
+            df[k] = gate.get(k, float("nan"))
+        df["family_m"], df["p_decided"], df["p_adj"] = float("nan"), float("nan"), float("nan")
+        for fam in FAMILIES:
+            idx = df.index[df.family == fam]
+            ps = [effect(df.loc[i].to_dict()).p for i in idx]
+            df.loc[idx, "p_decided"] = ps
+            df.loc[idx, "p_adj"] = holm(ps)
+            df.loc[idx, "family_m"] = len(idx)
+    data.derived["uptrain"] = df
+    return df
