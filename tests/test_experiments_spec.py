@@ -30,7 +30,7 @@ def test_run_spec_round_trip_is_canonical():
 
 
 @pytest.mark.parametrize(("bad", "message"), [
-    ({"task": "lm", "trian": {}}, r"^trian: unknown key; allowed: \['init', 'kind'"),
+    ({"task": "lm", "trian": {}}, r"^trian: unknown key; allowed: \['from_run', 'init', 'kind'"),
     ({"task": "lm", "train": {"stpes": 3}}, r"^train.stpes: unknown key; allowed: \['batch_size'"),
     ({"task": "lm", "model": {"d_modle": 3}}, r"^model.d_modle: unknown key; allowed: \["),
     ({"task": "lm", "probe": {"step": [1]}}, r"^probe.step: unknown key; allowed: \['sat', 'steps'\]"),

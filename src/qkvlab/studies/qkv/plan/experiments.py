@@ -74,7 +74,8 @@ STUDY = (StudyExperiment("scale_probe", "probe"), StudyExperiment("lr_tune", "tu
          StudyExperiment("bind_vs_dhead", "comparison"),
          StudyExperiment("kv_translate", "comparison", TEXT),
          StudyExperiment("lm_scaling", "comparison"),
-         StudyExperiment("uptrain_tune", "tuning"), StudyExperiment("lm_convert", "conversion"),
+         StudyExperiment("uptrain_tune", "tuning"), StudyExperiment("uptrain_tune_edge", "tuning"),
+         StudyExperiment("lm_convert", "conversion"),
          *(StudyExperiment(name, "scaling") for name in SCALING))
 ORDER = tuple(e.name for e in STUDY)
 BY_NAME = {e.name: e for e in STUDY}
@@ -271,6 +272,12 @@ def lm_gqa(p: QKVProfile) -> list[Run]:
                             "chosen on val")
 def uptrain_tune(p: QKVProfile) -> list[Run]:
     return uptrain.tuning_runs(p)
+
+
+@experiment("uptrain_tune_edge", "Q3: the uptraining rate grid extended one step where a "
+                                 "start's choice sits on its edge")
+def uptrain_tune_edge(p: QKVProfile) -> list[Run]:
+    return uptrain.edge_runs(p)
 
 
 @experiment("lm_convert", "Q3: the study's own lm converted to K = V from each start and "

@@ -21,8 +21,9 @@ least one, then the cosine to ``min_lr_ratio``), drawing the batches of its seed
 the same for every start and for the untied one. Its peak rate is ``mult`` × the parent's:
 where the profile tunes rates (``lr_grid``), ``mult`` is chosen per (start, fraction) from
 ``uptrain_lr_grid`` by the lowest validation loss on the tuning seeds (``lr_seeds``; their
-parents are lr_tune's standard runs at standard's chosen rate, scored on val only); else it is
-``UPTRAIN_LR_MULT``.
+parents are lr_tune's standard runs at standard's chosen rate, scored on val only), the grid
+extended one step (×3) where that choice sits on its edge (``uptrain_tune_edge``; a choice
+still on the new edge is flagged in the report); else it is ``UPTRAIN_LR_MULT``.
 
 The comparisons (``compute.uptrain``), on the test split, per fraction: each start against the
 untied model (what the tie still costs after uptraining) and against K = V from scratch (is
@@ -119,22 +120,69 @@ def _need_done(p: QKVProfile, runs: list[Run], what: str) -> None:
             f"`qkvlab sweep lm_tied_kv lr_tune --profile {p.name}` first (qkvlab study does)")
 
 
-def tuning_runs(p: QKVProfile) -> list[Run]:
+def tuning_runs(p: QKVProfile, mults: tuple[float, ...] | None = None) -> list[Run]:
     """``uptrain_tune``'s runs: each start and the untied model at each fraction and grid
-    multiplier, from the tuning seeds' parents (none without a rate grid)."""
+    multiplier (``mults``: the grid), from the tuning seeds' parents (none without a rate
+    grid)."""
     if not (p.uptrain_fractions and p.lr_grid and p.uptrain_lr_grid):
         return []
     parents = [parent(p, s, tuning=True) for s in p.lr_seeds]
     _need_done(p, parents, "tuning seeds' standard lm runs (lr_tune's)")
     return [child(p, par, start, f, mult, tuning=True) for par in parents
             for f in p.uptrain_fractions for start in (*UPTRAIN_STARTS, None)
-            for mult in p.uptrain_lr_grid]
+            for mult in (mults or p.uptrain_lr_grid)]
+
+
+def _choose(p: QKVProfile, runs: list[Run], what: str) -> dict[tuple, float]:
+    """``{(start or UNTIED, fraction): mult}`` of lowest mean val loss over ``runs`` (a diverged
+    or unscored run counts as infinite; ties go to the smaller rate).
+
+    Raises:
+        ParentsPending: a run of ``runs`` has not finished.
+    """
+    stored = p.rates.stored or {}
+    losses: dict[tuple, dict[float, list[float]]] = {}
+    for spec, tags in runs:
+        status, val = stored.get(run_id(spec), (None, None))
+        if status not in ("done", "diverged", "failed"):
+            raise ParentsPending(f"profile {p.name}: {what} has not finished (its run "
+                                 f"{run_id(spec)} is {status or 'not stored'}); run `qkvlab "
+                                 f"sweep {what} --profile {p.name}` first")
+        ok = status == "done" and val is not None and math.isfinite(val)
+        losses.setdefault((tags["design"], tags["fraction"]), {}).setdefault(
+            tags["mult"], []).append(val if ok else math.inf)
+    return {k: min(sorted(v), key=lambda m: sum(v[m]) / len(v[m])) for k, v in losses.items()}
+
+
+def edge_runs(p: QKVProfile) -> list[Run]:
+    """``uptrain_tune_edge``'s runs: where a (start, fraction)'s choice on the grid sits on
+    its edge, the same runs one grid step (×3) beyond it; a choice still on the new edge is
+    flagged in the report (``on_edge``)."""
+    grid = tuning_runs(p)
+    if not grid:
+        return []
+    lo, hi = min(p.uptrain_lr_grid), max(p.uptrain_lr_grid)
+    out = []
+    for (design, f), m in _choose(p, grid, "uptrain_tune").items():
+        if m in (lo, hi):
+            beyond = float(f"{lo / 3:.3g}") if m == lo else float(f"{hi * 3:.3g}")
+            out += [r for r in tuning_runs(p, (beyond,))
+                    if (r[1]["design"], r[1]["fraction"]) == (design, f)]
+    return out
+
+
+def on_edge(p: QKVProfile, mult: float) -> bool:
+    """A chosen multiplier one step beyond the grid: the extended grid's edge."""
+    if not p.uptrain_lr_grid:
+        return False
+    lo, hi = min(p.uptrain_lr_grid), max(p.uptrain_lr_grid)
+    return mult in (float(f"{lo / 3:.3g}"), float(f"{hi * 3:.3g}"))
 
 
 def chosen_mults(p: QKVProfile) -> dict[tuple[str, float], float]:
-    """``{(start or UNTIED, fraction): mult}``: the grid point of lowest mean val loss over the
-    tuning seeds (a diverged or unscored run counts as infinite; ties go to the smaller rate);
-    ``UPTRAIN_LR_MULT`` everywhere without a grid.
+    """``{(start or UNTIED, fraction): mult}``: the point of lowest mean val loss over the
+    tuning seeds on the grid and its one-step extension (``_choose``); ``UPTRAIN_LR_MULT``
+    everywhere without a grid.
 
     Raises:
         ParentsPending: the tuning runs have not all finished.
@@ -143,18 +191,7 @@ def chosen_mults(p: QKVProfile) -> dict[tuple[str, float], float]:
     runs = tuning_runs(p)
     if not runs:
         return {k: UPTRAIN_LR_MULT for k in keys}
-    stored = p.rates.stored or {}
-    losses: dict[tuple, dict[float, list[float]]] = {k: {} for k in keys}
-    for spec, tags in runs:
-        status, val = stored.get(run_id(spec), (None, None))
-        if status not in ("done", "diverged", "failed"):
-            raise ParentsPending(f"profile {p.name}: uptrain_tune has not finished (its run "
-                                 f"{run_id(spec)} is {status or 'not stored'}); run `qkvlab "
-                                 f"sweep uptrain_tune --profile {p.name}` first")
-        ok = status == "done" and val is not None and math.isfinite(val)
-        losses[(tags["design"], tags["fraction"])].setdefault(tags["mult"], []).append(
-            val if ok else math.inf)
-    return {k: min(sorted(v), key=lambda m: sum(v[m]) / len(v[m])) for k, v in losses.items()}
+    return _choose(p, runs + edge_runs(p), "uptrain_tune_edge")
 
 
 def reported_runs(p: QKVProfile) -> list[Run]:

@@ -59,6 +59,7 @@ from qkvlab.studies.qkv.render.tables import (
 )
 from qkvlab.studies.qkv.render.text import num, pm, splits_text
 from qkvlab.studies.qkv.render.verdicts import all_verdicts
+from qkvlab.studies.qkv.render.uptrain import uptrain_blocks
 from qkvlab.studies.qkv.plan.vocab import TEXT_LOSSES, label
 
 SECTION_IDS = ("answers", "summary", "q1", "q2", "q3", "setup")
@@ -171,6 +172,7 @@ def q3_blocks(data: StudyData) -> list[Block]:
                                for r in dec.sort_values("design").to_dict("records"))))
     out += tie_cost_blocks(data)
     out += convert_blocks(data)
+    out += uptrain_blocks(data)
     return out
 
 

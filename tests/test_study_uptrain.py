@@ -1,0 +1,211 @@
+"""The controlled conversion (``plan.uptrain``, ``compute.uptrain``, ``render.uptrain``): which
+runs it plans and when, and its comparisons against values computed here independently (numpy,
+scipy's t quantile, Holm by hand), the control's gate included."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as st
+
+from qkvlab.experiments.ids import run_id
+from qkvlab.experiments.registry import get_profile, runs_of
+from qkvlab.studies.qkv.compute import results
+from qkvlab.studies.qkv.compute.effects import Status, effect
+from qkvlab.studies.qkv.compute.results import StudyData
+from qkvlab.studies.qkv.compute.uptrain import FAMILIES, comparisons
+from qkvlab.studies.qkv.plan import uptrain
+from qkvlab.studies.qkv.plan.uptrain import ParentsPending
+from qkvlab.studies.qkv.render.uptrain import fig_q3_uptrain, uptrain_blocks, uptrain_sentence
+
+
+def _stored(p, done: bool):
+    """``p`` as read from a store where every parent (and tuning run) is done, or none is."""
+    stored = {}
+    if done:
+        parents = [uptrain.parent(p, s) for s in p.seeds]
+        parents += [uptrain.parent(p, s, tuning=True) for s in p.lr_seeds]
+        stored = {run_id(s): ("done", 3.0) for s, _ in parents}
+    return dataclasses.replace(p, rates=dataclasses.replace(p.rates, stored=stored))
+
+
+def test_a_conversion_waits_for_its_parents_then_lists_every_arm():
+    p = get_profile("quick")
+    with pytest.raises(ParentsPending, match="standard lm runs"):
+        runs_of("lm_convert", p)  # no store: nothing is known to be done
+    with pytest.raises(ParentsPending, match="3 of the 3"):
+        uptrain.reported_runs(_stored(p, False))
+    runs = uptrain.reported_runs(_stored(p, True))
+    n = len(p.seeds) * (1 + len(p.uptrain_fractions) * (len(uptrain.UPTRAIN_STARTS) + 3))
+    assert len(runs) == n
+    by = {(t["design"], t["fraction"], t["seed"]): s for s, t in runs}
+    P = uptrain.steps_of(p)
+    parent = by[("standard", 0.0, 0)]
+    for f in p.uptrain_fractions:
+        u = uptrain.uptrain_steps(p, f)
+        fit, keep = by[("fitted", f, 0)], by[(uptrain.UNTIED, f, 0)]
+        assert fit.train.steps == keep.train.steps == u
+        assert fit.from_run.spec == keep.from_run.spec == parent.to_dict()
+        assert (fit.from_run.tie, fit.from_run.start) == ("kv", "fitted")
+        assert (keep.from_run.tie, keep.from_run.start) == ("none", None)
+        assert fit.model["design"] == "tied_kv" and "design" not in keep.model
+        assert fit.train.lr == keep.train.lr == pytest.approx(
+            parent.train.lr * uptrain.UPTRAIN_LR_MULT, rel=1e-2)
+        for d in (uptrain.KV_SCRATCH, uptrain.STANDARD_SCRATCH):
+            s = by[(d, f, 0)]
+            assert s.from_run is None and s.train.steps == P + u
+    # the parent is lm_tied_kv's standard run: the same spec, the same id, trained once
+    std = {run_id(s) for s, t in runs_of("lm_tied_kv", p)
+           if t["design"] == "standard" and t["task"] == "lm" and t["arm"] == "equal"}
+    assert {run_id(uptrain.parent(p, s)[0]) for s in p.seeds} == std
+
+
+def test_a_profile_without_fractions_lists_nothing():
+    p = get_profile("quick")
+    p = dataclasses.replace(p, uptrain_fractions=())
+    assert uptrain.reported_runs(p) == [] and uptrain.tuning_runs(p) == []
+
+
+UNTIED = np.array([3.00, 3.10, 2.95, 3.05])  # the untied model trained on, per seed
+FITTED = UNTIED + np.array([0.010, 0.012, 0.008, 0.011])
+AVG = UNTIED + np.array([0.06, 0.09, 0.04, 0.08])
+KEEP = UNTIED + np.array([0.30, 0.20, 0.50, 0.10])
+SCRATCH_KV = UNTIED + np.array([0.02, 0.00, 0.03, 0.01])
+SCRATCH_STD = UNTIED - np.array([0.01, 0.02, 0.00, 0.01])
+CONTROL = 3.6  # lm's attention-free control, far behind standard's ~3.0
+
+
+def _runs(control: float = CONTROL) -> pd.DataFrame:
+    rows = []
+    for design, vals in (("fitted", FITTED), ("avg", AVG), ("keep_k", KEEP),
+                         (uptrain.UNTIED, UNTIED), (uptrain.KV_SCRATCH, SCRATCH_KV),
+                         (uptrain.STANDARD_SCRATCH, SCRATCH_STD)):
+        for seed, v in enumerate(vals):
+            rows.append({"experiment": "lm_convert", "design": design, "task": "lm",
+                         "arm": "equal", "seed": seed, "fraction": 0.2, "status": "done",
+                         "run_id": f"{design}{seed}", "test_val_loss": float(v)})
+    for design, v in (("standard", UNTIED), ("control", UNTIED + control - 3.0)):
+        for seed, x in enumerate(v):
+            rows.append({"experiment": "lm_tied_kv", "design": design, "task": "lm",
+                         "arm": "equal", "seed": seed, "status": "done",
+                         "run_id": f"t{design}{seed}", "test_val_loss": float(x)})
+    return pd.DataFrame(rows)
+
+
+def _data(runs: pd.DataFrame) -> StudyData:
+    p = dataclasses.replace(get_profile("smoke"), uptrain_fractions=(0.2,))
+    return StudyData(profile=p, runs=runs, comparisons=results.comparisons(runs, p),
+                     probe=pd.DataFrame(), measures={})
+
+
+def _t(d) -> tuple[float, float, float, float]:
+    d = np.asarray(d, dtype=float)
+    sd = d.std(ddof=1)
+    h = st.t.ppf(0.975, len(d) - 1) * sd / np.sqrt(len(d))
+    p = 2 * st.t.sf(abs(d.mean()) / (sd / np.sqrt(len(d))), len(d) - 1)
+    return d.mean(), d.mean() - h, d.mean() + h, p
+
+
+def test_the_comparisons_are_paired_t_intervals_in_percent_per_token():
+    df = comparisons(_data(_runs()))
+    assert set(df.family.dropna()) == set(FAMILIES)
+    vs_untied = df[df.family == "Q3 conversion vs untied"].set_index("design")
+    for design, vals in (("fitted", FITTED), ("avg", AVG), ("keep_k", KEEP)):
+        m, lo, hi, _ = _t(vals - UNTIED)
+        e = effect(vs_untied.loc[design].to_dict())
+        got = np.array([e.value, e.lo, e.hi])
+        want = 100 * np.expm1([m, lo, hi])  # % perplexity per token
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+    vs_kv = df[df.family == "Q3 conversion vs K=V from scratch"].set_index("design")
+    m, lo, hi, _ = _t(FITTED - SCRATCH_KV)
+    e = effect(vs_kv.loc["fitted"].to_dict())
+    np.testing.assert_allclose([e.value, e.lo, e.hi], 100 * np.expm1([m, lo, hi]), rtol=1e-9)
+    ref = df[df.family.isna()].set_index("design")
+    m, *_ = _t(SCRATCH_KV - SCRATCH_STD)
+    assert effect(ref.loc[uptrain.KV_SCRATCH].to_dict()).value == pytest.approx(
+        100 * math.expm1(m), rel=1e-12)
+    assert ref.loc[uptrain.KV_SCRATCH, "baseline"] == uptrain.STANDARD_SCRATCH
+
+
+def test_each_family_is_holm_corrected_and_the_control_gates_it():
+    df = comparisons(_data(_runs()))
+    for fam in FAMILIES:
+        sub = df[df.family == fam]
+        ps = sub.p_decided.to_numpy()
+        order = np.argsort(ps)
+        want = np.empty_like(ps)
+        run = 0.0
+        for rank, i in enumerate(order):  # Holm by hand
+            run = max(run, min(1.0, (len(ps) - rank) * ps[i]))
+            want[i] = run
+        np.testing.assert_allclose(sub.p_adj.to_numpy(), want, rtol=1e-12)
+        assert (sub.family_m == 3).all()
+    assert (df.attention_used == 1).all()
+    fitted = effect(df[(df.family == "Q3 conversion vs untied") & (df.design == "fitted")]
+                    .iloc[0].to_dict())
+    assert fitted.status in (Status.WORSE, Status.EQUIVALENT)  # decided: the gate is open
+    # a control level with standard: nothing is decided, every row says so
+    gated = comparisons(_data(_runs(control=3.0)))
+    assert (gated.attention_used == 0).all()
+    assert {effect(r).status for r in gated.to_dict("records")} == {Status.ATTENTION_UNUSED}
+    assert "none of these is a verdict" in uptrain_sentence(_data(_runs(control=3.0)))
+
+
+def test_the_report_shows_the_table_the_figure_and_a_sentence(tmp_path):
+    data = _data(_runs())
+    [table] = uptrain_blocks(data)
+    assert len(table.rows) == 3 + 2 and table.headers[-1] == "vs K=V from scratch"
+    fig = fig_q3_uptrain(data, tmp_path)
+    assert fig is not None and (tmp_path / "q3_uptrain.png").stat().st_size > 0
+    drawn = pd.read_csv(tmp_path / "q3_uptrain.csv")
+    assert set(drawn.design) == {"fitted", "avg", "keep_k", uptrain.KV_SCRATCH, uptrain.UNTIED}
+    text = uptrain_sentence(data)
+    assert text.startswith("Converting the study's own standard lm") and "fitted" in text
+    empty = _data(_runs().iloc[0:0].assign(experiment=[]))
+    assert uptrain_blocks(empty) == [] and uptrain_sentence(empty) == ""
+    assert fig_q3_uptrain(empty, tmp_path / "none") is None
+
+
+def test_the_rate_is_chosen_on_val_and_a_choice_on_the_edge_extends_the_grid():
+    p = get_profile("standard")
+    lrs = {("lm", d, "equal"): 6e-3 for d in ("standard", "tied_kv")}
+    p = dataclasses.replace(p, rates=dataclasses.replace(p.rates, lrs=lrs, stored={}))
+    with pytest.raises(ParentsPending, match="tuning seeds' standard lm runs"):
+        uptrain.tuning_runs(p)
+    par = {run_id(uptrain.parent(p, s, tuning=True)[0]): ("done", 3.0) for s in p.lr_seeds}
+
+    def at(stored):
+        return dataclasses.replace(p, rates=dataclasses.replace(p.rates, stored=stored))
+    grid = uptrain.tuning_runs(at(par))
+    keys = {(t["design"], t["fraction"]) for _, t in grid}
+    assert len(keys) == 4 * len(p.uptrain_fractions)
+    assert all(s.train.test_batches == 0 and s.train.seed in p.lr_seeds for s, _ in grid)
+    with pytest.raises(ParentsPending, match="uptrain_tune"):
+        uptrain.edge_runs(at(par))
+    # val loss falls toward small rates for "fitted" (its choice: the grid's low edge, 0.1),
+    # and is lowest at 0.3 for everyone else (inside: nothing to extend)
+    def loss(t):
+        m = t["mult"]
+        return m if t["design"] == "fitted" else abs(math.log(m / 0.3))
+    stored = {**par, **{run_id(s): ("done", loss(t)) for s, t in grid}}
+    edge = uptrain.edge_runs(at(stored))
+    assert {(t["design"], t["mult"]) for _, t in edge} == {("fitted", 0.0333)}
+    assert len(edge) == len(p.uptrain_fractions) * len(p.lr_seeds)
+    with pytest.raises(ParentsPending, match="uptrain_tune_edge"):
+        uptrain.chosen_mults(at(stored))
+    # the extension is worse than 0.1: the choice is back inside, and not flagged
+    done = {**stored, **{run_id(s): ("done", 0.5) for s, _ in edge}}
+    mults = uptrain.chosen_mults(at(done))
+    assert {m for (d, _), m in mults.items() if d == "fitted"} == {0.1}
+    assert {m for (d, _), m in mults.items() if d != "fitted"} == {0.3}
+    assert not uptrain.on_edge(p, 0.1) and uptrain.on_edge(p, 0.0333)
+    # a diverged extension counts as infinite loss; a better one is chosen and flagged
+    better = {**stored, **{run_id(s): ("done", 0.01) for s, _ in edge}}
+    assert {m for (d, _), m in uptrain.chosen_mults(at(better)).items() if d == "fitted"} \
+        == {0.0333}
+    lost = {**stored, **{run_id(s): ("diverged", None) for s, _ in edge}}
+    assert {m for (d, _), m in uptrain.chosen_mults(at(lost)).items() if d == "fitted"} == {0.1}
