@@ -139,7 +139,8 @@ def test_every_experiment_builds_at_every_profile_with_matched_arms():
                                        "lm_tied_kv", "lm_gqa", "lr_tune", "lm_scaling",
                                        "alt_init", "directed_relation", "scale_tune",
                                        "scale_tune_edge", "scale_train", "scaling_tune", "scaling_tune_edge",
-                                       "scaling_budget", "scaling_size"}
+                                       "scaling_budget", "scaling_size", "uptrain_tune",
+                                       "uptrain_tune_edge", "lm_convert"}
     assert profile_names() == ["smoke", "quick", "standard", "full", "convert", "scaling"]
     # empty where a profile has no grid / no widths / no scaling sizes
     optional = {"lr_tune", "lm_scaling", "scale_tune", "scale_tune_edge", "scaling_tune"}
@@ -154,6 +155,16 @@ def test_every_experiment_builds_at_every_profile_with_matched_arms():
                 first = "scale_tune" if name.startswith("scale_") else "lr_tune"
                 with pytest.raises(ValueError, match=f"run `qkvlab sweep {first}"):
                     runs_of(name, prof)
+                continue
+            if name in ("uptrain_tune", "uptrain_tune_edge", "lm_convert"):
+                # the controlled conversion starts from lm_tied_kv's trained standard runs
+                p = get_profile(prof)
+                if not p.uptrain_fractions or (name != "lm_convert" and not p.uptrain_lr_grid):
+                    assert runs_of(name, prof) == []
+                else:  # lr_tune's rates first where the profile tunes, else the parents
+                    first = "lr_tune" if p.lr_grid else "lm_tied_kv"
+                    with pytest.raises(ValueError, match=f"run `qkvlab sweep {first}"):
+                        runs_of(name, prof)
                 continue
             if name in staged:
                 if scaling.cells(get_profile(prof)):
