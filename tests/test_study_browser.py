@@ -125,6 +125,7 @@ def test_smoke_study_opens_in_chromium(tmp_path):
     assert res["cards"] == [f"card-{q}" for q in answers] == ["card-q1", "card-q2", "card-q3"]
     assert all(a["sentence"] and a["question"] for a in answers.values())
     assert len(pngs) >= 8
+    assert "q3_uptrain.png" in pngs  # the controlled conversion ran through the study's stages
     assert [i for i in res["images"] if not (i["complete"] and i["naturalWidth"] > 0)] == []
     assert (folder / "screenshot.png").stat().st_size > 10_000
     shot = matplotlib.image.imread(folder / "screenshot.png")  # (900, 1280, RGBA) in [0, 1]

@@ -20,7 +20,12 @@ from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.compute.uptrain import FAMILIES, comparisons
 from qkvlab.studies.qkv.plan import uptrain
 from qkvlab.studies.qkv.plan.uptrain import ParentsPending
-from qkvlab.studies.qkv.render.uptrain import fig_q3_uptrain, uptrain_blocks, uptrain_sentence
+from qkvlab.studies.qkv.render.uptrain import (
+    fig_q3_uptrain,
+    uptrain_answer,
+    uptrain_blocks,
+    uptrain_sentence,
+)
 
 
 def _stored(p, done: bool):
@@ -209,3 +214,9 @@ def test_the_rate_is_chosen_on_val_and_a_choice_on_the_edge_extends_the_grid():
         == {0.0333}
     lost = {**stored, **{run_id(s): ("diverged", None) for s, _ in edge}}
     assert {m for (d, _), m in uptrain.chosen_mults(at(lost)).items() if d == "fitted"} == {0.1}
+
+
+def test_the_answer_says_it_only_where_something_is_decided():
+    text = uptrain_answer(_data(_runs()))
+    assert text.startswith("Where the pretraining is ours") and "95% CI" in text
+    assert uptrain_answer(_data(_runs(control=3.0))) == ""  # gated: nothing decided

@@ -204,3 +204,27 @@ def uptrain_sentence(data: StudyData) -> str:
         text += f"; K=V from scratch against standard from scratch: {say(ref)}"
     text += f"; {gate}" if gate else ""
     return text + " (table: the controlled conversion)."
+
+
+DECIDED = (Status.WORSE, Status.BETTER, Status.EQUIVALENT)
+
+
+def uptrain_answer(data: StudyData) -> str:
+    """One sentence for Q3's answer, only where the controlled conversion decided something:
+    the fitted start at the largest fraction, against both baselines."""
+    eff = _effects(data)
+    p = data.profile
+    if not eff or not p.uptrain_fractions:
+        return ""
+    f = max(p.uptrain_fractions)
+    a, b = eff.get((VS_UNTIED, f, "fitted")), eff.get((VS_SCRATCH, f, "fitted"))
+    if a is None or b is None or not {a.status, b.status} & set(DECIDED):
+        return ""
+
+    def short(e: Effect) -> str:
+        return (f"{e.value:+.{e.digits}f}% (95% CI {e.lo:+.{e.digits}f} to "
+                f"{e.hi:+.{e.digits}f}; {e.status.value.replace('_', ' ')})")
+    return (f"Where the pretraining is ours (the study's lm, {steps_of(p):,} steps), converting "
+            f"it to K=V from the fitted start and training {_fraction(data, f)} more ends "
+            f"{short(a)} against the untied model trained on the same way and {short(b)} "
+            f"against K=V trained from scratch for the same total steps.")
