@@ -14,6 +14,7 @@ from qkvlab.studies.qkv.compute.effects import Effect, effect
 from qkvlab.studies.qkv.compute.results import (
     StudyData,
     chance,
+    in_comparison,
     row_chance,
     scored_on_test,
     select,
@@ -195,7 +196,8 @@ def cost_ratios(data: StudyData) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     runs = data.runs
     if not runs.empty and "params.attention" in runs:
-        eq = runs[(runs.arm == "equal") & runs["params.attention"].notna()]
+        eq = runs[(runs.arm == "equal") & runs["params.attention"].notna()
+                  & in_comparison(runs)]
         keys = [c for c in ("experiment", "task", "seed", "d_head") if c in eq]
         base = eq[eq.design == "standard"][keys + ["params.attention"]]
         both = eq[eq.design != "standard"].merge(base, on=keys, suffixes=("", "_std"))

@@ -156,6 +156,12 @@ def comparisons(runs: pd.DataFrame, profile: QKVProfile | None = None) -> pd.Dat
     return mark_control(pd.concat(parts, ignore_index=True)) if parts else pd.DataFrame()
 
 
+def in_comparison(runs: pd.DataFrame) -> pd.Series:
+    """Which runs belong to a "comparison" experiment (design vs standard): not tuning, probe,
+    measure, scaling or conversion runs, whose designs and tags mean other things."""
+    return runs.experiment.map(lambda e: e in BY_NAME and BY_NAME[e].role == "comparison")
+
+
 TEST_BATCHES = "spec.train.test_batches"
 
 
@@ -220,8 +226,7 @@ def budget(store: Store, runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     sel = runs[(runs.status == "done") & (runs.arm == "equal")
                & runs.task.isin(["lm", "lm_char", "mlm", "translate"])
-               & ~runs.experiment.isin(["lr_tune", "lm_scaling", "scale_tune", "scale_tune_edge",
-                                      "scale_train"])
+               & in_comparison(runs) & ~runs.experiment.isin(["lm_scaling", "scale_train"])
                ].drop_duplicates("run_id")
     if sel.empty:
         return pd.DataFrame(columns=cols)
