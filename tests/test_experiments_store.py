@@ -139,19 +139,20 @@ def test_every_experiment_builds_at_every_profile_with_matched_arms():
                                        "lm_tied_kv", "lm_gqa", "lr_tune", "lm_scaling",
                                        "alt_init", "directed_relation", "scale_tune",
                                        "scale_tune_edge", "scale_train", "scaling_tune", "scaling_tune_edge",
-                                       "scaling_budget", "scaling_size", "uptrain_tune",
+                                       "scaling_budget", "scaling_size", "uptrain_tune", "lr_tune_edge",
                                        "uptrain_tune_edge", "lm_convert"}
     assert profile_names() == ["smoke", "quick", "standard", "full", "convert", "scaling"]
     # empty where a profile has no grid / no widths / no scaling sizes
-    optional = {"lr_tune", "lm_scaling", "scale_tune", "scale_tune_edge", "scaling_tune"}
+    optional = {"lr_tune", "lr_tune_edge", "lm_scaling", "scale_tune", "scale_tune_edge",
+                "scaling_tune"}
     tuned = {"alt_vs_standard", "tied_qk_qkv", "kv_translate", "lm_tied_kv", "lm_gqa",
              "lm_scaling", "alt_init"}  # these wait for lr_tune where a profile tunes rates
     staged = {"scaling_tune_edge", "scaling_budget", "scaling_size"}  # wait for scaling_tune
     for prof in profile_names():
         for name in experiment_names():
             sized = name != "lm_scaling" or get_profile(prof).scale_widths  # standard: none
-            if get_profile(prof).lr_grid and name in (*tuned, "scale_train", "scale_tune_edge") \
-                    and sized:
+            if get_profile(prof).lr_grid and sized and \
+                    name in (*tuned, "scale_train", "scale_tune_edge", "lr_tune_edge"):
                 first = "scale_tune" if name.startswith("scale_") else "lr_tune"
                 with pytest.raises(ValueError, match=f"run `qkvlab sweep {first}"):
                     runs_of(name, prof)

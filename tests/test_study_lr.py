@@ -36,6 +36,19 @@ def _finish_grid(store: Store, p, loss, skip=()) -> None:
                      {} if v is None else {"val_loss": v}, {"n_params": 1})
 
 
+def _finish_edge(store: Store, p, loss) -> list:
+    """Register lr_tune_edge's runs (planned from the finished grid) and finish them like
+    ``_finish_grid``; returns them."""
+    runs = registry.runs_of("lr_tune_edge", p, store)
+    ids = store.add("lr_tune_edge", p.name, runs)
+    for rid, (_, tags) in zip(ids, runs):
+        if store.claim(rid):
+            v = loss(tags["task"], tags["design"], tags["arm"], tags["lr"], tags["seed"])
+            store.finish(rid, "diverged" if v is None else "done", 1,
+                         {} if v is None else {"val_loss": v}, {"n_params": 1})
+    return runs
+
+
 def test_lr_tune_covers_every_tuned_design_rate_and_seed(profile):
     runs = registry.runs_of("lr_tune", profile)
     want = {(t, d, a, float(f"{rates.task_lr(t, profile) * m:.3g}"), s)
@@ -62,10 +75,12 @@ def test_lr_tune_covers_every_tuned_design_rate_and_seed(profile):
 
 
 def test_comparisons_wait_for_the_grid_with_a_clear_error(profile, tmp_path):
-    with pytest.raises(ValueError, match=r"run `qkvlab sweep lr_tune --profile smoke` first"):
+    with pytest.raises(ValueError, match=r"run `qkvlab sweep lr_tune --profile smoke`, then lr_tune_edge, first"):
         registry.runs_of("lm_tied_kv", profile)
     with Store(tmp_path / "r.db") as store:
-        _finish_grid(store, profile, lambda *a: 2.0, skip={("lm", "tied_kv")})
+        _finish_grid(store, profile,  # the middle rate wins: no edge to extend
+                     lambda t, d, a, lr, s: 2.0 + abs(math.log(lr / rates.task_lr(t, profile))),
+                     skip={("lm", "tied_kv")})
         with pytest.raises(rates.RatesPending, match=r"not finished for \['tied_kv \(equal\)', "
                                                  r"'tied_kv \(matched\)'\]"):
             registry.runs_of("lm_tied_kv", profile, store)
@@ -92,8 +107,19 @@ def test_each_design_and_arm_trains_at_the_rate_with_the_lowest_mean_val_loss(pr
 
     with Store(tmp_path / "r.db") as store:
         _finish_grid(store, profile, loss)
+        # three choices sit on the grid's edge: their comparisons wait for the point beyond
+        with pytest.raises(rates.RatesPending, match="then lr_tune_edge"):
+            registry.runs_of("lm_tied_kv", profile, store)
+        edge = _finish_edge(store, profile, loss)
         runs = registry.runs_of("lm_tied_kv", profile, store)
         chosen = rates.chosen_lrs(profile, store)
+    # one step past each edge choice (0.25 below 0.5, 4 above 2), on both tuning seeds; the
+    # loss there is higher, so the edge choice stands
+    assert {(t["task"], t["design"], t["arm"], t["lr"] / base) for _, t in edge
+            if t["task"] == "lm"} == {("lm", "standard", "equal", 0.25),
+                                      ("lm", "tied_kv", "equal", 4.0),
+                                      ("lm", "tied_kv", "matched", 0.25)}
+    assert all(s.train.test_batches == 0 and t["seed"] in (100, 101) for s, t in edge)
     assert {(s.train.lr, t["design"], t["arm"]) for s, t in runs} == {
         (float(f"{base * 0.5:.3g}"), "standard", "equal"),
         (float(f"{base * 0.5:.3g}"), "standard", "matched"),  # standard's equal run
@@ -119,12 +145,18 @@ def test_the_choice_reads_only_the_grid_the_profile_lists_now(profile, tmp_path)
 
 
 def test_ties_go_to_the_smaller_rate_and_all_diverged_chooses_nothing(profile, tmp_path):
+    def loss(t, d, a, lr, s):
+        return None if d == "alt" and t == "lm" else 2.0
     with Store(tmp_path / "r.db") as store:
-        _finish_grid(store, profile,
-                     lambda t, d, a, lr, s: None if d == "alt" and t == "lm" else 2.0)
+        _finish_grid(store, profile, loss)
+        grid = rates.chosen_lrs(profile, store)
+        _finish_edge(store, profile, loss)
         chosen = rates.chosen_lrs(profile, store)
+    assert grid == {}  # every choice sits on the edge (the smallest rate): none is final yet
     assert ("lm", "alt", "equal") not in chosen and ("lm", "alt", "matched") not in chosen
-    assert chosen[("lm", "standard", "equal")] == float(f"{rates.task_lr('lm', profile) * 0.5:.3g}")
+    # the tie goes to the smaller rate again, one step past the grid: flagged in the report
+    assert chosen[("lm", "standard", "equal")] == float(
+        f"{rates.task_lr('lm', profile) * 0.25:.3g}")
 
 
 def test_report_draws_the_grid_and_lists_each_chosen_rate(profile, tmp_path):

@@ -18,7 +18,7 @@ from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.compute.effects import Status, effect
 from qkvlab.studies.qkv.plan.placements import PLACEMENTS
 from qkvlab.studies.qkv.plan import profiles, rates
-from qkvlab.studies.qkv.plan.experiments import ORDER
+from qkvlab.studies.qkv.plan.experiments import BY_NAME, ORDER
 from qkvlab.studies.qkv.plan.vocab import CONTROL, reported
 from qkvlab.studies.qkv.render.tables import compare_table, margins_table
 from qkvlab.studies.qkv.render.text import pm
@@ -97,19 +97,20 @@ def test_runs_of_an_earlier_definition_without_test_scores_are_not_read(tmp_path
 
 
 def test_rates_are_chosen_on_val_and_tuning_runs_never_score_test(tmp_path):
-    p = dataclasses.replace(profiles.PROFILES["smoke"], lr_grid=(0.5, 1.0), lr_seeds=(100,))
+    p = dataclasses.replace(profiles.PROFILES["smoke"], lr_grid=(0.5, 1.0, 2.0),
+                            lr_seeds=(100,))
     runs = registry.runs_of("lr_tune", p)
     assert {s.train.test_batches for s, _ in runs} == {0}
     with Store(tmp_path / "r.db") as store:
         ids = store.add("lr_tune", p.name, runs)
         for rid, (_, tags) in zip(ids, runs):
             store.claim(rid)
-            low = tags["lr"] == rates.lr_of(tags["task"], 0.5, p)
-            # val prefers the lower rate, a (never stored in practice) test score the higher
-            store.finish(rid, "done", 1, {"val_loss": 2.0 if low else 2.5,
-                                          "test_val_loss": 3.0 if low else 1.0}, {"n_params": 1})
+            mid = tags["lr"] == rates.lr_of(tags["task"], 1.0, p)
+            # val prefers the middle rate, a (never stored in practice) test score the others
+            store.finish(rid, "done", 1, {"val_loss": 2.0 if mid else 2.5,
+                                          "test_val_loss": 3.0 if mid else 1.0}, {"n_params": 1})
         chosen = rates.chosen_lrs(p, store)
-    assert chosen and all(lr == rates.lr_of(k[0], 0.5, p) for k, lr in chosen.items())
+    assert chosen and all(lr == rates.lr_of(k[0], 1.0, p) for k, lr in chosen.items())
 
 
 @pytest.mark.parametrize("name", ["smoke", "quick", "standard"])
@@ -124,8 +125,10 @@ def test_every_reported_run_is_scored_on_test(name):
             scale_grid=scale))
     if p.scaling_lr_grid:  # scaling's runs at lm's rate, as if scaling_tune had chosen it
         p = dataclasses.replace(p, scaling_lr_grid=())
+    # tuning runs score val only; lm_convert's are checked in test_study_uptrain (they need
+    # their parents done)
     got = {(e, s.train.test_batches) for e in ORDER
-           if e not in ("lr_tune", "scale_tune", "scale_tune_edge")
+           if BY_NAME[e].role != "tuning" and e != "lm_convert"
            for s, _ in registry.runs_of(e, p)}
     assert got == {(e, p.eval_batches) for e, _ in got}
     assert p.test_batches == p.eval_batches > 0

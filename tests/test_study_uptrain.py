@@ -63,6 +63,8 @@ def test_a_conversion_waits_for_its_parents_then_lists_every_arm():
         for d in (uptrain.KV_SCRATCH, uptrain.STANDARD_SCRATCH):
             s = by[(d, f, 0)]
             assert s.from_run is None and s.train.steps == P + u
+    # every reported run is scored on the test split, as every comparison's is
+    assert {s.train.test_batches for s, _ in runs} == {p.eval_batches}
     # the parent is lm_tied_kv's standard run: the same spec, the same id, trained once
     std = {run_id(s) for s, t in runs_of("lm_tied_kv", p)
            if t["design"] == "standard" and t["task"] == "lm" and t["arm"] == "equal"}
@@ -220,3 +222,12 @@ def test_the_answer_says_it_only_where_something_is_decided():
     text = uptrain_answer(_data(_runs()))
     assert text.startswith("Where the pretraining is ours") and "95% CI" in text
     assert uptrain_answer(_data(_runs(control=3.0))) == ""  # gated: nothing decided
+
+
+def test_one_seed_has_no_p_and_no_verdict():
+    runs = _runs()
+    one = _data(runs[runs.seed == 0])
+    df = comparisons(one)
+    assert df.p_adj.isna().all() and (df.n == 1).all()
+    assert {effect(r).status for r in df.to_dict("records")} <= {Status.UNDECIDED,
+                                                                Status.ATTENTION_UNUSED}

@@ -21,7 +21,7 @@ from qkvlab.studies.qkv.compute.results import (
 )
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
 from qkvlab.studies.qkv.plan.questions import QUESTIONS, summary_sources
-from qkvlab.studies.qkv.plan.rates import choose_lrs
+from qkvlab.studies.qkv.plan.rates import grid_choices
 from qkvlab.studies.qkv.plan.vocab import (
     ARMS,
     CONTROL,
@@ -330,17 +330,18 @@ def scaling_frame(data: StudyData) -> pd.DataFrame:
 
 
 def lr_frame(data: StudyData) -> pd.DataFrame:
-    """lr_tune's grid: task, design, arm, lr, mean val loss over the tuning seeds (a diverged
-    run makes it infinite, drawn as missing), seeds, and whether the comparisons use that
-    rate (``edge``: chosen at the end of the grid, so the best rate may lie beyond it)."""
+    """lr_tune's grid with lr_tune_edge's points past its edges: task, design, arm, lr, mean val
+    loss over the tuning seeds (a diverged run makes it infinite, drawn as missing), seeds, and
+    whether the comparisons use that rate (``edge``: chosen at the end of the extended grid, so
+    the best rate may lie beyond it)."""
     cols = ["task", "design", "arm", "lr", "val_loss", "seeds", "chosen", "edge"]
     runs = data.runs
-    g = runs[runs.experiment == "lr_tune"] if not runs.empty else runs
+    g = runs[runs.experiment.isin(["lr_tune", "lr_tune_edge"])] if not runs.empty else runs
     if g.empty:
         return pd.DataFrame(columns=cols)
     loss = g.val_loss if "val_loss" in g else pd.Series(float("nan"), index=g.index)
     rows = list(zip(g.task, g.design, g.arm, g.lr, g.status, loss.where(loss.notna(), None)))
-    chosen = choose_lrs(data.profile, rows)
+    _, chosen = grid_choices(data.profile, rows)
     out = []
     for key, sub in g.assign(val_loss=loss).groupby(["task", "design", "arm", "lr"]):
         task, design, arm, lr = key

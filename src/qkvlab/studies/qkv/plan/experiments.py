@@ -23,6 +23,8 @@ from qkvlab.studies.qkv.plan.profiles import QKVProfile
 from qkvlab.studies.qkv.plan.rates import (
     chosen_lrs,
     design_lrs,
+    lr_edge_runs,
+    lr_grid_lrs,
     placement_grid_lrs,
     tuning_runs,
 )
@@ -63,6 +65,7 @@ SPEED, TEXT = ("tokens_per_s",), ("chrf", "bleu")
 # The experiments behind the three questions, in the order the study runs them (cheapest
 # first, so a smoke study fails fast on a broken set-up).
 STUDY = (StudyExperiment("scale_probe", "probe"), StudyExperiment("lr_tune", "tuning"),
+         StudyExperiment("lr_tune_edge", "tuning"),
          StudyExperiment("scale_tune", "tuning"), StudyExperiment("scale_tune_edge", "tuning"),
          StudyExperiment("alt_vs_standard", "comparison", SPEED + TEXT),
          StudyExperiment("alt_init", "comparison"), StudyExperiment("scale_train", "comparison"),
@@ -90,7 +93,8 @@ def read_rates(p: QKVProfile, store) -> QKVProfile:
         r = dataclasses.replace(r, scaling_tuned=tuned_status(store, p.name))
     if p.lr_grid and r.lrs is None:
         r = dataclasses.replace(r, lrs=chosen_lrs(p, store),
-                                scale_grid=placement_grid_lrs(p, store))
+                                scale_grid=placement_grid_lrs(p, store),
+                                lr_grid_choice=lr_grid_lrs(p, store))
     p = p if r is p.rates else dataclasses.replace(p, rates=r)
     return uptrain.with_stored(p, store)
 
@@ -135,6 +139,12 @@ def compared_runs(experiment: str, p: QKVProfile) -> list[Run]:
 @experiment("lr_tune", "Every design at its own learning rate: the grid the comparisons pick from")
 def lr_tune(p: QKVProfile) -> list[Run]:
     return tuning_runs(p)
+
+
+@experiment("lr_tune_edge", "lr_tune's grid extended one step where a design's choice sits on "
+                            "its edge")
+def lr_tune_edge(p: QKVProfile) -> list[Run]:
+    return lr_edge_runs(p)
 
 
 @experiment("alt_vs_standard", "Q1: does AttentionAlt's extra per-head matrix and outer scale "

@@ -31,7 +31,7 @@ class Rates:
     - ``lrs``: the rates ``lr_tune`` chose, ``{(task, design, arm): rate}``, and the final
       choices of ``scale_tune``/``scale_tune_edge``, ``{(task, placement, arm, d_head): rate}``;
     - ``scale_grid``: ``scale_tune``'s choices on its grid alone (the plan of
-      ``scale_tune_edge``);
+      ``scale_tune_edge``); ``lr_grid_choice``: ``lr_tune``'s (the plan of ``lr_tune_edge``);
     - ``scaling_tuned``: run id -> (status, final val loss) of the scaling tuning runs;
     - ``stored``: run id -> (status, final val loss) of every stored run, where the profile
       converts its own lm (``plan.uptrain``: a conversion waits for its parent).
@@ -41,6 +41,7 @@ class Rates:
 
     lrs: Mapping[tuple, float] | None = None
     scale_grid: Mapping[tuple, float] | None = None
+    lr_grid_choice: Mapping[tuple, float] | None = None
     scaling_tuned: Mapping[str, tuple[str, float | None]] | None = None
     stored: Mapping[str, tuple[str, float | None]] | None = None
 

@@ -5,7 +5,10 @@ With an empty ``lr_grid`` a profile trains every design at its task's rate. Othe
 experiment ``lr_tune`` trains each design of ``questions.tuned_designs()`` (those the
 questions compare on a tuned task) in each arm its comparisons run at
 ``lr_grid`` × the task's rate on ``lr_seeds`` (disjoint from the reported seeds), and the
-comparisons train each (design, arm) at the rate with the lowest mean validation loss there.
+comparisons train each (design, arm) at the rate with the lowest mean validation loss there;
+where that choice sits on the grid's edge, experiment ``lr_tune_edge`` trains one more rate a
+grid step beyond it and the choice is made again over the grid and that point (a choice still
+on the new edge is flagged in the report).
 The rates are chosen on the ``val`` split; the tuning runs are not scored on ``test`` at all,
 and the comparisons report their ``test`` numbers (``vocab.reported``).
 Experiment ``scale_tune`` does the same for each placement of 1/√d_k at each head width
@@ -81,32 +84,59 @@ def design_lrs(p: QKVProfile, task: str, designs, arms=("equal", "matched")
     if missing:
         raise RatesPending(
             f"profile {p.name}: {task} trains each design at the learning rate that "
-            f"experiment lr_tune chose, and it has not finished for {missing}; run "
-            f"`qkvlab sweep lr_tune --profile {p.name}` first (qkvlab study does)")
+            f"experiments lr_tune and lr_tune_edge chose, and they have not finished for "
+            f"{missing}; run `qkvlab sweep lr_tune --profile {p.name}`, then lr_tune_edge, "
+            f"first (qkvlab study does)")
     return {(d, a): lrs[key(d, a)] for d, a in want}
+
+
+def tuning_run(p: QKVProfile, task: str, d: str, arm: str, lr: float, seed: int) -> Run:
+    """One tuning run: design ``d`` in ``arm`` on ``task`` at rate ``lr``, scored on val only (a
+    tuning run never sees the test split)."""
+    base = base_model(p)
+    m = {**base, **DESIGNS[d].model_options(p)}
+    if arm == "matched":
+        m = matched(m, base, task_info(task)[1])
+    return make_run(task, m, p, seed, {"design": d, "arm": arm, "lr": lr},
+                    train={"lr": lr, "test_batches": 0})
+
+
+def tuned_keys(p: QKVProfile) -> list[tuple[str, str, str]]:
+    """(task, design, arm) of every rate ``lr_tune`` chooses."""
+    return [(task, d, arm) for task, labels in tuned_designs().items()
+            for arm in ("equal", "matched") for d in ("standard", *labels)
+            if arm in tuned_arms(p, task, d)]
 
 
 def tuning_runs(p: QKVProfile) -> list[Run]:
     """``lr_tune``'s runs: every tuned design, in each arm it is compared in, at every grid
     point, on the tuning seeds."""
-    runs = []
-    for task, labels in tuned_designs().items():
-        base, kind = base_model(p), task_info(task)[1]
-        for mult in p.lr_grid:
-            lr = lr_of(task, mult, p)
-            for seed in p.lr_seeds:
-                for arm in ("equal", "matched"):
-                    for d in ("standard", *labels):
-                        if arm not in tuned_arms(p, task, d):
-                            continue
-                        m = {**base, **DESIGNS[d].model_options(p)}
-                        if arm == "matched":
-                            m = matched(m, base, kind)
-                        # scored on val only: a tuning run never sees the test split
-                        runs.append(make_run(task, m, p, seed,
-                                             {"design": d, "arm": arm, "lr": lr},
-                                             train={"lr": lr, "test_batches": 0}))
-    return runs
+    keys = tuned_keys(p)
+    return [tuning_run(p, task, d, arm, lr_of(task, mult, p), seed)
+            for task in tuned_designs() for mult in p.lr_grid for seed in p.lr_seeds
+            for arm in ("equal", "matched") for t, d, a in keys if (t, a) == (task, arm)]
+
+
+def lr_edge_runs(p: QKVProfile) -> list[Run]:
+    """``lr_tune_edge``'s runs: for each (task, design, arm) whose ``lr_tune`` choice on the
+    grid (``p.rates.lr_grid_choice``) sits on an edge, the rate one grid step beyond it
+    (``grid_edge``), on the tuning seeds, scored on val only like the grid's.
+
+    Raises:
+        RatesPending: ``lr_tune`` has not chosen every rate yet.
+    """
+    if not p.lr_grid:
+        return []
+    grid = p.rates.lr_grid_choice or {}
+    keys = tuned_keys(p)
+    missing = sorted(f"{t} {d} ({a})" for t, d, a in keys if (t, d, a) not in grid)
+    if missing:
+        raise RatesPending(
+            f"profile {p.name}: lr_tune_edge extends lr_tune's grid where its choice sits on an "
+            f"edge, and lr_tune has not chosen {', '.join(missing)}; run `qkvlab sweep lr_tune "
+            f"--profile {p.name}` first (qkvlab study does)")
+    return [tuning_run(p, t, d, a, lr, seed) for t, d, a in keys
+            if (lr := grid_edge(p, t, grid[(t, d, a)])) is not None for seed in p.lr_seeds]
 
 
 def placement_tuning_runs(p: QKVProfile) -> list[Run]:
@@ -124,17 +154,23 @@ def placement_tuning_runs(p: QKVProfile) -> list[Run]:
                         control_run(p, d_head, seed, {"lr": lr}, lr=lr, train=none))]
 
 
-def placement_edge(p: Profile, lr: float) -> float | None:
-    """The rate one grid step past ``lr`` (lm's grid) if ``lr`` is an end of the grid, else
-    None: below the smallest, the smallest × its ratio to the next; above the largest, likewise."""
+def grid_edge(p: Profile, task: str, lr: float) -> float | None:
+    """The rate one grid step past ``lr`` (the task's grid) if ``lr`` is an end of the grid,
+    else None: below the smallest, the smallest × its ratio to the next; above the largest,
+    likewise."""
     mults = sorted(p.lr_grid)
     if len(mults) < 2:
         return None
-    if lr == lr_of("lm", mults[0], p):
-        return lr_of("lm", mults[0] * mults[0] / mults[1], p)
-    if lr == lr_of("lm", mults[-1], p):
-        return lr_of("lm", mults[-1] * mults[-1] / mults[-2], p)
+    if lr == lr_of(task, mults[0], p):
+        return lr_of(task, mults[0] * mults[0] / mults[1], p)
+    if lr == lr_of(task, mults[-1], p):
+        return lr_of(task, mults[-1] * mults[-1] / mults[-2], p)
     return None
+
+
+def placement_edge(p: Profile, lr: float) -> float | None:
+    """``grid_edge`` on lm's grid (the placements of 1/√d_k train on lm)."""
+    return grid_edge(p, "lm", lr)
 
 
 def placement_edge_runs(p: QKVProfile) -> list[Run]:
@@ -168,13 +204,14 @@ def placement_edge_runs(p: QKVProfile) -> list[Run]:
     return runs
 
 
-def choose_lrs(p: QKVProfile, rows, grids: dict[tuple, set[float]] | None = None
-               ) -> dict[tuple, float]:
+def choose_lrs(p: QKVProfile, rows, grids: dict[tuple, set[float]] | None = None,
+               lost: float | None = None) -> dict[tuple, float]:
     """The rate with the lowest mean val loss over ``lr_seeds`` per (task, design, arm), from
     rows ``(task, design, arm, lr, status, val_loss)``, or per (task, design, arm, d_head)
     from rows with a 7th item ``d_head`` (None: no width key); only designs whose whole grid
     (the task's, or ``grids[key]``) has finished, and no other rate listed. A diverged run (or
-    one without a loss) counts as infinite loss; ties go to the smaller rate."""
+    one without a loss) counts as infinite loss; ties go to the smaller rate. A design whose
+    whole grid finished without a finite loss has no rate, or ``lost`` where that is given."""
     scores: dict[tuple, dict[float, list[float]]] = {}
     for task, design, arm, lr, status, loss, *width in rows:
         if status not in ("done", "diverged"):
@@ -190,22 +227,33 @@ def choose_lrs(p: QKVProfile, rows, grids: dict[tuple, set[float]] | None = None
             best = min(sorted(means), key=lambda lr: means[lr])
             if math.isfinite(means[best]):
                 out[key] = best
+            elif lost is not None:  # the whole grid finished and diverged: say so
+                out[key] = lost
     return out
 
 
-def placement_choices(p: QKVProfile, rows) -> tuple[dict[tuple, float], dict[tuple, float]]:
-    """``scale_tune``'s choices on lm's grid, and the final ones, from rows of ``choose_lrs``
-    with ``d_head`` (the grid's runs and ``scale_tune_edge``'s), keyed (task, placement, arm,
-    d_head). Final: the grid's choice, or where it sits on an edge the choice over the grid and
+def grid_choices(p: QKVProfile, rows, lost: float | None = None
+                 ) -> tuple[dict[tuple, float], dict[tuple, float]]:
+    """The choices on each task's grid, and the final ones, from rows of ``choose_lrs`` (a
+    tuning experiment's grid runs and its edge experiment's), keyed as ``choose_lrs`` keys
+    them. Final: the grid's choice, or where it sits on an edge the choice over the grid and
     the point beyond it once that has finished (absent until then)."""
     rows = list(rows)
-    grid = {lr_of("lm", m, p) for m in p.lr_grid}
-    base = choose_lrs(p, [r for r in rows if float(r[3]) in grid])
-    grids = {k: grid | {nxt} for k, lr in base.items()
-             if (nxt := placement_edge(p, lr)) is not None}
+
+    def grid(task: str) -> set[float]:
+        return {lr_of(task, m, p) for m in p.lr_grid}
+    base = choose_lrs(p, [r for r in rows if float(r[3]) in grid(r[0])], lost=lost)
+    grids = {k: grid(k[0]) | {nxt} for k, lr in base.items()
+             if (nxt := grid_edge(p, k[0], lr)) is not None}
     ext = choose_lrs(p, rows, grids) if grids else {}
     final = {k: ext.get(k) if k in grids else lr for k, lr in base.items()}
-    return base, {k: lr for k, lr in final.items() if lr is not None}
+    return base, {k: lr for k, lr in final.items() if lr is not None and not math.isnan(lr)}
+
+
+def placement_choices(p: QKVProfile, rows) -> tuple[dict[tuple, float], dict[tuple, float]]:
+    """``scale_tune``'s choices (``grid_choices``), rows with ``d_head``, keyed (task,
+    placement, arm, d_head)."""
+    return grid_choices(p, rows)
 
 
 def _rows(store, name: str, p: QKVProfile, runs: list[Run], width: bool):
@@ -221,12 +269,25 @@ def placement_grid_lrs(p: QKVProfile, store) -> dict[tuple, float]:
     return placement_choices(p, _rows(store, "scale_tune", p, placement_tuning_runs(p), True))[0]
 
 
+def lr_grid_lrs(p: QKVProfile, store) -> dict[tuple, float]:
+    """``lr_tune``'s choices on each task's grid alone, NaN where the whole grid diverged: the
+    plan of ``lr_tune_edge`` (``lr_edge_runs`` reads them as ``p.rates.lr_grid_choice``)."""
+    return grid_choices(p, _rows(store, "lr_tune", p, tuning_runs(p), False), math.nan)[0]
+
+
 def chosen_lrs(p: QKVProfile, store) -> dict[tuple, float]:
-    """``{(task, design, arm): rate}`` chosen from ``lr_tune``'s finished runs in ``store``,
-    and ``{(task, placement, arm, d_head): rate}``: the final choices of ``scale_tune`` and
-    ``scale_tune_edge`` (``placement_choices``). Only the runs the profile lists now count: a
-    store keeps those of earlier grids."""
-    out = choose_lrs(p, _rows(store, "lr_tune", p, tuning_runs(p), False))
+    """``{(task, design, arm): rate}``: the final choices of ``lr_tune`` and ``lr_tune_edge``,
+    and ``{(task, placement, arm, d_head): rate}``: those of ``scale_tune`` and
+    ``scale_tune_edge`` (``grid_choices``), from their finished runs in ``store``. Only the
+    runs the profile lists now count: a store keeps those of earlier grids."""
+    rows = _rows(store, "lr_tune", p, tuning_runs(p), False)
+    try:
+        edge = lr_edge_runs(dataclasses.replace(
+            p, rates=dataclasses.replace(p.rates,
+                                         lr_grid_choice=grid_choices(p, rows, math.nan)[0])))
+    except RatesPending:  # the grid has not finished: nothing past its edges yet
+        edge = []
+    _, out = grid_choices(p, rows + _rows(store, "lr_tune_edge", p, edge, False))
     rows = _rows(store, "scale_tune", p, placement_tuning_runs(p), True)
     base, _ = placement_choices(p, rows)
     try:
