@@ -18,7 +18,7 @@ from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.compute.effects import Status, effect
 from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.compute.uptrain import FAMILIES, comparisons
-from qkvlab.studies.qkv.plan import uptrain
+from qkvlab.studies.qkv.plan import rates, uptrain
 from qkvlab.studies.qkv.plan.uptrain import ParentsPending
 from qkvlab.studies.qkv.render.uptrain import (
     fig_q3_uptrain,
@@ -184,6 +184,10 @@ def test_the_rate_is_chosen_on_val_and_a_choice_on_the_edge_extends_the_grid():
     with pytest.raises(ParentsPending, match="tuning seeds' standard lm runs"):
         uptrain.tuning_runs(p)
     par = {run_id(uptrain.parent(p, s, tuning=True)[0]): ("done", 3.0) for s in p.lr_seeds}
+    # the tuning seeds' parents are lr_tune's standard runs at standard's chosen rate
+    assert set(par) <= {run_id(s) for s, t in rates.tuning_runs(p)
+                        if (t["task"], t["design"], t["arm"], t["lr"]) == ("lm", "standard",
+                                                                            "equal", 6e-3)}
 
     def at(stored):
         return dataclasses.replace(p, rates=dataclasses.replace(p.rates, stored=stored))

@@ -117,7 +117,8 @@ def _need_done(p: QKVProfile, runs: list[Run], what: str) -> None:
         raise ParentsPending(
             f"profile {p.name}: {len(missing)} of the {len(runs)} {what} have not finished "
             f"(the conversion starts from their trained models); run "
-            f"`qkvlab sweep lm_tied_kv lr_tune --profile {p.name}` first (qkvlab study does)")
+            f"`qkvlab sweep lr_tune lr_tune_edge lm_tied_kv --profile {p.name}` first (qkvlab "
+            f"study does)")
 
 
 def tuning_runs(p: QKVProfile, mults: tuple[float, ...] | None = None) -> list[Run]:
