@@ -17,7 +17,7 @@ from qkvlab.experiments.registry import get_profile, runs_of
 from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.compute.effects import Status, effect
 from qkvlab.studies.qkv.compute.results import StudyData
-from qkvlab.studies.qkv.compute.uptrain import FAMILIES, comparisons
+from qkvlab.studies.qkv.compute.uptrain import FAMILIES, comparisons, start_gaps
 from qkvlab.studies.qkv.plan import rates, uptrain
 from qkvlab.studies.qkv.plan.uptrain import ParentsPending
 from qkvlab.studies.qkv.render.uptrain import (
@@ -235,3 +235,23 @@ def test_one_seed_has_no_p_and_no_verdict():
     assert df.p_adj.isna().all() and (df.n == 1).all()
     assert {effect(r).status for r in df.to_dict("records")} <= {Status.UNDECIDED,
                                                                 Status.ATTENTION_UNUSED}
+
+
+def test_where_each_start_begins_is_a_paired_interval_on_the_first_batch():
+    runs = _runs()
+    first = {"fitted": UNTIED + 0.01, "avg": UNTIED + np.array([0.3, 0.5, 0.2, 0.4]),
+             "keep_k": UNTIED + 2.0, uptrain.UNTIED: UNTIED}
+    conv = runs[runs.experiment == "lm_convert"]
+    starts = pd.DataFrame([{"run_id": r.run_id, "start_loss": float(first[r.design][r.seed])}
+                           for r in conv.itertuples() if r.design in first])
+    data = dataclasses.replace(_data(runs), starts=starts)
+    g = start_gaps(data).set_index("design")
+    for design in ("fitted", "avg", "keep_k"):
+        m, lo, hi, _ = _t(first[design] - UNTIED)
+        if np.allclose(first[design] - UNTIED, (first[design] - UNTIED)[0]):
+            lo = hi = m  # every seed the same: a zero-width interval
+        np.testing.assert_allclose(g.loc[design, ["value", "lo", "hi"]].to_numpy(float),
+                                   100 * np.expm1([m, lo, hi]), rtol=1e-9, atol=1e-9)
+    assert "×7.39" in uptrain_sentence(data)  # keep W_K starts more than doubled: a factor
+    [_, para] = uptrain_blocks(data)
+    assert "Where each start begins" in para.text

@@ -66,6 +66,9 @@ class StudyData:
     probe: pd.DataFrame
     measures: dict[str, pd.DataFrame]
     budget: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # run_id -> the loss on a run's first training batch, before its first update, for the
+    # runs that start from another run's model (``start_losses``)
+    starts: pd.DataFrame = field(default_factory=pd.DataFrame)
     published: dict[str, float] = field(default_factory=lambda: dict(PUBLISHED_SYMMETRY))
     published_source: str = PUBLISHED_SOURCE
     meta: dict[str, Any] = field(default_factory=dict)
@@ -247,6 +250,20 @@ def budget(store: Store, runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
+def start_losses(store: Store, runs: pd.DataFrame) -> pd.DataFrame:
+    """``run_id, start_loss``: the loss on the first training batch, before any update, of each
+    run that starts from another run's model (``spec.from_run``): where a converted model
+    begins. Every such run of one seed draws the same first batch. The trainer logs it as
+    step 1 (steps count updates done; the loss is computed before the update it makes)."""
+    col = "spec.from_run.tie"
+    if runs.empty or col not in runs:
+        return pd.DataFrame(columns=["run_id", "start_loss"])
+    sel = runs[runs[col].notna()].drop_duplicates("run_id")
+    m = metrics_frame(store, sel.run_id)
+    m = m[(m.step == 1) & (m.name == "train_loss")]
+    return m[["run_id", "value"]].rename(columns={"value": "start_loss"}).reset_index(drop=True)
+
+
 def probe(store: Store, runs: pd.DataFrame) -> pd.DataFrame:
     """Scale-probe statistics per run and probed step, and each run's final loss on the test
     split (stat ``val_loss``, the metric's name; ``vocab.reported``)."""
@@ -307,5 +324,5 @@ def load(store: Store, profile: str | QKVProfile, meta: dict[str, Any] | None = 
     cmp = correct(comparisons(runs, p))
     return StudyData(profile=p, runs=runs, comparisons=cmp,
                      probe=probe(store, runs), measures=measures(store, runs, p.name),
-                     budget=budget(store, runs),
+                     budget=budget(store, runs), starts=start_losses(store, runs),
                      meta=dict(meta or {}))

@@ -9,13 +9,19 @@ fields, ``metric`` "val_loss" and the multiplicity and control columns ``effects
 reads, plus two reference rows per fraction outside any family: K = V from scratch against
 standard from scratch (the tie's from-scratch cost at P + u steps) and the untied model trained
 on against standard from scratch (what continuing a trained model costs by itself).
+
+``start_gaps(data)``: where each start begins, before any uptraining: its loss on the first
+training batch (the same batch for every arm of a seed) against the untied model's, paired
+by seed, in % perplexity per token with a 95% t interval. Descriptive, one batch a seed.
 """
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
-from qkvlab.stats import compare_frame, holm
+from qkvlab.stats import compare_frame, holm, paired
 from qkvlab.studies.qkv.compute.effects import attention_used, effect
 from qkvlab.studies.qkv.compute.results import StudyData, scored_on_test, unscored
 from qkvlab.studies.qkv.plan.uptrain import (
@@ -89,3 +95,29 @@ def comparisons(data: StudyData) -> pd.DataFrame:
             df.loc[idx, "family_m"] = len(idx)
     data.derived["uptrain"] = df
     return df
+
+
+def start_gaps(data: StudyData) -> pd.DataFrame:
+    """``design, n, value, lo, hi``: each start's loss on the first training batch against the
+    untied model's, per seed, as % perplexity per token (see the module)."""
+    cols = ["design", "n", "value", "lo", "hi"]
+    runs, starts = data.runs, data.starts
+    if starts.empty or "experiment" not in runs:
+        return pd.DataFrame(columns=cols)
+    df = runs[runs.experiment == EXPERIMENT].merge(starts, on="run_id")
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    df = df[df.fraction == df.fraction.max()]  # the start is the same at every fraction
+    base = df[df.design == UNTIED].set_index("seed").start_loss
+    out = []
+    for design in UPTRAIN_STARTS:
+        mine = df[df.design == design].set_index("seed").start_loss
+        seeds = sorted(set(mine.index) & set(base.index))
+        if not seeds:
+            continue
+        d = paired([mine[s] for s in seeds], [base[s] for s in seeds])
+        out.append({"design": design, "n": d["n_pairs"],
+                    "value": 100 * math.expm1(d["diff"]),
+                    "lo": 100 * math.expm1(d["diff_lo"]), "hi": 100 * math.expm1(d["diff_hi"])})
+    return pd.DataFrame(out, columns=cols)
+

@@ -10,10 +10,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import NullLocator
 
-from qkvlab.report.blocks import Block, Figure, Table
+from qkvlab.report.blocks import Block, Figure, Para, Table
 from qkvlab.studies.qkv.compute.effects import Effect, Status, effect
 from qkvlab.studies.qkv.compute.results import StudyData
-from qkvlab.studies.qkv.compute.uptrain import FAMILIES, comparisons
+from qkvlab.studies.qkv.compute.uptrain import FAMILIES, comparisons, start_gaps
 from qkvlab.studies.qkv.plan.uptrain import (
     KV_SCRATCH,
     STANDARD_SCRATCH,
@@ -74,7 +74,7 @@ def uptrain_blocks(data: StudyData) -> list[Block]:
                 rows.append((_fraction(data, f), f"{NAMES[design]} (reference)",
                              _rate(p, mults, design, f), f"vs {NAMES[base]}: {_cell(e)}", ""))
     gate = _gate_words(eff)
-    return [Table(
+    out: list[Block] = [Table(
         f"The study's own standard lm ({steps_of(p):,} steps, equal width) converted to tied "
         f"K=V from each start and trained on for a fraction of its pretraining steps: test "
         f"loss per token, paired by seed, as % perplexity per token, 95% CI. Against the "
@@ -86,6 +86,26 @@ def uptrain_blocks(data: StudyData) -> list[Block]:
         + (f" Here {gate}." if gate else ""),
         ("uptraining", "start", "rate × parent's", "vs untied trained on",
          "vs K=V from scratch"), tuple(rows))]
+    starts = _starts_text(data)
+    if starts:
+        out.append(Para(f"Where each start begins, before any uptraining: its loss on the first "
+                        f"training batch of each seed (the same batch for every arm) against "
+                        f"the untied model's, mean over seeds: {starts}."))
+    return out
+
+
+def _starts_text(data: StudyData) -> str:
+    """Where each start begins, e.g. "fitted +3.1% (95% CI +2.0 to +4.2)", or ""."""
+    g = start_gaps(data)
+    return "; ".join(f"{NAMES[r.design]} {_pct(r.value)} (95% CI {_pct(r.lo)} to {_pct(r.hi)})"
+                     for r in g.itertuples())
+
+
+def _pct(x: float) -> str:
+    """A gap in %, or a factor where it is more than doubled (``×5.2``)."""
+    if not math.isfinite(x):
+        return "—"
+    return f"×{1 + x / 100:.3g}" if x > 100 else f"{x:+.1f}%"
 
 
 def _rate(p, mults: dict, design: str, f: float) -> str:
@@ -202,6 +222,9 @@ def uptrain_sentence(data: StudyData) -> str:
     ref = eff.get(((KV_SCRATCH, STANDARD_SCRATCH), f, KV_SCRATCH))
     if ref is not None and ref.value is not None:
         text += f"; K=V from scratch against standard from scratch: {say(ref)}"
+    starts = _starts_text(data)
+    if starts:
+        text += f"; before uptraining the starts begin at {starts} over the untied model"
     text += f"; {gate}" if gate else ""
     return text + " (table: the controlled conversion)."
 
