@@ -24,6 +24,7 @@ from qkvlab.studies.qkv.render.uptrain import (
     fig_q3_uptrain,
     uptrain_answer,
     uptrain_blocks,
+    uptrain_rows,
     uptrain_sentence,
 )
 
@@ -255,3 +256,14 @@ def test_where_each_start_begins_is_a_paired_interval_on_the_first_batch():
     assert "×7.39" in uptrain_sentence(data)  # keep W_K starts more than doubled: a factor
     [_, para] = uptrain_blocks(data)
     assert "Where each start begins" in para.text
+
+
+def test_the_rows_with_their_verdicts_as_the_report_writes_them():
+    rows = uptrain_rows(_data(_runs()))
+    assert len(rows) == 2 * 3 + 2 and rows.status.notna().all()
+    fitted = rows[(rows.design == "fitted") & (rows.baseline == uptrain.UNTIED)].iloc[0]
+    m, lo, hi, _ = _t(FITTED - UNTIED)
+    np.testing.assert_allclose([fitted.value, fitted.lo, fitted.hi], 100 * np.expm1([m, lo, hi]),
+                               rtol=1e-9)
+    assert list(uptrain_rows(_data(_runs().iloc[0:0].assign(experiment=[]))).columns)[:4] == [
+        "family", "fraction", "design", "baseline"]

@@ -59,7 +59,7 @@ from qkvlab.studies.qkv.render.tables import (
 )
 from qkvlab.studies.qkv.render.text import num, pm, splits_text
 from qkvlab.studies.qkv.render.verdicts import all_verdicts
-from qkvlab.studies.qkv.render.uptrain import uptrain_blocks
+from qkvlab.studies.qkv.render.uptrain import uptrain_blocks, uptrain_rows
 from qkvlab.studies.qkv.plan.vocab import TEXT_LOSSES, label
 
 SECTION_IDS = ("answers", "summary", "q1", "q2", "q3", "setup")
@@ -248,4 +248,6 @@ def write_report(data: StudyData, report_dir: Path) -> Path:
         atomic_write_text(folder / CSV, with_verdicts(data).to_csv(index=False))
         # the share of attention's benefit each design gives up (``compute.share``)
         atomic_write_text(folder / "shares.csv", shares(data).to_csv(index=False))
+        # the controlled conversion's comparisons with their verdicts (``compute.uptrain``)
+        atomic_write_text(folder / "uptrain.csv", uptrain_rows(data).to_csv(index=False))
     return report_dir / "index.html"

@@ -56,6 +56,20 @@ def _mults(data: StudyData) -> dict[tuple[str, float], float]:
     return {(r.design, r.fraction): r.mult for r in sub.itertuples()}
 
 
+def uptrain_rows(data: StudyData) -> pd.DataFrame:
+    """The conversion's comparison rows with each verdict as the table words it (``status``,
+    ``raw_status``: before Holm and the control's gate) and the effect in % per token."""
+    df = comparisons(data)
+    if df.empty:
+        return pd.DataFrame(columns=["family", "fraction", "design", "baseline", "status",
+                                     "raw_status", "value", "lo", "hi", "unit"])
+    es = [effect(r) for r in df.to_dict("records")]
+    return df.assign(status=[e.status.value for e in es],
+                     raw_status=[(e.raw_status or e.status).value for e in es],
+                     value=[e.value for e in es], lo=[e.lo for e in es], hi=[e.hi for e in es],
+                     unit=[e.unit for e in es])
+
+
 def uptrain_blocks(data: StudyData) -> list[Block]:
     """The table: per fraction, each start vs the untied model and vs K=V from scratch."""
     eff = _effects(data)
