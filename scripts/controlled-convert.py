@@ -19,8 +19,9 @@ from pathlib import Path
 from qkvlab.experiments.registry import get_profile
 from qkvlab.experiments.store import Store
 from qkvlab.studies.qkv.compute import results
+from qkvlab.studies.qkv.compute.effects import attention_used, effect
 from qkvlab.studies.qkv.plan.uptrain import steps_of
-from qkvlab.studies.qkv.render.uptrain import fig_q3_uptrain, uptrain_blocks, uptrain_sentence
+from qkvlab.studies.qkv.render.uptrain import fig_q3_uptrain, uptrain_blocks
 
 BEGIN, END = "<!-- controlled-convert: begin -->", "<!-- controlled-convert: end -->"
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -42,10 +43,18 @@ if not ran:
 cpu = (ran[0]["hardware"] or {}).get("cpu_model", "an unrecorded CPU")
 worker_s = sum(r["wall_s"] or 0.0 for r in {r["id"]: r for r in ran}.values())
 fig = fig_q3_uptrain(data, Path(args.figures))
+ctl = data.compared("lm_tied_kv", task="lm", design="control", arm="equal", metric="val_loss")
+gate = ""
+if not ctl.empty:
+    e = effect(ctl.iloc[0].to_dict())
+    gate = (f" lm's attention-free control against standard on the same seeds: {e.value:+.1f} "
+            f"± {e.half:.1f}% perplexity per token ({e.status.value}), so standard "
+            + ("uses attention here and the verdicts stand." if attention_used(
+                ctl.iloc[0].to_dict()) else "does not beat it and no verdict is read."))
 head = (f"Profile {prof.name}: the parent is standard lm trained {steps_of(prof):,} steps on "
         f"seeds {', '.join(map(str, prof.seeds))}; {len({r['id'] for r in ran})} runs of the "
-        f"store ({worker_s:,.0f} worker-seconds on {cpu}).")
-part = [head, *(b.markdown() for b in uptrain_blocks(data)), uptrain_sentence(data)]
+        f"store ({worker_s:,.0f} worker-seconds on {cpu}).{gate}")
+part = [head, *(b.markdown() for b in uptrain_blocks(data))]
 if fig:
     img = Path(args.figures) / fig.png
     link = os.path.relpath(img, Path(args.doc).parent) if args.doc else img

@@ -17,7 +17,7 @@ from qkvlab.experiments.registry import get_profile, runs_of
 from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.compute.effects import Status, effect
 from qkvlab.studies.qkv.compute.results import StudyData
-from qkvlab.studies.qkv.compute.uptrain import FAMILIES, comparisons, start_gaps
+from qkvlab.studies.qkv.compute.uptrain import FAMILIES, comparisons, start_gaps, steps_saved
 from qkvlab.studies.qkv.plan import rates, uptrain
 from qkvlab.studies.qkv.plan.uptrain import ParentsPending
 from qkvlab.studies.qkv.render.uptrain import (
@@ -267,3 +267,35 @@ def test_the_rows_with_their_verdicts_as_the_report_writes_them():
                                rtol=1e-9)
     assert list(uptrain_rows(_data(_runs().iloc[0:0].assign(experiment=[]))).columns)[:4] == [
         "family", "fraction", "design", "baseline"]
+
+
+def test_the_steps_a_fitted_start_saves_are_read_off_measured_points_only():
+    # gaps vs untied (nats, every seed the same shift): fitted 0.08 at 10 steps, 0.02 at 50;
+    # avg ends at 0.05 (50 steps); keep W_K at 0.10 (already above fitted's first point)
+    shift = {("fitted", 0.01): 0.08, ("fitted", 0.05): 0.02, ("avg", 0.01): 0.2,
+             ("avg", 0.05): 0.05, ("keep_k", 0.01): 0.3, ("keep_k", 0.05): 0.10}
+    rows = []
+    for (design, f), d in {**shift, **{(uptrain.UNTIED, 0.01): 0.0,
+                                         (uptrain.UNTIED, 0.05): 0.0}}.items():
+        for seed, u in enumerate(UNTIED):
+            rows.append({"experiment": "lm_convert", "design": design, "task": "lm",
+                         "arm": "equal", "seed": seed, "fraction": f, "status": "done",
+                         "run_id": f"{design}{f}{seed}",
+                         "test_val_loss": float(u + d + 1e-4 * seed)})
+    runs = pd.concat([pd.DataFrame(rows), _runs().query("experiment == 'lm_tied_kv'")])
+    p = dataclasses.replace(get_profile("smoke"), uptrain_fractions=(0.01, 0.05), steps=1000)
+    data = StudyData(profile=p, runs=runs, comparisons=results.comparisons(runs, p),
+                     probe=pd.DataFrame(), measures={})
+    s = steps_saved(data).set_index("other")
+    pct = lambda x: 100 * math.expm1(x)  # noqa: E731
+    # avg's 0.05 lies between fitted's 0.08 (10 steps) and 0.02 (50): log-linear in steps
+    want = math.exp(math.log(10) + math.log(5) * (pct(0.08) - pct(0.05)) / (pct(0.08) - pct(0.02)))
+    assert s.loc["avg", "steps_fitted"] == pytest.approx(want, rel=1e-9)
+    assert s.loc["avg", "ratio"] == pytest.approx(50 / want, rel=1e-9)
+    assert not s.loc["avg", "at_first"]
+    # keep W_K's 0.10 is above fitted's first point: an upper bound, flagged
+    assert s.loc["keep_k", "at_first"] and s.loc["keep_k", "steps_fitted"] == 10
+    text = uptrain_sentence(data)
+    assert f"reached the gap avg ends at after 50 steps (+5.1% over the untied model) in " \
+        f"≈{want:.0f} steps" in text
+    assert "already below the gap keep W_K ends at" in uptrain_blocks(data)[-1].text

@@ -13,6 +13,11 @@ on against standard from scratch (what continuing a trained model costs by itsel
 ``start_gaps(data)``: where each start begins, before any uptraining: its loss on the first
 training batch (the same batch for every arm of a seed) against the untied model's, paired
 by seed, in % perplexity per token with a 95% t interval. Descriptive, one batch a seed.
+
+``steps_saved(data)``: per other start, the uptraining steps the fitted start needed to reach
+the gap to the untied model that the other start ends at (its largest fraction), log-linear
+between measured fractions and never extrapolated (``convert.tokens_to_reach``), and the
+ratio of the two step counts: what a good start saves, read off measured points only.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import math
 import pandas as pd
 
 from qkvlab.stats import compare_frame, holm, paired
+from qkvlab.studies.qkv.compute.convert import tokens_to_reach
 from qkvlab.studies.qkv.compute.effects import attention_used, effect
 from qkvlab.studies.qkv.compute.results import StudyData, scored_on_test, unscored
 from qkvlab.studies.qkv.plan.uptrain import (
@@ -29,13 +35,15 @@ from qkvlab.studies.qkv.plan.uptrain import (
     STANDARD_SCRATCH,
     UNTIED,
     UPTRAIN_STARTS,
+    uptrain_steps,
 )
 from qkvlab.studies.qkv.plan.vocab import CONTROL, reported
 
 EXPERIMENT = "lm_convert"
 METRIC = "val_loss"
 # family -> the baseline every start is compared with
-FAMILIES = {"Q3 conversion vs untied": UNTIED, "Q3 conversion vs K=V from scratch": KV_SCRATCH}
+VS_UNTIED, VS_SCRATCH = "Q3 conversion vs untied", "Q3 conversion vs K=V from scratch"
+FAMILIES = {VS_UNTIED: UNTIED, VS_SCRATCH: KV_SCRATCH}
 REFERENCES = ((KV_SCRATCH, STANDARD_SCRATCH), (UNTIED, STANDARD_SCRATCH))  # (design, baseline)
 
 
@@ -121,3 +129,33 @@ def start_gaps(data: StudyData) -> pd.DataFrame:
                     "lo": 100 * math.expm1(d["diff_lo"]), "hi": 100 * math.expm1(d["diff_hi"])})
     return pd.DataFrame(out, columns=cols)
 
+
+
+def steps_saved(data: StudyData) -> pd.DataFrame:
+    """``other, target, steps_other, steps_fitted, at_first, ratio`` (see the module); empty
+    where a start has no curve. ``at_first``: the fitted start was already at or below the
+    target at the first measured fraction, so ``steps_fitted`` is an upper bound."""
+    cols = ["other", "target", "steps_other", "steps_fitted", "at_first", "ratio"]
+    df = comparisons(data)
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    vs = df[df.family == VS_UNTIED]
+    curve = {d: pd.DataFrame({"tokens": [uptrain_steps(data.profile, f) for f in g.fraction],
+                              "gap": [effect(r).value for r in g.to_dict("records")]})
+             for d, g in vs.groupby("design")}
+    if "fitted" not in curve or curve["fitted"].gap.isna().any() or len(curve["fitted"]) < 2:
+        return pd.DataFrame(columns=cols)  # one fraction is no curve to read steps off
+    mine = curve["fitted"].sort_values("tokens")
+    out = []
+    for other in UPTRAIN_STARTS[1:]:
+        c = curve.get(other)
+        if c is None or c.gap.isna().any():
+            continue
+        last = c.sort_values("tokens").iloc[-1]
+        need = tokens_to_reach(mine, float(last.gap))
+        first = need is not None and need == float(mine.tokens.iloc[0]) \
+            and mine.gap.iloc[0] <= last.gap
+        out.append({"other": other, "target": float(last.gap), "steps_other": int(last.tokens),
+                    "steps_fitted": need, "at_first": bool(first),
+                    "ratio": last.tokens / need if need else float("nan")})
+    return pd.DataFrame(out, columns=cols)

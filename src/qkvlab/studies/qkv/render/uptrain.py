@@ -13,7 +13,13 @@ from matplotlib.ticker import NullLocator
 from qkvlab.report.blocks import Block, Figure, Para, Table
 from qkvlab.studies.qkv.compute.effects import Effect, Status, effect
 from qkvlab.studies.qkv.compute.results import StudyData
-from qkvlab.studies.qkv.compute.uptrain import FAMILIES, comparisons, start_gaps
+from qkvlab.studies.qkv.compute.uptrain import (
+    VS_SCRATCH,
+    VS_UNTIED,
+    comparisons,
+    start_gaps,
+    steps_saved,
+)
 from qkvlab.studies.qkv.plan.uptrain import (
     KV_SCRATCH,
     STANDARD_SCRATCH,
@@ -30,7 +36,7 @@ from qkvlab.studies.qkv.render.text import cell, said
 NAMES = {"fitted": "fitted (V = K·M, M folded into W_O)", "avg": "avg: (W_K + W_V)/2",
          "keep_k": "keep W_K", UNTIED: "untied, trained on the same way",
          KV_SCRATCH: "K=V from scratch", STANDARD_SCRATCH: "standard from scratch"}
-VS_UNTIED, VS_SCRATCH = list(FAMILIES)
+SHORT = {"fitted": "fitted", "avg": "avg", "keep_k": "keep W_K"}
 DODGE = {"fitted": 0.96, "avg": 1.0, "keep_k": 1.04, KV_SCRATCH: 1.0}
 
 
@@ -100,19 +106,38 @@ def uptrain_blocks(data: StudyData) -> list[Block]:
         + (f" Here {gate}." if gate else ""),
         ("uptraining", "start", "rate × parent's", "vs untied trained on",
          "vs K=V from scratch"), tuple(rows))]
-    starts = _starts_text(data)
+    starts, saved = _starts_text(data), _saved_text(data)
     if starts:
         out.append(Para(f"Where each start begins, before any uptraining: its loss on the first "
                         f"training batch of each seed (the same batch for every arm) against "
                         f"the untied model's, mean over seeds: {starts}."))
+    if saved:
+        out.append(Para(f"What the fitted start saves: {saved}."))
     return out
 
 
 def _starts_text(data: StudyData) -> str:
     """Where each start begins, e.g. "fitted +3.1% (95% CI +2.0 to +4.2)", or ""."""
     g = start_gaps(data)
-    return "; ".join(f"{NAMES[r.design]} {_pct(r.value)} (95% CI {_pct(r.lo)} to {_pct(r.hi)})"
+    return "; ".join(f"{SHORT[r.design]} {_pct(r.value)} (95% CI {_pct(r.lo)} to {_pct(r.hi)})"
                      for r in g.itertuples())
+
+
+def _saved_text(data: StudyData) -> str:
+    """What the fitted start saved against each other start, read off measured points."""
+    parts = []
+    for r in steps_saved(data).itertuples():
+        what = (f"the gap {SHORT[r.other]} ends at after {r.steps_other:,} steps "
+                f"({_pct(r.target)} over the untied model)")
+        if r.steps_fitted is None or not math.isfinite(r.steps_fitted):
+            parts.append(f"the fitted start did not reach {what} at any measured fraction")
+        elif r.at_first:
+            parts.append(f"the fitted start was already below {what} at its first measured "
+                         f"fraction ({r.steps_fitted:,.0f} steps): ≥ {r.ratio:.1f}× fewer steps")
+        else:
+            parts.append(f"the fitted start reached {what} in ≈{r.steps_fitted:,.0f} steps "
+                         f"(log-linear between measured fractions): ≈{r.ratio:.1f}× fewer")
+    return "; ".join(parts)
 
 
 def _pct(x: float) -> str:
@@ -231,14 +256,16 @@ def uptrain_sentence(data: StudyData) -> str:
             f"scratch for the same total steps")
     others = [s for s in UPTRAIN_STARTS if s != "fitted" and (VS_UNTIED, f, s) in eff]
     if others:
-        text += " (vs untied, " + "; ".join(f"{NAMES[s]}: {_cell(eff[(VS_UNTIED, f, s)])}"
+        text += " (vs untied, " + "; ".join(f"{SHORT[s]}: {_cell(eff[(VS_UNTIED, f, s)])}"
                                             for s in others) + ")"
     ref = eff.get(((KV_SCRATCH, STANDARD_SCRATCH), f, KV_SCRATCH))
     if ref is not None and ref.value is not None:
         text += f"; K=V from scratch against standard from scratch: {say(ref)}"
-    starts = _starts_text(data)
+    starts, saved = _starts_text(data), _saved_text(data)
     if starts:
         text += f"; before uptraining the starts begin at {starts} over the untied model"
+    if saved and not gate:
+        text += f"; {saved}"
     text += f"; {gate}" if gate else ""
     return text + " (table: the controlled conversion)."
 
