@@ -198,29 +198,31 @@ def test_the_rate_is_chosen_on_val_and_a_choice_on_the_edge_extends_the_grid():
     assert all(s.train.test_batches == 0 and s.train.seed in p.lr_seeds for s, _ in grid)
     with pytest.raises(ParentsPending, match="uptrain_tune"):
         uptrain.edge_runs(at(par))
-    # val loss falls toward small rates for "fitted" (its choice: the grid's low edge, 0.1),
-    # and is lowest at 0.3 for everyone else (inside: nothing to extend)
+    # val loss falls toward small rates for "fitted" (its choice: the grid's low edge), and
+    # is lowest at 0.3 for everyone else (inside: nothing to extend)
+    lo = min(p.uptrain_lr_grid)
+    beyond = float(f"{lo / 3:.3g}")
     def loss(t):
         m = t["mult"]
         return m if t["design"] == "fitted" else abs(math.log(m / 0.3))
     stored = {**par, **{run_id(s): ("done", loss(t)) for s, t in grid}}
     edge = uptrain.edge_runs(at(stored))
-    assert {(t["design"], t["mult"]) for _, t in edge} == {("fitted", 0.0333)}
+    assert {(t["design"], t["mult"]) for _, t in edge} == {("fitted", beyond)}
     assert len(edge) == len(p.uptrain_fractions) * len(p.lr_seeds)
     with pytest.raises(ParentsPending, match="uptrain_tune_edge"):
         uptrain.chosen_mults(at(stored))
-    # the extension is worse than 0.1: the choice is back inside, and not flagged
+    # the extension is worse than the grid's edge: the choice is back inside, not flagged
     done = {**stored, **{run_id(s): ("done", 0.5) for s, _ in edge}}
     mults = uptrain.chosen_mults(at(done))
-    assert {m for (d, _), m in mults.items() if d == "fitted"} == {0.1}
+    assert {m for (d, _), m in mults.items() if d == "fitted"} == {lo}
     assert {m for (d, _), m in mults.items() if d != "fitted"} == {0.3}
-    assert not uptrain.on_edge(p, 0.1) and uptrain.on_edge(p, 0.0333)
+    assert not uptrain.on_edge(p, lo) and uptrain.on_edge(p, beyond)
     # a diverged extension counts as infinite loss; a better one is chosen and flagged
     better = {**stored, **{run_id(s): ("done", 0.01) for s, _ in edge}}
     assert {m for (d, _), m in uptrain.chosen_mults(at(better)).items() if d == "fitted"} \
-        == {0.0333}
+        == {beyond}
     lost = {**stored, **{run_id(s): ("diverged", None) for s, _ in edge}}
-    assert {m for (d, _), m in uptrain.chosen_mults(at(lost)).items() if d == "fitted"} == {0.1}
+    assert {m for (d, _), m in uptrain.chosen_mults(at(lost)).items() if d == "fitted"} == {lo}
 
 
 def test_the_answer_says_it_only_where_something_is_decided():

@@ -259,8 +259,10 @@ PROFILES = {p.name: register_profile(p) for p in (
                tie_cost=CostConfig(), tie_cost_per_layer=("kv",),
                tie_cost_models=("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b"),
                # the controlled conversion at 1%, 5% and 20% of lm's 1,000 steps, each start's
-               # uptraining rate chosen on val of lr_seeds
-               uptrain_fractions=(0.01, 0.05, 0.2), uptrain_lr_grid=(0.1, 0.3, 1.0)),
+               # uptraining rate chosen on val of lr_seeds; the grid reaches 0.01: on
+               # (0.1, 0.3, 1) and its step past the edge (0.033), the fitted start at 1% and
+               # the untied model at 1% and 5% still chose the smallest rate (2026-11-26)
+               uptrain_fractions=(0.01, 0.05, 0.2), uptrain_lr_grid=(0.01, 0.03, 0.1, 0.3, 1.0)),
     QKVProfile("full", seeds=(0, 1, 2, 3, 4), d_model=384, n_layers=6, n_heads=6, batch_size=64,
                steps=5000, lr=1e-3, eval_batches=50, task_options=TASK_OPTIONS["full"],
                task_train=TASK_TRAIN["full"], probe_d_heads=(16, 32, 64, 128, 256),
