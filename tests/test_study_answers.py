@@ -16,10 +16,15 @@ from qkvlab.experiments.store import Store
 from qkvlab.report.blocks import Card, Heading, Para, Section, Table, Title
 from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.compute.answers import Finding, Published, Scale, answer, answers
-from qkvlab.studies.qkv.compute.effects import Effect, Status
+from qkvlab.studies.qkv.compute.effects import Effect, Status, attention_used
 from qkvlab.studies.qkv.plan.questions import QUESTIONS
 from qkvlab.studies.qkv.plan.references import REF_KV_CITE, REF_KV_PPL_PCT
-from qkvlab.studies.qkv.render.answers import answer_blocks, answer_text, published_words
+from qkvlab.studies.qkv.render.answers import (
+    answer_blocks,
+    answer_text,
+    headline_smoke,
+    published_words,
+)
 from qkvlab.studies.qkv.render.page import SECTION_IDS, build
 from qkvlab.studies.qkv.render.verdicts import all_verdicts
 
@@ -172,3 +177,20 @@ def test_a_task_where_attention_is_not_used_is_named_as_not_answered():
     assert ("Attention not used at this budget, so not answered: text prediction (lm) "
             "(standard does not beat the same model with uniform attention by more than the "
             "margin).") in text
+
+
+def test_a_headline_lm_that_does_not_use_attention_is_called_a_smoke_test(tmp_path):
+    level = [2.01, 2.08, 2.22]  # the control about level with standard: attention not used
+    with Store(tmp_path / "r.db") as store:
+        _fill(store, "lm_tied_kv", "lm", {("standard", "equal"): STD,
+                                          ("tied_kv", "equal"): TIED,
+                                          ("control", "equal"): level})
+        data = results.load(store, "smoke")
+    row = data.compared("lm_tied_kv", task="lm", design="control", arm="equal")
+    assert len(row) == 1 and attention_used(row.iloc[0].to_dict()) is False
+    text = headline_smoke(data)
+    value, half = _ppl(level, STD)
+    assert text.startswith("At this profile the headline lm") and "smoke test" in text
+    assert f"{value:+.1f} ± {half:.1f}%" in text
+    assert answer_blocks(data)[-1].text == text
+    assert headline_smoke(_data(tmp_path / "none")) == ""  # no control: nothing to say

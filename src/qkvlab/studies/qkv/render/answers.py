@@ -10,11 +10,11 @@ import dataclasses
 
 from qkvlab.report.blocks import Block, Para, Section
 from qkvlab.studies.qkv.compute.answers import Answer, Finding, Published, Scale, answers
-from qkvlab.studies.qkv.compute.effects import Effect, Status
+from qkvlab.studies.qkv.compute.effects import Effect, Status, attention_used, effect
 from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.plan.questions import QUESTIONS
 from qkvlab.studies.qkv.plan.references import REF_KV_CHARS_PER_TOKEN, per_char
-from qkvlab.studies.qkv.plan.vocab import ARMS, LM_CHARS_PER_TOKEN, label
+from qkvlab.studies.qkv.plan.vocab import ARMS, CONTROL, LM_CHARS_PER_TOKEN, label
 from qkvlab.studies.qkv.render.convert import convert_sentence
 from qkvlab.studies.qkv.render.uptrain import uptrain_answer
 from qkvlab.studies.qkv.render.figures_scaling import answer_sentence
@@ -228,4 +228,24 @@ def answer_blocks(data: StudyData, lead: dict[str, str] | None = None) -> list[B
         out.append(Para(f"{QUESTIONS[q].title}. {text}"))
     if at_scale:
         out.append(Para(at_scale))
+    smoke = headline_smoke(data)
+    if smoke:
+        out.append(Para(smoke))
     return out
+
+
+def headline_smoke(data: StudyData) -> str:
+    """Said plainly where the headline lm does not use attention at this profile's budget
+    (lm_tied_kv's control row, ``effects.attention_used``): its rows are a smoke test."""
+    rows = data.compared("lm_tied_kv", task="lm", design=CONTROL, arm="equal", metric="val_loss")
+    if rows.empty or attention_used(rows.iloc[0].to_dict()) is not False:
+        return ""
+    e, p = effect(rows.iloc[0].to_dict()), data.profile
+    steps = p.task_train.get("lm", {}).get("steps", p.steps)
+    half = "" if e.half is None else f" ± {e.half:.{e.digits}f}"
+    return (f"At this profile the headline lm ({steps:,} steps, d_model {p.d_model}, "
+            f"{p.n_heads} heads) does not use attention: the attention-free control is "
+            f"{e.value:+.{e.digits}f}{half}{e.unit} per token against standard, not clearly "
+            f"behind it. Its comparisons at that size read no verdict and are a smoke test of the "
+            f"pipeline, not an answer; the standard profile (`make report PROFILE=standard`) "
+            f"trains lm longer on more seeds.")
