@@ -111,7 +111,7 @@ def _what(e: Effect) -> str:
     return f" {e.what}" if e.what else ""
 
 
-def _control(e: Effect) -> str:
+def control_text(e: Effect) -> str:
     """The control vs standard that the gate read, e.g. "+1.2 ± 3.0%"."""
     if e.control_value is None:
         return "no CI"
@@ -131,7 +131,7 @@ def unused(e: Effect) -> str:
     lost = f"; {_lost(e)}, counted as worst" if _lost(e) else ""
     return (f"{text} (attention not used at this budget: standard does not beat the "
             f"attention-free control by more than the margin: the control vs standard is "
-            f"{_control(e)}{' ' + e.control_what if e.control_what else ''}; no verdict"
+            f"{control_text(e)}{' ' + e.control_what if e.control_what else ''}; no verdict"
             f"{raw}{lost})")
 
 
@@ -147,7 +147,7 @@ def cell(e: Effect) -> str:
     out = WORDS[e.status] + val + (f" · n≈{e.seeds}" if e.seeds else "")
     out += f" · {_lost(e)}" if _lost(e) else ""
     if e.status is Status.ATTENTION_UNUSED:
-        return out + f" (control {_control(e)} vs standard" + \
+        return out + f" (control {control_text(e)} vs standard" + \
             ("" if e.raw_status is None else f"; own test: {e.raw_status.value}") + ")"
     if e.raw_status is not None:
         return out + f" ({e.raw_status.value} at p {_p(e.p)}, not after Holm)"

@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import NullLocator
 
+from qkvlab.hf.convert import gap_text
 from qkvlab.report.blocks import Block, Figure, Para, Table
 from qkvlab.studies.qkv.compute.effects import Effect, Status, effect
 from qkvlab.studies.qkv.compute.results import StudyData
@@ -31,7 +32,7 @@ from qkvlab.studies.qkv.plan.uptrain import (
 )
 from qkvlab.studies.qkv.render.convert import START_COLORS
 from qkvlab.studies.qkv.render.figures_q import save
-from qkvlab.studies.qkv.render.text import cell, said
+from qkvlab.studies.qkv.render.text import cell, control_text, said
 
 NAMES = {"fitted": "fitted (V = K·M, M folded into W_O)", "avg": "avg: (W_K + W_V)/2",
          "keep_k": "keep W_K", UNTIED: "untied, trained on the same way",
@@ -119,8 +120,13 @@ def uptrain_blocks(data: StudyData) -> list[Block]:
 def _starts_text(data: StudyData) -> str:
     """Where each start begins, e.g. "fitted +3.1% (95% CI +2.0 to +4.2)", or ""."""
     g = start_gaps(data)
-    return "; ".join(f"{SHORT[r.design]} {_pct(r.value)} (95% CI {_pct(r.lo)} to {_pct(r.hi)})"
+    return "; ".join(f"{SHORT[r.design]} {pct(r.value)} (95% CI {pct(r.lo)} to {pct(r.hi)})"
                      for r in g.itertuples())
+
+
+def pct(x: float) -> str:
+    """A gap given in %, as every conversion figure is worded (``hf.convert.gap_text``)."""
+    return gap_text(x / 100)
 
 
 def _saved_text(data: StudyData) -> str:
@@ -128,7 +134,7 @@ def _saved_text(data: StudyData) -> str:
     parts = []
     for r in steps_saved(data).itertuples():
         what = (f"the gap {SHORT[r.other]} ends at after {r.steps_other:,} steps "
-                f"({_pct(r.target)} over the untied model)")
+                f"({pct(r.target)} over the untied model)")
         if r.steps_fitted is None or not math.isfinite(r.steps_fitted):
             parts.append(f"the fitted start did not reach {what} at any measured fraction")
         elif r.at_first:
@@ -138,13 +144,6 @@ def _saved_text(data: StudyData) -> str:
             parts.append(f"the fitted start reached {what} in ≈{r.steps_fitted:,.0f} steps "
                          f"(log-linear between measured fractions): ≈{r.ratio:.1f}× fewer")
     return "; ".join(parts)
-
-
-def _pct(x: float) -> str:
-    """A gap in %, or a factor where it is more than doubled (``×5.2``)."""
-    if not math.isfinite(x):
-        return "—"
-    return f"×{1 + x / 100:.3g}" if x > 100 else f"{x:+.1f}%"
 
 
 def _rate(p, mults: dict, design: str, f: float) -> str:
@@ -228,26 +227,27 @@ def _gate_words(eff: dict[tuple, Effect]) -> str:
     if e.status is not Status.ATTENTION_UNUSED:
         return ""
     return (f"standard does not beat lm's attention-free control at this profile (the control "
-            f"vs standard: {_control_text(e)}), so none of these is a verdict")
+            f"vs standard: {control_text(e)}), so none of these is a verdict")
 
 
-def _control_text(e: Effect) -> str:
-    if e.control_value is None:
-        return "no CI"
-    half = "" if e.control_half is None else f" ± {e.control_half:.{e.digits}f}"
-    return f"{e.control_value:+.{e.digits}f}{half}{e.control_unit}"
+def _headline(data: StudyData) -> tuple[dict, float, Effect, Effect] | None:
+    """(all effects, the largest fraction, the fitted start there vs the untied model and vs
+    K=V from scratch), or None where the profile or the store has no such pair."""
+    eff, p = _effects(data), data.profile
+    if not eff or not p.uptrain_fractions:
+        return None
+    f = max(p.uptrain_fractions)
+    a, b = eff.get((VS_UNTIED, f, "fitted")), eff.get((VS_SCRATCH, f, "fitted"))
+    return None if a is None or b is None else (eff, f, a, b)
 
 
 def uptrain_sentence(data: StudyData) -> str:
     """Q3's words on the controlled conversion, at the largest fraction it measured."""
-    eff = _effects(data)
+    found = _headline(data)
+    if found is None:
+        return ""
+    eff, f, a, b = found
     p = data.profile
-    if not eff or not p.uptrain_fractions:
-        return ""
-    f = max(p.uptrain_fractions)
-    a, b = eff.get((VS_UNTIED, f, "fitted")), eff.get((VS_SCRATCH, f, "fitted"))
-    if a is None or b is None:
-        return ""
     gate = _gate_words(eff)
     say = _cell if gate else said
     text = (f"Converting the study's own standard lm ({steps_of(p):,} steps) to K=V from the "
@@ -276,14 +276,11 @@ DECIDED = (Status.WORSE, Status.BETTER, Status.EQUIVALENT)
 def uptrain_answer(data: StudyData) -> str:
     """One sentence for Q3's answer, only where the controlled conversion decided something:
     the fitted start at the largest fraction, against both baselines."""
-    eff = _effects(data)
+    found = _headline(data)
+    if found is None or not {found[2].status, found[3].status} & set(DECIDED):
+        return ""
+    _, f, a, b = found
     p = data.profile
-    if not eff or not p.uptrain_fractions:
-        return ""
-    f = max(p.uptrain_fractions)
-    a, b = eff.get((VS_UNTIED, f, "fitted")), eff.get((VS_SCRATCH, f, "fitted"))
-    if a is None or b is None or not {a.status, b.status} & set(DECIDED):
-        return ""
 
     def short(e: Effect) -> str:
         return (f"{e.value:+.{e.digits}f}% (95% CI {e.lo:+.{e.digits}f} to "
