@@ -140,7 +140,8 @@ def test_every_experiment_builds_at_every_profile_with_matched_arms():
                                        "alt_init", "directed_relation", "scale_tune",
                                        "scale_tune_edge", "scale_train", "scaling_tune", "scaling_tune_edge",
                                        "scaling_budget", "scaling_size", "uptrain_tune", "lr_tune_edge",
-                                       "uptrain_tune_edge", "lm_convert"}
+                                       "uptrain_tune_edge", "lm_convert", "head_width_tune",
+                                       "head_width_tune_edge", "head_width"}
     assert profile_names() == ["smoke", "quick", "standard", "full", "convert", "scaling"]
     # empty where a profile has no grid / no widths / no scaling sizes
     optional = {"lr_tune", "lr_tune_edge", "lm_scaling", "scale_tune", "scale_tune_edge",
@@ -165,6 +166,22 @@ def test_every_experiment_builds_at_every_profile_with_matched_arms():
                 else:  # lr_tune's rates first where the profile tunes, else the parents
                     with pytest.raises(ValueError, match="run `qkvlab sweep lr_tune"):
                         runs_of(name, prof)
+                continue
+            if name.startswith("head_width"):
+                # K=V's head-width cells: each design's rate chosen per cell where a profile
+                # tunes rates (head_width_tune first), else at lm's rate
+                p = get_profile(prof)
+                if not p.head_width_cells or (name != "head_width" and not p.lr_grid):
+                    assert runs_of(name, prof) == []
+                elif name == "head_width_tune":
+                    assert {(t["d_model"], t["n_heads"]) for _, t in runs_of(name, prof)} \
+                        == set(p.head_width_cells)
+                elif p.lr_grid:
+                    with pytest.raises(ValueError, match="run `qkvlab sweep head_width_tune"):
+                        runs_of(name, prof)
+                else:
+                    assert {t["d_head"] for _, t in runs_of(name, prof)} == \
+                        {m // h for m, h in p.head_width_cells}
                 continue
             if name in staged:
                 if scaling.cells(get_profile(prof)):

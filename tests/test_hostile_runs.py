@@ -53,7 +53,8 @@ def test_a_report_that_fails_midway_leaves_the_old_report_whole(tmp_path, monkey
     assert page.write_report(data, out) == out / "index.html"
     new = tree(out)  # the new report replaced the old folder whole: no stale figure
     assert set(new) == {"index.html", "report.md", "verdicts.json", "comparisons.csv",
-                        "answers.json", "shares.csv", "uptrain.csv"}
+                        "answers.json", "shares.csv", "uptrain.csv",
+                        "head_width.csv"}
     assert all(new[k] != old.get(k) for k in new) and os.listdir(out.parent) == ["smoke"]
 
 

@@ -169,7 +169,7 @@ def _listed(profile: str) -> list[str]:
 
 # experiments added since, every run of them new (Q1's scale in training)
 NEW = ("scale_tune", "scale_tune_edge", "scale_train", "lr_tune_edge", "uptrain_tune",
-       "uptrain_tune_edge", "lm_convert")
+       "uptrain_tune_edge", "lm_convert", "head_width_tune", "head_width_tune_edge", "head_width")
 # designs added since, each a new row of its question: their runs are new, the others' kept
 NEW_DESIGNS = ("tied_qkv_selfmask",)
 # seeds added since (quick's width price: 2 -> 4 seeds), every run of them new

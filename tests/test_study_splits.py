@@ -126,9 +126,9 @@ def test_every_reported_run_is_scored_on_test(name):
     if p.scaling_lr_grid:  # scaling's runs at lm's rate, as if scaling_tune had chosen it
         p = dataclasses.replace(p, scaling_lr_grid=())
     # tuning runs score val only; lm_convert's are checked in test_study_uptrain (they need
-    # their parents done)
+    # their parents done), head_width's in test_study_headwidth (they need their rates)
     got = {(e, s.train.test_batches) for e in ORDER
-           if BY_NAME[e].role != "tuning" and e != "lm_convert"
+           if BY_NAME[e].role != "tuning" and e not in ("lm_convert", "head_width")
            for s, _ in registry.runs_of(e, p)}
     assert got == {(e, p.eval_batches) for e, _ in got}
     assert p.test_batches == p.eval_batches > 0

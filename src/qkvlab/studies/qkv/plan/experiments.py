@@ -33,7 +33,7 @@ from qkvlab.studies.qkv.plan.scale import (  # noqa: F401 (registers)
     scale_tune,
     scale_tune_edge,
 )
-from qkvlab.studies.qkv.plan import uptrain
+from qkvlab.studies.qkv.plan import headwidth, uptrain
 from qkvlab.studies.qkv.plan.scaling import EXPERIMENTS as SCALING  # registers them
 from qkvlab.studies.qkv.plan.scaling import tuned_status
 from qkvlab.studies.qkv.plan.questions import designs_on
@@ -48,7 +48,9 @@ ROLES = {"probe": "measured at init and early in training, not compared",
          "measure": "trained for the measures made on its checkpoints",
          "scaling": "compared per size and budget cell (compute.scaling)",
          "conversion": "each start against the untied model and K=V from scratch, paired by "
-                       "seed (compute.uptrain)"}
+                       "seed (compute.uptrain)",
+         "head_width": "each design against standard per (d_model, n_heads) cell, paired by "
+                       "seed (compute.headwidth)"}
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,9 @@ STUDY = (StudyExperiment("scale_probe", "probe"), StudyExperiment("lr_tune", "tu
          StudyExperiment("lm_scaling", "comparison"),
          StudyExperiment("uptrain_tune", "tuning"), StudyExperiment("uptrain_tune_edge", "tuning"),
          StudyExperiment("lm_convert", "conversion"),
+         StudyExperiment("head_width_tune", "tuning"),
+         StudyExperiment("head_width_tune_edge", "tuning"),
+         StudyExperiment("head_width", "head_width"),
          *(StudyExperiment(name, "scaling") for name in SCALING))
 ORDER = tuple(e.name for e in STUDY)
 BY_NAME = {e.name: e for e in STUDY}
@@ -294,3 +299,20 @@ def uptrain_tune_edge(p: QKVProfile) -> list[Run]:
                           "uptrained: as good as training with the tie?")
 def lm_convert(p: QKVProfile) -> list[Run]:
     return uptrain.reported_runs(p)
+
+
+@experiment("head_width_tune", "Q3: each design's rate in each head-width cell, chosen on val")
+def head_width_tune(p: QKVProfile) -> list[Run]:
+    return headwidth.tuning_runs(p)
+
+
+@experiment("head_width_tune_edge", "Q3: the head-width cells' rate grid extended one step where "
+                                    "a choice sits on its edge")
+def head_width_tune_edge(p: QKVProfile) -> list[Run]:
+    return headwidth.edge_runs(p)
+
+
+@experiment("head_width", "Q3: does K = V's cost fall as d_head grows, at fixed width and "
+                          "depth (n_heads × d_head = d_model)?")
+def head_width(p: QKVProfile) -> list[Run]:
+    return headwidth.reported_runs(p)

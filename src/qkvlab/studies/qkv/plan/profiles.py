@@ -34,7 +34,8 @@ class Rates:
       ``scale_tune_edge``); ``lr_grid_choice``: ``lr_tune``'s (the plan of ``lr_tune_edge``);
     - ``scaling_tuned``: run id -> (status, final val loss) of the scaling tuning runs;
     - ``stored``: run id -> (status, final val loss) of every stored run, where the profile
-      converts its own lm (``plan.uptrain``: a conversion waits for its parent).
+      converts its own lm (``plan.uptrain``: a conversion waits for its parent) or tunes
+      the head-width cells' rates (``plan.headwidth``).
 
     None: not read (the profile tunes nothing there, or no store was given).
     """
@@ -105,6 +106,9 @@ class QKVProfile(Profile):
     # uptrain_lr_grid (× the parent's rate) on lr_seeds where the profile tunes rates
     uptrain_fractions: tuple[float, ...] = ()
     uptrain_lr_grid: tuple[float, ...] = ()
+    # K = V's head-width axis (``plan.headwidth``): lm at each (d_model, n_heads), n_heads ×
+    # d_head = d_model, standard, K = V, GQA-half and the control (empty: not run)
+    head_width_cells: tuple[tuple[int, int], ...] = ()
     # The gap against training budget and size (``plan.scaling``; empty: not run): steps of
     # the budget cells and their seeds; widths and depths of the size cells, the tokens each
     # trains on per non-embedding parameter and their seeds; the rate grid (× lm's rate) and
@@ -239,7 +243,10 @@ PROFILES = {p.name: register_profile(p) for p in (
                # the controlled conversion at 20% of lm's 200 steps (18 runs, ~25 s on 2
                # cores): a smoke test of it, since at 200 steps lm's control is level with
                # standard (docs/study-profiles.md)
-               uptrain_fractions=(0.2,)),
+               uptrain_fractions=(0.2,),
+               # K=V's head-width axis at lm's width: d_head 8, 16 (lm's own runs) and 64, a
+               # smoke test like quick's lm (21 new runs, ~1 min on 2 cores)
+               head_width_cells=((64, 8), (64, 4), (64, 1))),
     QKVProfile("standard", seeds=tuple(range(8)), d_model=64, n_layers=2, n_heads=4,
                batch_size=16, steps=1000, lr=3e-3, eval_batches=16,
                task_options=TASK_OPTIONS["standard"], task_train=TASK_TRAIN["standard"],
@@ -262,7 +269,10 @@ PROFILES = {p.name: register_profile(p) for p in (
                # uptraining rate chosen on val of lr_seeds; the grid reaches 0.01: on
                # (0.1, 0.3, 1) and its step past the edge (0.033), the fitted start at 1% and
                # the untied model at 1% and 5% still chose the smallest rate (2026-11-26)
-               uptrain_fractions=(0.01, 0.05, 0.2), uptrain_lr_grid=(0.01, 0.03, 0.1, 0.3, 1.0)),
+               uptrain_fractions=(0.01, 0.05, 0.2), uptrain_lr_grid=(0.01, 0.03, 0.1, 0.3, 1.0),
+               # K=V's head-width axis: d_head 8, 16, 32, 64 at lm's width 64, and d_head 64
+               # at width 128 (Kayyam et al.'s d_head at twice the width)
+               head_width_cells=((64, 8), (64, 4), (64, 2), (64, 1), (128, 2))),
     QKVProfile("full", seeds=(0, 1, 2, 3, 4), d_model=384, n_layers=6, n_heads=6, batch_size=64,
                steps=5000, lr=1e-3, eval_batches=50, task_options=TASK_OPTIONS["full"],
                task_train=TASK_TRAIN["full"], probe_d_heads=(16, 32, 64, 128, 256),

@@ -214,8 +214,10 @@ def reported_runs(p: QKVProfile) -> list[Run]:
 
 def with_stored(p: QKVProfile, store) -> QKVProfile:
     """``p`` with every stored run's (status, final val loss) in ``rates.stored``, where it
-    converts its own lm (``uptrain_fractions``)."""
-    if not p.uptrain_fractions or p.rates.stored is not None or store is None:
+    converts its own lm (``uptrain_fractions``) or tunes the head-width cells' rates
+    (``head_width_cells`` with a grid)."""
+    wanted = p.uptrain_fractions or (p.head_width_cells and p.lr_grid)
+    if not wanted or p.rates.stored is not None or store is None:
         return p
     stored = {r["id"]: (r["status"], (r["final"] or {}).get("val_loss"))
               for r in store.runs()}

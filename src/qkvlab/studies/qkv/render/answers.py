@@ -16,6 +16,7 @@ from qkvlab.studies.qkv.plan.questions import QUESTIONS
 from qkvlab.studies.qkv.plan.references import REF_KV_CHARS_PER_TOKEN, per_char
 from qkvlab.studies.qkv.plan.vocab import ARMS, CONTROL, LM_CHARS_PER_TOKEN, label
 from qkvlab.studies.qkv.render.convert import convert_sentence
+from qkvlab.studies.qkv.render.headwidth import head_width_answer
 from qkvlab.studies.qkv.render.uptrain import uptrain_answer
 from qkvlab.studies.qkv.render.figures_scaling import answer_sentence
 
@@ -224,7 +225,8 @@ def answer_blocks(data: StudyData, lead: dict[str, str] | None = None) -> list[B
         first = (lead or {}).get(q)
         text = f"{first} {answer_text(without_widths(a), True)}" if first else answer_text(a)
         if q.lower() == "q3":
-            text += "".join(" " + t for t in (converted, uptrain_answer(data)) if t)
+            text += "".join(" " + t for t in (converted, uptrain_answer(data),
+                                                head_width_answer(data)) if t)
         out.append(Para(f"{QUESTIONS[q].title}. {text}"))
     if at_scale:
         out.append(Para(at_scale))

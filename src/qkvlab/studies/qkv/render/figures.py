@@ -56,6 +56,7 @@ from qkvlab.studies.qkv.render.figures_q import (
 )
 from qkvlab.studies.qkv.render import figures_scaling
 from qkvlab.studies.qkv.render.convert import fig_q3_convert
+from qkvlab.studies.qkv.render.headwidth import fig_q3_head_width
 from qkvlab.studies.qkv.render.uptrain import fig_q3_uptrain
 from qkvlab.studies.qkv.render.figures_zoo import fig_q2_zoo, fig_q3_tie_layers
 from qkvlab.studies.qkv.render.scale import fig_q1_scale_train
@@ -226,7 +227,7 @@ def fig_lr(data: StudyData, out: Path) -> Figure | None:
 FIGURES = {"q1": [fig_forest_q1, fig_q1_loss, fig_q1_scale_train, fig_q1_scale, fig_q1_convex],
            "q2": [fig_forest_q2, fig_q2_own, fig_q2_pretrained, fig_q2_zoo, fig_q2_emergence],
            "q3": [fig_forest_q3, fig_q3_bind, fig_q3_kv, fig_q3_kv_payoff, fig_q3_tie_layers,
-                  fig_q3_convert, fig_q3_uptrain]}
+                  fig_q3_convert, fig_q3_uptrain, fig_q3_head_width]}
 
 
 def all_figures(data: StudyData, out: Path) -> dict[str, list[Figure]]:

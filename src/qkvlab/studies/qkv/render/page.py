@@ -59,6 +59,7 @@ from qkvlab.studies.qkv.render.tables import (
 )
 from qkvlab.studies.qkv.render.text import num, pm, splits_text
 from qkvlab.studies.qkv.render.verdicts import all_verdicts
+from qkvlab.studies.qkv.render.headwidth import head_width_blocks, head_width_rows
 from qkvlab.studies.qkv.render.uptrain import uptrain_blocks, uptrain_rows
 from qkvlab.studies.qkv.plan.vocab import TEXT_LOSSES, label
 
@@ -173,6 +174,7 @@ def q3_blocks(data: StudyData) -> list[Block]:
     out += tie_cost_blocks(data)
     out += convert_blocks(data)
     out += uptrain_blocks(data)
+    out += head_width_blocks(data)
     return out
 
 
@@ -250,4 +252,6 @@ def write_report(data: StudyData, report_dir: Path) -> Path:
         atomic_write_text(folder / "shares.csv", shares(data).to_csv(index=False))
         # the controlled conversion's comparisons with their verdicts (``compute.uptrain``)
         atomic_write_text(folder / "uptrain.csv", uptrain_rows(data).to_csv(index=False))
+        # K=V's head-width cells with their verdicts and shares (``compute.headwidth``)
+        atomic_write_text(folder / "head_width.csv", head_width_rows(data).to_csv(index=False))
     return report_dir / "index.html"

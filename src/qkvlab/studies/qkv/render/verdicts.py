@@ -55,6 +55,7 @@ from qkvlab.studies.qkv.render.share import share_sentence
 from qkvlab.studies.qkv.render.text import ci_text, said
 from qkvlab.studies.qkv.render.convert import convert_sentence
 from qkvlab.studies.qkv.render.ties import tie_cost_sentence
+from qkvlab.studies.qkv.render.headwidth import head_width_sentence
 from qkvlab.studies.qkv.render.uptrain import uptrain_sentence
 
 
@@ -252,6 +253,7 @@ def verdict_q3(data: StudyData) -> Verdict:
     details.append(tie_cost_sentence(data, ("kv", "gqa")))
     details.append(convert_sentence(data))
     details.append(uptrain_sentence(data))
+    details.append(head_width_sentence(data))
     return Verdict(headline, tuple(d for d in details if d))
 
 
