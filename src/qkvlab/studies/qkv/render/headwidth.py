@@ -18,6 +18,7 @@ from qkvlab.studies.qkv.render.figures_q import save
 from qkvlab.studies.qkv.render.text import cell, control_text, said
 
 COLUMNS = ("tied_kv", "gqa_half", CONTROL)
+DODGE = {"tied_kv": 0.95, "gqa_half": 1.0, CONTROL: 1.05}  # apart on the log axis
 READ = {"falls": "falls as d_head grows", "grows": "grows with d_head",
         "flat": f"is flat in d_head (within ±{FLAT_PER_DOUBLING:g}% per doubling)",
         "undecided": "has no decided trend in d_head",
@@ -113,8 +114,9 @@ def fig_q3_head_width(data, out: Path) -> Figure | None:
                 continue
             lo = (g.value - g.lo).fillna(0).clip(lower=0)
             hi = (g.hi - g.value).fillna(0).clip(lower=0)
-            ax.errorbar(g.d_head, g.value, yerr=[lo, hi], capsize=3,
-                        marker="o" if i == 0 else "D", ls="-" if i == 0 else "none",
+            ax.errorbar(g.d_head * DODGE[design], g.value, yerr=[lo, hi], capsize=3,
+                        marker="o" if i == 0 else "D",
+                        ls="none" if i else "--" if design == CONTROL else "-",
                         mfc=None if i == 0 else "white", color=DESIGNS[design].color,
                         label=f"{DESIGNS[design].label}, d_model {width}")
     ax.axhline(0, color="#999999", lw=0.8)
@@ -127,8 +129,8 @@ def fig_q3_head_width(data, out: Path) -> Figure | None:
     return save(fig, tidy, out, "q3_head_width", "K=V's cost against head width",
                 "lm at fixed depth and width, the width split into heads of another width: "
                 "each design's gap in test perplexity per token to standard in the same cell, "
-                "mean over seeds with 95% CIs; diamonds: the wider model. The control's gap is "
-                "what attention buys in that cell.")
+                "mean over seeds with 95% CIs; diamonds: the wider model. The control's gap "
+                "(dashed) is what attention buys in that cell.")
 
 
 def head_width_sentence(data) -> str:
