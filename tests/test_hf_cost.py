@@ -73,54 +73,38 @@ def test_records_go_through_the_store_and_are_reused(fake_sources, tmp_path):
     assert rows[-1]["layers"].startswith("one at a time: median L")
 
 
-def test_heal_trains_the_tied_attention(fake_sources, tmp_path):
-    cfg = CostConfig(seq_len=8, eval_tokens=16, calib_tokens=24, batch=2, heal_steps=2, heal_batch=2,
-                     heal_lrs=(1e-1, 1e-3), val_tokens=16)
+def test_records_are_zero_shot_and_the_spec_has_no_healing(fake_sources, tmp_path):
+    """Issue 38: tiecost measures zero-shot only (uptraining is ``qkvlab convert``'s): every
+    record is "zero-shot" against the untied model as loaded, and the stored spec is the
+    current version and the sizes, nothing else."""
     with Store(tmp_path / "r.db") as store:
-        recs = [r for r in measure_tie_cost(store, "tiny", ("kv",), cfg, log=lambda s: None) if r["tie"] != "fit"]
-    got = {(r["tie"], r["stage"]): r for r in recs}
-    assert set(got) == {("none", "zero-shot"), ("none", "healed"), ("kv", "zero-shot"), ("kv", "healed")}
-    kv = got["kv", "healed"]
-    assert kv["heal_tokens"] == 2 * 2 * 8 and kv["heal_steps"] == 2
-    assert kv["ppl"] != got["kv", "zero-shot"]["ppl"]
-    # the untied model healed the same way, by hand: at each rate, the rate with the lowest loss
-    # on the validation tokens (train chapters after the healing text) is evaluated on the test
-    heal_ids = cost.bible_ids(None, "train", 2 * 2 * 8, 8, "3", skip=24)
-    val_ids = cost.bible_ids(None, "train", 16, 8, "3", skip=24 + 2 * 2 * 8)
-    healed = {0.0: tiny_llama()}  # rate 0: no healing is one of the choices
-    for lr in cfg.heal_lrs:
-        healed[lr] = base = tiny_llama()
-        cost.heal(base, heal_ids, steps=2, batch=2, lr=lr)
-    val = {lr: nll(m, val_ids, batch=2) for lr, m in healed.items()}
-    best = min(val, key=val.get)
-    want = math.exp(nll(healed[best], cost.bible_ids(None, "test", 16, 8, "3"), batch=2))
-    none = got["none", "healed"]
-    assert none["heal_lr"] == best and none["heal_val"] == pytest.approx({repr(k): v for k, v in val.items()},
-                                                                          rel=1e-9)
-    assert math.isclose(none["ppl"], want, rel_tol=1e-6)
-    assert set(kv["heal_val"]) == {"0.0", "0.1", "0.001"}
-    assert kv["heal_val"][repr(kv["heal_lr"])] == min(kv["heal_val"].values())
-    assert want != got["none", "zero-shot"]["ppl"]
-    # a healed tie is measured against the healed untied model, a zero-shot one against the loaded
-    assert kv["ppl_base"] == got["none", "healed"]["ppl"] and got["none", "healed"]["delta_nll"] == 0
-    assert got["kv", "zero-shot"]["ppl_base"] == got["none", "zero-shot"]["ppl"]
-    assert math.isclose(kv["delta_nll"], math.log(kv["ppl"] / kv["ppl_base"]), rel_tol=1e-9)
-    assert kv["ppl_loaded"] == got["none", "zero-shot"]["ppl"]
+        recs = [r for r in measure_tie_cost(store, "tiny", ("kv",), CFG, log=lambda s: None) if r["tie"] != "fit"]
+        specs = [row["spec"] for row in store.measure_rows("tie_cost")]
+    assert [(r["tie"], r["stage"]) for r in recs] == [("none", "zero-shot"), ("kv", "zero-shot")]
+    assert set(recs[1]) == {"model", "n_layers", "tie", "layers", "stage", "ppl", "ppl_base", "delta_ppl",
+                            "delta_nll", "eval_tokens", "calib_tokens", "kv_cache", "attn_params", "seconds"}
+    assert recs[1]["ppl_base"] == recs[0]["ppl"] and recs[0]["delta_nll"] == 0
+    sizes = {"translation": "3", "seq_len": 8, "eval_tokens": 16, "calib_tokens": 24, "batch": 2}
+    assert sorted(specs, key=lambda s: s["tie"]) == [
+        {"model": "tiny", "tie": t, "layers": "all", "version": cost.VERSION, **sizes} for t in ("kv", "none")]
+    assert cost.VERSION == 5
+    with pytest.raises(TypeError, match="heal_steps"):
+        CostConfig(heal_steps=64)
 
 
-def test_healing_that_hurts_on_validation_is_not_taken(fake_sources, tmp_path):
-    """A rate that wrecks the model (lr 10) loses to no healing on the validation tokens: the
-    healed record is the model as tied, rate 0, and says so."""
-    cfg = CostConfig(seq_len=8, eval_tokens=16, calib_tokens=24, batch=2, heal_steps=2, heal_batch=2,
-                     heal_lrs=(10.0,), val_tokens=16)
-    with Store(tmp_path / "r.db") as store:
-        recs = [r for r in measure_tie_cost(store, "tiny", ("kv",), cfg, log=lambda s: None) if r["tie"] != "fit"]
-    got = {(r["tie"], r["stage"]): r for r in recs}
-    for kind in ("none", "kv"):
-        h, z = got[kind, "healed"], got[kind, "zero-shot"]
-        assert h["heal_lr"] == 0.0 and h["heal_val"]["10.0"] > h["heal_val"]["0.0"]
-        assert h["ppl"] == z["ppl"]
-    assert got["kv", "healed"]["ppl_base"] == got["none", "zero-shot"]["ppl"]
+@pytest.mark.parametrize("flag", ["--heal-steps 64", "--heal-batch 2", "--heal-lrs 1e-4,1e-5", "--val-tokens=1024",
+                                  "--heal-steps"])
+def test_healing_flags_name_convert_and_exit_2(flag, tmp_path, capsys):
+    """The removed healing flags do not vanish silently: one line naming ``qkvlab convert``, exit
+    2, before any store is opened or model loaded."""
+    from qkvlab.cli import main
+    db = tmp_path / "r.db"
+    assert main(["tiecost", "smollm2", *flag.split(), "--db", str(db)]) == 2
+    name = flag.split()[0].split("=")[0]
+    assert capsys.readouterr().err == (
+        f"qkvlab tiecost: error: {name}: tiecost no longer heals (it measures zero-shot tie costs); "
+        "uptraining a tie is `qkvlab convert smollm2 --tie kv --start fitted --tokens N` (docs/convert.md)\n")
+    assert not db.exists()
 
 
 def tiny_gemma3_mqa():

