@@ -12,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from qkvlab.experiments.registry import get_profile  # noqa: E402
 from qkvlab.experiments.store import Store  # noqa: E402
+from qkvlab.report.blocks import Para  # noqa: E402
 from qkvlab.hf import cost  # noqa: E402
 from qkvlab.hf.cost import CostConfig  # noqa: E402
 from qkvlab.studies.qkv import study  # noqa: E402
@@ -67,13 +68,13 @@ def test_study_measures_each_model_once_and_the_report_reads_it_back(tmp_path, p
     want = [r for m in p.tie_cost_models for r in stored[m]
             if r["tie"] != "fit" and r["layers"] == "all" and r["stage"] != "refused"]
     assert len(table.rows) == len(want) == 5 + 2  # tiny: untied and 4 ties, gemma: untied and K=V
-    got = {(row[0], row[1], row[2]): row for row in table.rows}
+    got = {(row[0], row[1]): row for row in table.rows}
     label = {"none": "untied", "kv": "K=V", "qk": "Q=K", "qkv": "Q=K=V",
              "gqa": "GQA (kv heads mean-pooled to 1)"}
     for r in want:
-        row = got[(r["model"], label[r["tie"]], "zero-shot")]
-        assert row[3] == ppl_text(r["ppl"]) and row[4] == ppl_text(r["ppl_base"])
-        assert row[5] == f"{r['delta_nll']:+.3f}" and row[6] == ppl_change(100 * math.expm1(r["delta_nll"]))
+        row = got[(r["model"], label[r["tie"]])]
+        assert row[2] == ppl_text(r["ppl"]) and row[3] == ppl_text(r["ppl_base"])
+        assert row[4] == f"{r['delta_nll']:+.3f}" and row[5] == ppl_change(100 * math.expm1(r["delta_nll"]))
     assert "gemma-mqa Q=K" in refused.text and "gemma-mqa GQA" in refused.text
     assert "single kv head" in refused.text and "RMSNorms" in refused.text
 
@@ -112,6 +113,61 @@ def test_other_sizes_and_old_versions_are_not_shown(tmp_path, profile):
         # a profile that measures none shows what a user stored at any size (current version)
         shown = tie_costs(results.load(store, get_profile("smoke")))
     assert set(shown["spec.eval_tokens"]) == {32}
+
+
+OLD_SIZES = {"translation": "3", "seq_len": 8, "eval_tokens": 16, "calib_tokens": 24, "batch": 2}
+OLD_HEALED = {"heal_steps": 2, "heal_batch": 2, "heal_lrs": [0.01], "val_tokens": 16}
+
+
+def _old_records(store, version, stages=("zero-shot", "healed")):
+    """What tiecost stored when it healed (version 4): a zero-shot and a healed record per tie,
+    the spec carrying the heal fields."""
+    for tie in ("none", "kv"):
+        base = {"model": "tiny", "n_layers": 2, "tie": tie, "layers": "all", "ppl": 60.0, "ppl_base": 50.0,
+                "ppl_loaded": 50.0, "delta_ppl": 10.0, "delta_nll": math.log(1.2), "eval_tokens": 16,
+                "calib_tokens": 24, "heal_steps": 0, "heal_tokens": 0, "kv_cache": 1.0, "attn_params": 1.0,
+                "seconds": 1.0}
+        recs = [{**base, "stage": "zero-shot"},
+                {**base, "stage": "healed", "heal_steps": 2, "heal_tokens": 32, "heal_lr": 0.01,
+                 "heal_val": {"0.0": 4.0, "0.01": 3.9}}]
+        recs = [r for r in recs if r["stage"] in stages]
+        spec = {"model": "tiny", "tie": tie, "layers": "all", "version": version, **OLD_SIZES, **OLD_HEALED}
+        store.measure("tie_cost", spec, lambda r=recs: r)
+
+
+def _rendered(data, tmp_path):
+    fig = fig_q3_tie_layers(data, tmp_path)
+    return (tables.tie_cost_blocks(data),
+            tie_cost_sentence(data, ("kv", "gqa")), tie_cost_sentence(data, ("qk", "qkv")),
+            None if fig is None else (tmp_path / fig.csv).read_text())
+
+
+def test_old_healed_records_are_ignored(tmp_path, profile):
+    """A store from before healing moved to ``qkvlab convert`` (issue 38): its version-4 records,
+    healed ones among them, change nothing in the table, the sentences or the figure; nor does a
+    "healed" record stamped with the current version."""
+    p, _ = profile
+    _, _, data = _run(tmp_path, p)
+    want = _rendered(data, tmp_path)
+    with Store(tmp_path / "r.db") as store:
+        _old_records(store, version=4)
+        _old_records(store, version=cost.VERSION, stages=("healed",))  # past the version check
+        data = results.load(store, p)
+    assert (data.measure("tie_cost").stage == "healed").sum() == 4
+    assert _rendered(data, tmp_path) == want
+    assert set(tie_costs(data).stage) == {"zero-shot", "refused"}
+
+
+def test_a_store_of_old_healed_records_only_renders_as_not_measured(tmp_path):
+    """Only version-4 records (zero-shot and healed), the profile measuring none: nothing is
+    shown, and the table says so, instead of failing on the heal fields."""
+    with Store(tmp_path / "r.db") as store:
+        _old_records(store, version=4)
+        data = results.load(store, get_profile("smoke"))
+    assert tie_costs(data).empty
+    assert _rendered(data, tmp_path) == (
+        [Para("What a tie would cost a trained model: not measured in this store at this profile's sizes; "
+              "`qkvlab tiecost smollm2` stores it.", note=True)], "", "", None)
 
 
 def test_a_model_not_fetched_is_a_note(tmp_path, monkeypatch):

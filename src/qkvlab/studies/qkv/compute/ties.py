@@ -20,11 +20,13 @@ from qkvlab.studies.qkv.compute.zoo import manifest
 def tie_costs(data: StudyData) -> pd.DataFrame:
     """Records of the current ``tie_cost`` version measured at the profile's sizes (every stored
     size when the profile measures none, e.g. rows a user stored with ``qkvlab tiecost``), with
-    ``title`` (the zoo's name of the model) and ``pct`` (Δ perplexity in %)."""
+    ``title`` (the zoo's name of the model) and ``pct`` (Δ perplexity in %). Zero-shot and
+    refused records only: a "healed" record (tiecost healed before version 5; uptraining is
+    ``qkvlab convert``'s now) is never shown, whatever version it carries."""
     tc = data.measure("tie_cost")
-    if tc.empty or "spec.version" not in tc:
+    if tc.empty or "spec.version" not in tc or "stage" not in tc:
         return pd.DataFrame()
-    tc = tc[tc["spec.version"] == VERSION]
+    tc = tc[(tc["spec.version"] == VERSION) & tc.stage.isin(("zero-shot", "refused"))]
     cfg = getattr(data.profile, "tie_cost", None)
     if cfg is not None:
         for k, v in asdict(cfg).items():

@@ -176,27 +176,20 @@ def tie_cost_blocks(data: StudyData) -> list[Block]:
                      "profile's sizes" + (f" (it measures {', '.join(models)}; see the notes)"
                                           if models else "; `qkvlab tiecost smollm2` stores it")
                      + ".", note=True)]
-    rows = tc[(tc.layers.astype(str) == "all") & (tc.stage != "refused")]
-    def stage(r: dict) -> str:  # healed rows name the rate validation chose
-        lr = r.get("heal_lr")
-        if not isinstance(lr, float) or lr != lr:
-            return r["stage"]
-        return r["stage"] + (f" (lr {lr:g})" if lr else " (no rate helped: as tied)")
-
-    body = tuple((r["title"], TIE_LABELS.get(r["tie"], r["tie"]), stage(r), ppl_text(r["ppl"]),
+    rows = tc[(tc.layers.astype(str) == "all") & (tc.stage == "zero-shot")]
+    body = tuple((r["title"], TIE_LABELS.get(r["tie"], r["tie"]), ppl_text(r["ppl"]),
                   ppl_text(r["ppl_base"]), f"{r['delta_nll']:+.3f}", ppl_change(r["pct"]),
                   num(r["kv_cache"]), num(r["attn_params"]))
                  for r in rows.to_dict("records"))
     refused = tc[tc.stage == "refused"].drop_duplicates(["model", "tie"])
     out: list[Block] = [Table(
-        "What each tie costs a trained decoder: every layer tied at once by its best fit on real "
-        "activations (K=V: W_V ← W_K·M, M folded into W_O; Q=K: the nearest tied score form; "
-        "GQA: kv heads mean-pooled, a reference), held-out Bible perplexity; a healed tie is "
-        "compared with the untied model healed the same way (healing on Bible text lowers its "
-        "perplexity too), each at the learning rate its validation loss chose. alt folds "
-        "exactly, so it costs nothing.",
-        ("model", "tie", "stage", "perplexity", "untied, same stage", "Δ nll", "perplexity change",
-         "KV cache ×", "attention params ×"), body)]
+        "What each tie costs a trained decoder zero-shot: every layer tied at once by its best fit "
+        "on real activations (K=V: W_V ← W_K·M, M folded into W_O; Q=K: the nearest tied score "
+        "form; GQA: kv heads mean-pooled, a reference), held-out Bible perplexity, nothing "
+        "trained after the tie (uptraining a tie is `qkvlab convert`'s). alt folds exactly, so "
+        "it costs nothing.",
+        ("model", "tie", "perplexity", "untied", "Δ nll", "perplexity change", "KV cache ×",
+         "attention params ×"), body)]
     if not refused.empty:
         out.append(Para("Ties a model's architecture cannot take: " + "; ".join(
             f"{r['title']} {TIE_LABELS.get(r['tie'], r['tie'])}: {why_refused(r['reason'])}"

@@ -38,8 +38,9 @@ def ppl_change(pct: float) -> str:
 
 def tie_cost_sentence(data: StudyData, kinds: tuple[str, ...]) -> str:
     """Per model, what imposing each tie of ``kinds`` on every layer of a trained decoder does to
-    its held-out perplexity, zero-shot and healed (against the untied model healed the same
-    way), the one-layer-at-a-time spread where measured, and the ties its architecture refuses."""
+    its held-out perplexity zero-shot (uptraining a tie is ``qkvlab convert``'s, in its own
+    section), the one-layer-at-a-time spread where measured, and the ties its architecture
+    refuses."""
     tc = tie_costs(data)
     if tc.empty:
         return ""
@@ -60,11 +61,6 @@ def tie_cost_sentence(data: StudyData, kinds: tuple[str, ...]) -> str:
                 continue
             z = k[k.stage == "zero-shot"].iloc[0]
             text = f"{TIE_LABELS[kind]} {ppl_text(z.ppl)} ({ppl_change(z.pct)})"
-            h = k[k.stage == "healed"]
-            if not h.empty:
-                h = h.iloc[0]
-                text += (f", healed {ppl_text(h.ppl)} against the untied model healed the same way "
-                         f"{ppl_text(h.ppl_base)} ({ppl_change(h.pct)})")
             one = tc[(tc.model == model) & (tc.tie == kind) & (tc.layers.astype(str) != "all")
                      & (tc.stage == "zero-shot")]
             if not one.empty:
@@ -77,21 +73,11 @@ def tie_cost_sentence(data: StudyData, kinds: tuple[str, ...]) -> str:
             parts.append(f"{b.title} (perplexity {ppl_text(b.ppl)}): " + "; ".join(bits))
     if not parts:
         return ""
-    heal = allx[allx.stage == "healed"]
-    how = ""
-    if not heal.empty:
-        h = heal.iloc[0]
-        rates = (", ".join(f"{float(x):g}" for x in h["spec.heal_lrs"])
-                 if "spec.heal_lrs" in heal else "")
-        how = (f" Healing: {int(h.heal_steps)} Adam steps on the attention projections only "
-               f"({int(h.heal_tokens):,} tokens of the train chapters), each healed model at the "
-               f"rate{f' of {rates}' if rates else ''} with the lowest loss on "
-               f"{int(h['spec.val_tokens']) if 'spec.val_tokens' in heal else 'held-out'} "
-               f"validation tokens of the train chapters.")
     first = allx.iloc[0]
-    return ("Imposed on a trained decoder after training, every layer at once by its best fit on "
-            f"real activations ({int(first.calib_tokens):,} calibration tokens), held-out Bible "
+    return ("Imposed zero-shot on a trained decoder (nothing trained after the tie), every "
+            "layer at once by its best fit on real activations "
+            f"({int(first.calib_tokens):,} calibration tokens), held-out Bible "
             f"perplexity on {int(first.eval_tokens):,} tokens of chapters no fit has read: "
-            + " | ".join(parts) + "." + how
+            + " | ".join(parts) + "."
             + " A retrofit measures how much the trained weights rely on what the tie removes; "
             "it is not the price of a model trained tied from the start (the comparisons above).")
