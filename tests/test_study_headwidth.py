@@ -112,7 +112,8 @@ def _runs(control: float = 0.4) -> pd.DataFrame:
                 rows.append({"experiment": "head_width", "design": design, "task": "lm",
                              "arm": "equal", "seed": seed, "d_model": m, "n_heads": h,
                              "d_head": d_head, "status": "done",
-                             "run_id": f"{design}{m}{h}{seed}", "test_val_loss": float(x)})
+                             "run_id": f"{design}{m}{h}{seed}", "test_val_loss": float(x),
+                             "spec.train.lr": 0.018 if design == "control" else 0.006})
     return pd.DataFrame(rows)
 
 
@@ -184,6 +185,8 @@ def test_the_report_shows_the_table_the_figure_and_a_sentence(tmp_path):
     table, para = head_width_blocks(data)
     assert [r[1] for r in table.rows] == ["8 × 8", "4 × 16", "1 × 64"]
     assert table.rows[2][3] == "—"  # no GQA-half at one head
+    assert [r[-1] for r in table.rows] == ["0.006 / 0.006 / 0.006 / 0.018"] * 2 + \
+        ["0.006 / 0.006 / — / 0.018"]  # the rate each design trained at, per cell
     assert "falls as d_head grows" in para.text
     fig = fig_q3_head_width(data, tmp_path)
     assert fig is not None and (tmp_path / "q3_head_width.png").stat().st_size > 0

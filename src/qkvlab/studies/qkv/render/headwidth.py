@@ -45,6 +45,16 @@ def head_width_rows(data) -> pd.DataFrame:
                      hi=[e.hi for e in es])[cols]
 
 
+def _rates(data) -> dict[tuple, float]:
+    """(d_model, n_heads, design) -> the rate its runs trained at (one per cell and design)."""
+    runs, col = data.runs, "spec.train.lr"
+    if "experiment" not in runs or col not in runs or "n_heads" not in runs:
+        return {}
+    sub = runs[runs.experiment == "head_width"]
+    return {(int(r.d_model), int(r.n_heads), r.design): float(r[col])
+            for _, r in sub.drop_duplicates(["d_model", "n_heads", "design"]).iterrows()}
+
+
 def _share(r: dict) -> str:
     if not math.isfinite(r.get("share", float("nan"))) or r.get("attention_used") != 1:
         return "—"
@@ -58,14 +68,16 @@ def head_width_blocks(data) -> list[Block]:
     df = comparisons(data)
     if df.empty:
         return []
-    eff = _effects(data)
+    eff, lrs = _effects(data), _rates(data)
     rows = []
     for (m, h), g in df.groupby(["d_model", "n_heads"], sort=False):
         kv = g[g.design == TREND]
         rows.append((f"{int(m)}", f"{int(h)} × {int(m) // int(h)}",
                      *(cell(eff[(int(m), int(h), d)]) if (int(m), int(h), d) in eff else "—"
                        for d in COLUMNS),
-                     _share(kv.iloc[0].to_dict()) if not kv.empty else "—"))
+                     _share(kv.iloc[0].to_dict()) if not kv.empty else "—",
+                     " / ".join(f"{lrs[k]:g}" if (k := (int(m), int(h), d)) in lrs else "—"
+                                for d in ("standard", *COLUMNS))))
     out: list[Block] = [Table(
         "K=V's head-width axis: lm at fixed depth, each width split into heads of another "
         "width (heads × d_head = d_model), every design at its own rate; test loss per token "
@@ -73,7 +85,8 @@ def head_width_blocks(data) -> list[Block]:
         "CI), the designs' rows one Holm family; the control is each cell's gate. The share: "
         "what K=V gives up of what attention buys in that cell (1 = all of it).",
         ("d_model", "heads × d_head", *(f"{DESIGNS[d].label} vs standard" for d in COLUMNS),
-         "K=V's share of attention's benefit"), tuple(rows))]
+         "K=V's share of attention's benefit", "rate: standard / K=V / GQA / control"),
+        tuple(rows))]
     t = trend(data)
     if t:
         out.append(Para(_trend_text(t) + "."))
