@@ -190,6 +190,7 @@ def test_the_report_shows_the_table_the_figure_and_a_sentence(tmp_path):
     assert "falls as d_head grows" in para.text
     fig = fig_q3_head_width(data, tmp_path)
     assert fig is not None and (tmp_path / "q3_head_width.png").stat().st_size > 0
+    assert "diamonds" not in fig.caption  # one width: no wider model to mark
     drawn = pd.read_csv(tmp_path / "q3_head_width.csv")
     assert set(drawn.design) == {"tied_kv", "gqa_half", "control"}
     rows = head_width_rows(data)

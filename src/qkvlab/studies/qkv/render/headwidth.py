@@ -142,8 +142,9 @@ def fig_q3_head_width(data, out: Path) -> Figure | None:
     return save(fig, tidy, out, "q3_head_width", "K=V's cost against head width",
                 "lm at fixed depth and width, the width split into heads of another width: "
                 "each design's gap in test perplexity per token to standard in the same cell, "
-                "mean over seeds with 95% CIs; diamonds: the wider model. The control's gap "
-                "(dashed) is what attention buys in that cell.")
+                "mean over seeds with 95% CIs"
+                + ("; diamonds: the wider model" if len(widths) > 1 else "")
+                + ". The control's gap (dashed) is what attention buys in that cell.")
 
 
 def head_width_sentence(data) -> str:
