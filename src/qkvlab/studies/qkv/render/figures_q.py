@@ -23,6 +23,7 @@ from matplotlib.ticker import NullFormatter
 from qkvlab.report.blocks import Figure
 from qkvlab.studies.qkv.compute.frames import (ci_rows, concat, decode_ratios, diffs, kv_payoff,
                                                 q3_lm)
+from qkvlab.studies.qkv.compute.effects import effect
 from qkvlab.studies.qkv.compute.results import StudyData, select
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
 from qkvlab.studies.qkv.plan.questions import QUESTIONS
@@ -55,6 +56,19 @@ def save(fig, df: pd.DataFrame, out: Path, name: str, title: str, caption: str) 
     plt.close(fig)
     df.to_csv(out / f"{name}.csv", index=False)
     return Figure(name, title, caption, f"{name}.png", f"{name}.svg", f"{name}.csv")
+
+
+def effect_points(df: pd.DataFrame, cols) -> pd.DataFrame:
+    """A gap figure's points: per comparison row with a value, ``cols(row)`` (a dict) then its
+    effect's value, lo, hi and status; empty where none has a value."""
+    return pd.DataFrame([{**cols(r), "value": e.value, "lo": e.lo, "hi": e.hi,
+                          "status": e.status.value}
+                         for r in df.to_dict("records") if (e := effect(r)).value is not None])
+
+
+def ci_bars(g: pd.DataFrame) -> list[pd.Series]:
+    """``errorbar``'s yerr for points with value, lo and hi: no bar where there is no CI."""
+    return [(g.value - g.lo).fillna(0).clip(lower=0), (g.hi - g.value).fillna(0).clip(lower=0)]
 
 
 def _half(x) -> float:

@@ -14,7 +14,7 @@ from qkvlab.studies.qkv.compute.effects import Effect, Status, effect
 from qkvlab.studies.qkv.compute.headwidth import comparisons, trend
 from qkvlab.studies.qkv.plan.headwidth import FLAT_PER_DOUBLING, TREND
 from qkvlab.studies.qkv.plan.vocab import CONTROL, DESIGNS
-from qkvlab.studies.qkv.render.figures_q import save
+from qkvlab.studies.qkv.render.figures_q import ci_bars, effect_points, save
 from qkvlab.studies.qkv.render.text import cell, control_text, said
 
 COLUMNS = ("tied_kv", "gqa_half", CONTROL)
@@ -107,17 +107,10 @@ def fig_q3_head_width(data, out: Path) -> Figure | None:
     df = comparisons(data)
     if df.empty:
         return None
-    rows = []
-    for r in df.to_dict("records"):
-        e = effect(r)
-        if e.value is None:
-            continue
-        rows.append({"d_model": int(r["d_model"]), "d_head": int(r["d_head"]),
-                     "design": r["design"], "value": e.value, "lo": e.lo, "hi": e.hi,
-                     "status": e.status.value})
-    if not rows:
+    tidy = effect_points(df, lambda r: {"d_model": int(r["d_model"]),
+                                        "d_head": int(r["d_head"]), "design": r["design"]})
+    if tidy.empty:
         return None
-    tidy = pd.DataFrame(rows)
     fig, ax = plt.subplots(figsize=(6.4, 4), layout="constrained")
     widths = sorted(tidy.d_model.unique())
     for design in COLUMNS:
@@ -125,9 +118,7 @@ def fig_q3_head_width(data, out: Path) -> Figure | None:
             g = tidy[(tidy.design == design) & (tidy.d_model == width)].sort_values("d_head")
             if g.empty:
                 continue
-            lo = (g.value - g.lo).fillna(0).clip(lower=0)
-            hi = (g.hi - g.value).fillna(0).clip(lower=0)
-            ax.errorbar(g.d_head * DODGE[design], g.value, yerr=[lo, hi], capsize=3,
+            ax.errorbar(g.d_head * DODGE[design], g.value, yerr=ci_bars(g), capsize=3,
                         marker="o" if i == 0 else "D",
                         ls="none" if i else "--" if design == CONTROL else "-",
                         mfc=None if i == 0 else "white", color=DESIGNS[design].color,

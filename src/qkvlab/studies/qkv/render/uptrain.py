@@ -31,7 +31,7 @@ from qkvlab.studies.qkv.plan.uptrain import (
     uptrain_steps,
 )
 from qkvlab.studies.qkv.render.convert import START_COLORS
-from qkvlab.studies.qkv.render.figures_q import save
+from qkvlab.studies.qkv.render.figures_q import ci_bars, effect_points, save
 from qkvlab.studies.qkv.render.text import cell, control_text, said
 
 NAMES = {"fitted": "fitted (V = K·M, M folded into W_O)", "avg": "avg: (W_K + W_V)/2",
@@ -160,18 +160,11 @@ def fig_q3_uptrain(data: StudyData, out: Path) -> Figure | None:
     df = comparisons(data)
     if df.empty:
         return None
-    rows = []
-    for r in df.to_dict("records"):
-        e = effect(r)
-        if e.value is None:
-            continue
-        panel = r["family"] if isinstance(r.get("family"), str) else VS_UNTIED
-        rows.append({"panel": panel, "design": r["design"], "baseline": r["baseline"],
-                     "fraction": r["fraction"], "value": e.value, "lo": e.lo, "hi": e.hi,
-                     "status": e.status.value})
-    if not rows:
+    tidy = effect_points(df, lambda r: {
+        "panel": r["family"] if isinstance(r.get("family"), str) else VS_UNTIED,
+        "design": r["design"], "baseline": r["baseline"], "fraction": r["fraction"]})
+    if tidy.empty:
         return None
-    tidy = pd.DataFrame(rows)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
     for ax, panel in zip(axes, (VS_UNTIED, VS_SCRATCH)):
         sub = tidy[tidy.panel == panel]
@@ -181,10 +174,8 @@ def fig_q3_uptrain(data: StudyData, out: Path) -> Figure | None:
             g = g.sort_values("fraction")
             # each design a little apart on the log axis, so overlapping bars stay readable
             x = 100 * g.fraction * DODGE.get(design, 1.0)
-            lo = (g.value - g.lo).fillna(0).clip(lower=0)
-            hi = (g.hi - g.value).fillna(0).clip(lower=0)
             ref = design == KV_SCRATCH
-            ax.errorbar(x, g.value, yerr=[lo, hi], marker="s" if ref else "o", capsize=3,
+            ax.errorbar(x, g.value, yerr=ci_bars(g), marker="s" if ref else "o", capsize=3,
                         ls="--" if ref else "-", color="#444444" if ref else
                         START_COLORS.get(design, "#999999"),
                         label=("K=V from scratch vs standard from scratch" if ref
