@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import stats as st
+from stats_oracle import t_interval
 
 from qkvlab.experiments.ids import run_id
 from qkvlab.experiments.registry import get_profile, runs_of
@@ -124,24 +124,16 @@ def _data(runs: pd.DataFrame) -> StudyData:
                      measures={})
 
 
-def _t(d) -> tuple[float, float, float, float]:
-    d = np.asarray(d, dtype=float)
-    sd = d.std(ddof=1)
-    h = st.t.ppf(0.975, len(d) - 1) * sd / np.sqrt(len(d))
-    p = 2 * st.t.sf(abs(d.mean()) / (sd / np.sqrt(len(d))), len(d) - 1)
-    return d.mean(), d.mean() - h, d.mean() + h, p
-
-
 def test_each_cell_is_a_paired_interval_holm_corrected_over_the_family():
     df = comparisons(_data(_runs()))
     for d_head, gap in KV_GAP.items():
         r = df[(df.design == "tied_kv") & (df.d_head == d_head)].iloc[0].to_dict()
-        m, lo, hi, _ = _t(gap)
+        m, lo, hi, _ = t_interval(gap)
         e = effect(r)
         np.testing.assert_allclose([e.value, e.lo, e.hi], 100 * np.expm1([m, lo, hi]),
                                    rtol=1e-9, atol=1e-9)
         # the share: per seed the gap over the control's, mean and t interval
-        sm, slo, shi, _ = _t(gap / (0.4 + 0.01 * np.arange(4)))
+        sm, slo, shi, _ = t_interval(gap / (0.4 + 0.01 * np.arange(4)))
         np.testing.assert_allclose([r["share"], r["share_lo"], r["share_hi"]], [sm, slo, shi],
                                    rtol=1e-9)
     fam = df[df.family == FAMILY]
@@ -160,7 +152,7 @@ def test_the_trend_is_the_mean_per_seed_slope_on_log2_d_head():
     t = trend(_data(_runs()))
     x = np.log2(sorted(KV_GAP))
     slopes = [np.polyfit(x, [KV_GAP[d][s] for d in sorted(KV_GAP)], 1)[0] for s in range(4)]
-    m, lo, hi, _ = _t(slopes)
+    m, lo, hi, _ = t_interval(slopes)
     np.testing.assert_allclose([t["slope"], t["lo"], t["hi"]], 100 * np.expm1([m, lo, hi]),
                                rtol=1e-9)
     assert t["reading"] == "falls" and t["d_heads"] == [8, 16, 64] and t["n"] == 4

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import stats as st
+from stats_oracle import t_interval
 
 from qkvlab.experiments.ids import run_id
 from qkvlab.experiments.registry import get_profile, runs_of
@@ -110,30 +110,22 @@ def _data(runs: pd.DataFrame) -> StudyData:
                      probe=pd.DataFrame(), measures={})
 
 
-def _t(d) -> tuple[float, float, float, float]:
-    d = np.asarray(d, dtype=float)
-    sd = d.std(ddof=1)
-    h = st.t.ppf(0.975, len(d) - 1) * sd / np.sqrt(len(d))
-    p = 2 * st.t.sf(abs(d.mean()) / (sd / np.sqrt(len(d))), len(d) - 1)
-    return d.mean(), d.mean() - h, d.mean() + h, p
-
-
 def test_the_comparisons_are_paired_t_intervals_in_percent_per_token():
     df = comparisons(_data(_runs()))
     assert set(df.family.dropna()) == set(FAMILIES)
     vs_untied = df[df.family == "Q3 conversion vs untied"].set_index("design")
     for design, vals in (("fitted", FITTED), ("avg", AVG), ("keep_k", KEEP)):
-        m, lo, hi, _ = _t(vals - UNTIED)
+        m, lo, hi, _ = t_interval(vals - UNTIED)
         e = effect(vs_untied.loc[design].to_dict())
         got = np.array([e.value, e.lo, e.hi])
         want = 100 * np.expm1([m, lo, hi])  # % perplexity per token
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
     vs_kv = df[df.family == "Q3 conversion vs K=V from scratch"].set_index("design")
-    m, lo, hi, _ = _t(FITTED - SCRATCH_KV)
+    m, lo, hi, _ = t_interval(FITTED - SCRATCH_KV)
     e = effect(vs_kv.loc["fitted"].to_dict())
     np.testing.assert_allclose([e.value, e.lo, e.hi], 100 * np.expm1([m, lo, hi]), rtol=1e-9)
     ref = df[df.family.isna()].set_index("design")
-    m, *_ = _t(SCRATCH_KV - SCRATCH_STD)
+    m, *_ = t_interval(SCRATCH_KV - SCRATCH_STD)
     assert effect(ref.loc[uptrain.KV_SCRATCH].to_dict()).value == pytest.approx(
         100 * math.expm1(m), rel=1e-12)
     assert ref.loc[uptrain.KV_SCRATCH, "baseline"] == uptrain.STANDARD_SCRATCH
@@ -250,7 +242,7 @@ def test_where_each_start_begins_is_a_paired_interval_on_the_first_batch():
     data = dataclasses.replace(_data(runs), starts=starts)
     g = start_gaps(data).set_index("design")
     for design in ("fitted", "avg", "keep_k"):
-        m, lo, hi, _ = _t(first[design] - UNTIED)
+        m, lo, hi, _ = t_interval(first[design] - UNTIED)
         if np.allclose(first[design] - UNTIED, (first[design] - UNTIED)[0]):
             lo = hi = m  # every seed the same: a zero-width interval
         np.testing.assert_allclose(g.loc[design, ["value", "lo", "hi"]].to_numpy(float),
@@ -264,7 +256,7 @@ def test_the_rows_with_their_verdicts_as_the_report_writes_them():
     rows = uptrain_rows(_data(_runs()))
     assert len(rows) == 2 * 3 + 2 and rows.status.notna().all()
     fitted = rows[(rows.design == "fitted") & (rows.baseline == uptrain.UNTIED)].iloc[0]
-    m, lo, hi, _ = _t(FITTED - UNTIED)
+    m, lo, hi, _ = t_interval(FITTED - UNTIED)
     np.testing.assert_allclose([fitted.value, fitted.lo, fitted.hi], 100 * np.expm1([m, lo, hi]),
                                rtol=1e-9)
     assert list(uptrain_rows(_data(_runs().iloc[0:0].assign(experiment=[]))).columns)[:4] == [
