@@ -94,9 +94,27 @@ def test_triton_decode_refuses_what_it_does_not_compute():
         triton_decode.decode_attention(q.double(), k.double(), v.double(), 1.0)
 
 
+@pytest.mark.parametrize("layout", ["tied_kv", "gqa_half", "mqa", "rotary_tied_kv"])
+def test_triton_decode_default_tiles_at_head_width_64(layout):
+    """The default tile and split count (``tile``, ``splits``) at a real head width, on both
+    products: one and two query heads per group row by row, eight through tl.dot."""
+    q, k, v, rope = case(layout, 2, 200, 64, seed=3)
+    out = triton_decode.decode_attention(q, k, v, 0.125, rope=rope)
+    assert_close(out.double().cpu(), reference(q, k, v, 0.125, rope).cpu(), **FP32)
+
+
+def test_groups_of_one_or_two_heads_skip_the_padded_dot():
+    """tl.dot pads a group to 16 rows; one or two heads take the products row by row, in tiles
+    whose (heads, tokens, d) product stays within TILE_ELEMS (at most MAX_TILE tokens)."""
+    assert [triton_decode.uses_dot(r) for r in (1, 2, 3, 4, 8, 16)] == [False, False] + [True] * 4
+    assert [triton_decode.tile(1, d) for d in (16, 64, 128, 256)] == [64, 32, 16, 8]
+    assert [triton_decode.tile(2, d) for d in (16, 64, 128)] == [64, 16, 8]
+    assert triton_decode.tile(4, 128) == triton_decode.tile(16, 64) == triton_decode.BLOCK_T
+
+
 def test_splits_keep_every_split_nonempty():
     assert triton_decode.splits(1, 10, torch.device("cpu"), 32) == 1
-    assert triton_decode.splits(1, 1000, torch.device("cpu"), 32) == 8  # 2 per "SM", 4 off GPU
+    assert triton_decode.splits(1, 1000, torch.device("cpu"), 32) == 16  # 4 per "SM", 4 off GPU
     assert triton_decode.splits(64, 1000, torch.device("cpu"), 32) == 1
 
 

@@ -12,18 +12,25 @@ pre-rotary keys. Two kernels:
    tile is loaded as its two halves k₁, k₂ (rotate-half layout) and rotated in registers,
    R_j k = [k₁·cos − k₂·sin, k₂·cos + k₁·sin], for the scores ⟨R_i q, R_j k_j⟩ (q arrives
    rotated), while the unrotated halves are the values: the cache is still read once.
-   It keeps an online softmax (running max m, normalizer l, unnormalized sum acc; base 2,
-   the scale folded with log₂e into q) and writes m, l, acc per split.
+   A group of one or two query heads (standard and K=V, GQA at H/2) takes the two products
+   row by row in fp32 (``DOT`` off), larger groups with ``tl.dot``, since ``tl.dot``
+   pads its rows to 16: on fp32 caches, where ``tl.dot`` is plain multiply-adds, one head
+   did 16x the arithmetic it needed (256 FFMA per thread per 32-token tile at d = 64 in the
+   compiled sm_90 code, 16 without the padding), and on the H200 the step's time followed
+   the tiles, not the bytes: K=V decoded 0.99x standard. It keeps an online softmax (running
+   max m, normalizer l, unnormalized sum acc; base 2, the scale folded with log₂e into q) and
+   writes m, l, acc per split.
 2. ``combine``: one program per (b, query head): out = Σ_s 2^(m_s − M) acc_s / Σ_s 2^(m_s − M) l_s
    with M = max_s m_s.
 
 Triton is optional (the ``triton`` extra): this module imports it only inside functions, and
 ``kernels.attend`` imports this module only for a CUDA tensor. Under ``TRITON_INTERPRET=1``
-the kernels run on CPU tensors too (the tests). Not yet run on a GPU: its split count is
-reasoned, not measured, and its tile size and warps were chosen by compiling for sm_90 without
-a GPU (``triton.compile`` with ``GPUTarget("cuda", 90, 32)``, then ``ptxas -v``): at d = 128,
-32-token tiles with 8 warps use no spill stores in fp32, fp16 and bf16, standard and rotary
-K=V; 64-token tiles spilled in fp32 (about 0.2-1.4 kB a thread), with 4 warps rotary fp32 too.
+the kernels run on CPU tensors too (the tests). Timed on a GPU once, before the row-by-row
+products (H200, docs/bench-history.md); their tiles, warps and split count are chosen by
+compiling for sm_90 without a GPU (``scripts/triton-sm90.py``: ``triton.compile`` for
+``GPUTarget("cuda", 90, 32)``, then ``ptxas -v`` and the SASS's FFMA count), not by timing.
+With ``tl.dot``, 32-token tiles and 8 warps use no spill stores at d = 128 in fp32, fp16 and
+bf16, standard and rotary K=V (64-token tiles spilled in fp32).
 """
 
 from __future__ import annotations
@@ -35,8 +42,14 @@ import torch
 from torch import Tensor
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-BLOCK_T = 32  # context tokens per tile
+BLOCK_T = 32  # context tokens per tile, with tl.dot
+MAX_TILE = 64  # context tokens per tile, row by row
+# row by row: the (heads, tokens, d) product of a tile, 8 fp32 a thread at 8 warps; at d 64 and
+# 128, one or two heads, it compiles to <= 64 registers for sm_90 (twice it: 104-242)
+TILE_ELEMS = 2048
+MAX_ROWS = 2  # query heads per group taken row by row; more take tl.dot (padding <= 4x)
 NUM_WARPS = 8
+PROGRAMS_PER_SM = 4  # 8 warps of <= 64 registers: four programs fill an SM's 64k registers
 MIN_DOT = 16  # tl.dot wants each of its dimensions at least 16
 LOG2E = math.log2(math.e)
 
@@ -57,25 +70,42 @@ def supports(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return q.dtype in DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
 
 
-def _pow2(n: int) -> int:
-    return max(MIN_DOT, 1 << max(0, n - 1).bit_length())
+def _pow2(n: int, least: int = MIN_DOT) -> int:
+    return max(least, 1 << max(0, n - 1).bit_length())
+
+
+def uses_dot(R: int) -> bool:
+    """Whether a group of ``R`` query heads takes its products with ``tl.dot`` (padded to 16
+    rows) rather than row by row (``MAX_ROWS`` heads at most: more would need smaller tiles
+    or more registers than tl.dot's padding costs)."""
+    return R > MAX_ROWS
+
+
+def tile(R: int, d: int) -> int:
+    """Context tokens per tile for a group of ``R`` query heads of width ``d``: ``BLOCK_T`` with
+    ``tl.dot``; row by row, as many as keep the (heads, tokens, d) product within
+    ``TILE_ELEMS`` (at most ``MAX_TILE``)."""
+    if uses_dot(R):
+        return BLOCK_T
+    return max(1, min(MAX_TILE, TILE_ELEMS // (_pow2(R, 1) * _pow2(d))))
 
 
 def splits(n_programs: int, T: int, device: torch.device, block_t: int = BLOCK_T) -> int:
-    """Context splits per (b, g): enough programs for about two per streaming multiprocessor,
-    never more than the tiles of the context (4 "multiprocessors" off a GPU)."""
+    """Context splits per (b, g): enough programs for about ``PROGRAMS_PER_SM`` per streaming
+    multiprocessor, never more than the tiles of the context (4 "multiprocessors" off a GPU)."""
     sms = (torch.cuda.get_device_properties(device).multi_processor_count
            if device.type == "cuda" else 4)
-    return max(1, min(-(-T // block_t), -(-2 * sms // n_programs)))
+    return max(1, min(-(-T // block_t), -(-PROGRAMS_PER_SM * sms // n_programs)))
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
                      rope: tuple[Tensor, Tensor] | None = None, n_splits: int | None = None,
-                     block_t: int = BLOCK_T) -> Tensor:
+                     block_t: int | None = None) -> Tensor:
     """softmax(scale · q keysᵀ) v for one query per sequence; keys = k, or with ``rope``
     (cos, sin), tables of at least T rows in the rotate-half layout, k rotated to positions
     0..T−1. Returns (B, H, 1, dv) in q's dtype. ``n_splits``: context splits per (b, g)
-    (default :func:`splits`); ``block_t``: tokens per tile (a power of two, at least 16).
+    (default :func:`splits`); ``block_t``: tokens per tile (a power of two, at least 16 where
+    the group takes ``tl.dot``; default :func:`tile`).
 
     Raises:
         ValueError: more than one query, G not dividing H, or a dtype the kernel does not take.
@@ -96,6 +126,8 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), (k.contiguous() if shared else v.contiguous())
     R, N = H // G, B * G
+    dot = uses_dot(R)
+    block_t = block_t or tile(R, dk)
     qs = (q.reshape(N, R, dk).float() * (scale * LOG2E)).to(k.dtype).contiguous()
     S = n_splits or splits(N, T, q.device, block_t)
     chunk = -(-(-(-T // S)) // block_t) * block_t  # tokens per split, whole tiles
@@ -115,9 +147,9 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
         qs, k, v, cos, sin, m, lsum, acc,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         cos.stride(0), sin.stride(0), G, T, chunk, S,
-        R=R, DK=dk, DV=dv, BLOCK_R=_pow2(R), BLOCK_T=block_t, BLOCK_DK=_pow2(dk),
-        BLOCK_DV=_pow2(dv), BLOCK_HALF=_pow2(dk // 2), SHARED=shared, ROTARY=rope is not None,
-        IEEE=k.dtype == torch.float32, num_warps=NUM_WARPS)
+        R=R, DK=dk, DV=dv, BLOCK_R=_pow2(R, MIN_DOT if dot else 1), BLOCK_T=block_t,
+        BLOCK_DK=_pow2(dk), BLOCK_DV=_pow2(dv), BLOCK_HALF=_pow2(dk // 2), SHARED=shared,
+        ROTARY=rope is not None, IEEE=k.dtype == torch.float32, DOT=dot, num_warps=NUM_WARPS)
     out = torch.empty(N * R, dv, device=q.device, dtype=q.dtype)
     combine[(N * R,)](m, lsum, acc, out, S, DV=dv, BLOCK_S=_pow2(S), BLOCK_DV=_pow2(dv))
     return out.view(B, H, 1, dv)

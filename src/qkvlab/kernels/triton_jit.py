@@ -14,11 +14,30 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _scores(q, kt, DOT: tl.constexpr, IEEE: tl.constexpr):
+    """q (BLOCK_R, d) against a tile kt (BLOCK_T, d): (BLOCK_R, BLOCK_T) in fp32. ``tl.dot``
+    pads q to 16 rows; a group of fewer query heads takes the products row by row instead, in
+    fp32 (one multiply-add per cached element and head, none for padding)."""
+    if DOT:
+        return _dot(q, tl.trans(kt), IEEE)
+    return tl.sum(q.to(tl.float32)[:, None, :] * kt.to(tl.float32)[None, :, :], axis=2)
+
+
+@triton.jit
+def _weigh(p, vt, DOT: tl.constexpr, IEEE: tl.constexpr):
+    """Weights p (BLOCK_R, BLOCK_T, fp32) times a tile vt (BLOCK_T, dv): (BLOCK_R, dv) in fp32;
+    ``tl.dot`` takes p in the cache's dtype, as FlashAttention does."""
+    if DOT:
+        return _dot(p.to(vt.dtype), vt, IEEE)
+    return tl.sum(p[:, :, None] * vt.to(tl.float32)[None, :, :], axis=1)
+
+
+@triton.jit
 def partial(Q, K, V, COS, SIN, M, L, ACC, skb, skg, skt, svb, svg, svt, scos, ssin,
             G, T, CHUNK, S, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
             BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DK: tl.constexpr,
             BLOCK_DV: tl.constexpr, BLOCK_HALF: tl.constexpr, SHARED: tl.constexpr,
-            ROTARY: tl.constexpr, IEEE: tl.constexpr):
+            ROTARY: tl.constexpr, IEEE: tl.constexpr, DOT: tl.constexpr):
     n = tl.program_id(0)  # b * G + g
     s = tl.program_id(1)
     b, g = n // G, n % G
@@ -52,15 +71,14 @@ def partial(Q, K, V, COS, SIN, M, L, ACC, skb, skg, skt, svb, svg, svt, scos, ss
             k1f, k2f = k1.to(tl.float32), k2.to(tl.float32)
             r1 = (k1f * c - k2f * sn).to(k1.dtype)  # R_j k_j, first half
             r2 = (k2f * c + k1f * sn).to(k1.dtype)
-            sc = _dot(q1, tl.trans(r1), IEEE) + _dot(q2, tl.trans(r2), IEEE)
+            sc = _scores(q1, r1, DOT, IEEE) + _scores(q2, r2, DOT, IEEE)
             sc = tl.where((pos < end)[None, :], sc, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(sc - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            pk = p.to(k1.dtype)
-            acc1 = acc1 * alpha[:, None] + _dot(pk, k1, IEEE)  # the same tile as values
-            acc2 = acc2 * alpha[:, None] + _dot(pk, k2, IEEE)
+            acc1 = acc1 * alpha[:, None] + _weigh(p, k1, DOT, IEEE)  # the tile as values
+            acc2 = acc2 * alpha[:, None] + _weigh(p, k2, DOT, IEEE)
             m_i = m_new
         obase = ACC + ((n * R + rows[:, None]) * S + s) * DV + cols[None, :]
         tl.store(obase, acc1, mask=qmask)
@@ -84,13 +102,13 @@ def partial(Q, K, V, COS, SIN, M, L, ACC, skb, skg, skt, svb, svg, svt, scos, ss
             else:
                 vt = tl.load(vbase + pos[:, None] * svt + vcols[None, :],
                              mask=t_ok[:, None] & vcol_ok[None, :], other=0.0)
-            sc = _dot(q, tl.trans(kt), IEEE)
+            sc = _scores(q, kt, DOT, IEEE)
             sc = tl.where(t_ok[None, :], sc, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(sc - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + _dot(p.to(vt.dtype), vt, IEEE)
+            acc = acc * alpha[:, None] + _weigh(p, vt, DOT, IEEE)
             m_i = m_new
         tl.store(ACC + ((n * R + rows[:, None]) * S + s) * DV + vcols[None, :], acc,
                  mask=row_ok[:, None] & vcol_ok[None, :])
