@@ -3,7 +3,8 @@
 # root, in parts: `scripts/gpu-check.sh PART...` with PART one of
 #   setup    install the carried wheels in /tmp/site and unpack the stdlib text (every part
 #            after it in the same call, and later calls on the same warm machine, use them)
-#   kv       qkvlab bench --only kv --device cuda (the full grid; the Triton decode kernel)
+#   kv       the Triton decode kernel's tests compiled on CUDA, then qkvlab bench --only kv
+#            --device cuda (the full grid)
 #   peers    one training run, torchrun, and the training bench against x-transformers, litgpt
 #            and nanoGPT (their wheels and nanoGPT's model.py in .whl/, as on 2026-11-25)
 #   convert  SmolLM2 K=V, fitted start, uptrained in bf16 for up to 2^25 tokens
@@ -36,6 +37,10 @@ setup() {
 }
 
 kv() {
+  echo "== the Triton decode kernel compiled on CUDA against float64 (tests/test_kernels_triton.py) =="
+  if python3 -c "import pytest" 2>/dev/null; then
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py 2>&1 | tail -5
+  else echo "pytest is not installed here: the kernel's CUDA tests were not run"; fi
   echo "== kv decode sweep (full grid) =="
   time timeout "${KV_SECONDS:-110}" /tmp/Q bench --only kv --device cuda --out "$OUT/bench_kv.json" 2>&1 \
     | tee "$OUT/bench_kv.log" | grep -v "%|" | tail -60
