@@ -191,3 +191,27 @@ def test_the_report_shows_the_table_the_figure_and_a_sentence(tmp_path):
     empty = _data(_runs().iloc[0:0])
     assert head_width_blocks(empty) == [] and head_width_sentence(empty) == ""
     assert fig_q3_head_width(empty, tmp_path / "none") is None
+
+
+def test_q3s_card_carries_each_decided_head_width_cell_but_the_profiles_own():
+    """The card's numbers are the cells' own corrected effects (independent t intervals); the
+    profile's cell (d_model 64, its n_heads) is the headline's comparison and is left out."""
+    from qkvlab.studies.qkv.compute.cards import _q3_trained
+    data = _data(_runs())
+    data = dataclasses.replace(data, profile=dataclasses.replace(data.profile, n_heads=4))
+    numbers, facts = _q3_trained(data)
+    statuses = {r["d_head"]: effect(r).status for r in comparisons(data).to_dict("records")
+                if r["design"] == "tied_kv"}
+    decided = [d for d in (8, 64) if statuses[d] in (Status.WORSE, Status.BETTER)]
+    assert decided and [n.what for n in numbers] == [
+        f"tied K=V vs standard on lm, {h} head{'s' if h > 1 else ''} × d_head {d} (head width)"
+        for d, (_, h) in D_HEADS.items() if d in decided]
+    for n, d in zip(numbers, decided):
+        m, lo, hi, _ = t_interval(KV_GAP[d])
+        np.testing.assert_allclose([n.value, n.lo, n.hi], 100 * np.expm1([m, lo, hi]),
+                                   rtol=1e-9)
+        assert n.kind == statuses[d].value and n.scale == "d_model 64, 4 seeds"
+    assert facts == {"head_width": {"worse": decided}}
+    # nothing is decided where the control is level with standard
+    level = _data(_runs(control=0.0))
+    assert _q3_trained(level) == ([], {})

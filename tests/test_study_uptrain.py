@@ -17,7 +17,14 @@ from qkvlab.experiments.registry import get_profile, runs_of
 from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.compute.effects import Status, effect
 from qkvlab.studies.qkv.compute.results import StudyData
-from qkvlab.studies.qkv.compute.uptrain import FAMILIES, comparisons, start_gaps, steps_saved
+from qkvlab.studies.qkv.compute.uptrain import (
+    FAMILIES,
+    VS_SCRATCH,
+    VS_UNTIED,
+    comparisons,
+    start_gaps,
+    steps_saved,
+)
 from qkvlab.studies.qkv.plan import rates, uptrain
 from qkvlab.studies.qkv.plan.uptrain import ParentsPending
 from qkvlab.studies.qkv.render.uptrain import (
@@ -293,3 +300,30 @@ def test_the_steps_a_fitted_start_saves_are_read_off_measured_points_only():
     assert f"reached the gap avg ends at after 50 steps (+5.1% over the untied model) in " \
         f"≈{want:.0f} steps" in text
     assert "already below the gap keep W_K ends at" in uptrain_blocks(data)[-1].text
+
+
+def test_q3s_card_carries_the_fitted_starts_decided_verdicts_at_the_largest_fraction():
+    from qkvlab.studies.qkv.compute.cards import Card, _q3_trained
+    from qkvlab.studies.qkv.render.cards import sentence
+    data = _data(_runs())
+    numbers, facts = _q3_trained(data)
+    df = comparisons(data)
+    want = {}
+    for fam, base in ((VS_UNTIED, UNTIED), (VS_SCRATCH, SCRATCH_KV)):
+        e = effect(df[(df.family == fam) & (df.design == "fitted")].iloc[0].to_dict())
+        if e.status in (Status.WORSE, Status.BETTER, Status.EQUIVALENT):
+            m, lo, hi, _ = t_interval(FITTED - base)
+            want[fam] = (e.status.value, 100 * np.expm1([m, lo, hi]))
+    assert want and len(numbers) == len(want)
+    for n, (fam, (status, ci)) in zip(numbers, want.items()):
+        assert n.kind == status and n.what.startswith(
+            "standard lm converted to K=V (fitted start), trained +20% (")
+        np.testing.assert_allclose([n.value, n.lo, n.hi], ci, rtol=1e-9)
+    assert facts == {"converted": {"fraction": 0.2, **{f: s for f, (s, _) in want.items()}}}
+    _, more = sentence(Card("q3", tuple(numbers), facts | {"decided": 1}, 0, 7, "", ""))
+    assert "Converting the study's trained standard lm to K=V (fitted start) and training " \
+           "+20% more is decided " in more
+    assert more.endswith("1 trained comparison of this question decided from scratch in its "
+                         "headline family.")
+    # gated by lm's control: nothing to carry
+    assert _q3_trained(_data(_runs(control=3.0))) == ([], {})

@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from qkvlab.studies.qkv.compute.answers import Answer, answers
+from qkvlab.studies.qkv.compute import headwidth, uptrain
+from qkvlab.studies.qkv.compute.answers import DECIDED, Answer, answers
 from qkvlab.studies.qkv.compute.convert import curve_ends, curves
+from qkvlab.studies.qkv.compute.effects import effect
 from qkvlab.studies.qkv.compute.findings import fold, scale_init, seed_summary
 from qkvlab.studies.qkv.compute.frames import decode_ratios, records
 from qkvlab.studies.qkv.compute.results import StudyData
@@ -25,6 +27,7 @@ from qkvlab.studies.qkv.compute.share import shares
 from qkvlab.studies.qkv.compute.ties import tie_costs
 from qkvlab.studies.qkv.compute.zoo import zoo_table
 from qkvlab.studies.qkv.plan.questions import QUESTIONS
+from qkvlab.studies.qkv.plan.uptrain import uptrain_steps
 
 # the profile that decides what a smaller one leaves open (docs/study-profiles.md)
 SETTLES = {"smoke": "standard", "quick": "standard"}
@@ -81,8 +84,7 @@ def _decided(a: Answer) -> list[Number]:
         what = f"{f.design} vs standard on {f.task}" + ("" if f.arm == "equal" else f", {f.arm}")
         if f.d_head is not None:
             what += f", d_head {f.d_head}"
-        out.append(Number(what, e.value, e.unit, _scale(a), e.status.value,
-                          e.value - e.half, e.value + e.half))
+        out.append(Number(what, e.value, e.unit, _scale(a), e.status.value, e.lo, e.hi))
     return out
 
 
@@ -147,6 +149,9 @@ def _q3(data: StudyData, a: Answer) -> tuple[list[Number], dict]:
             out.append(Number(f"{r['title']} with K=V imposed (fitted, no training): perplexity "
                               "over the untied model's", 1 + r["pct"] / 100, "×",
                               "held-out Bible text", "measured"))
+    trained, more = _q3_trained(data)
+    out += trained
+    facts |= more
     ends = [e for e in curve_ends(curves(data)) if e.start == "fitted" and e.tie == "kv"]
     if ends:
         e = max(ends, key=lambda e: e.last[0])
@@ -155,6 +160,44 @@ def _q3(data: StudyData, a: Answer) -> tuple[list[Number], dict]:
         out.append(Number(f"{e.model} converted to K=V (fitted start), after {t:,} tokens of "
                           "uptraining: perplexity over the teacher's", 1 + g, "×",
                           f"batch {e.batch}, Python source", "measured", 1 + lo, 1 + hi))
+    return out, facts
+
+
+def _q3_trained(data: StudyData) -> tuple[list[Number], dict]:
+    """Q3's decided trained verdicts outside its headline family, each Holm-corrected in its
+    own family and gated on its own control: K=V against standard in each head-width cell
+    (``compute.headwidth``), and the controlled conversion's fitted start at its largest
+    fraction against the untied model trained on and K=V from scratch (``compute.uptrain``).
+    The profile's own head-width cell is the headline's comparison again and is left out.
+    Facts: ``head_width`` (verdict -> the d_heads it was decided at) and ``converted``
+    (baseline family -> verdict)."""
+    out, facts, p = [], {}, data.profile
+    for r in headwidth.comparisons(data).to_dict("records"):
+        e = effect(r)
+        own = r["d_model"] == p.d_model and r["n_heads"] == p.n_heads
+        if r["design"] == "tied_kv" and e.status in DECIDED and not own:
+            heads = f"{r['n_heads']:g} head{'s' if r['n_heads'] != 1 else ''}"
+            out.append(Number(f"tied K=V vs standard on lm, {heads} × d_head {r['d_head']:g} "
+                              "(head width)", e.value, e.unit,
+                              f"d_model {r['d_model']:g}, {e.n} seeds", e.status.value,
+                              e.lo, e.hi))
+            facts.setdefault("head_width", {}).setdefault(e.status.value, []).append(
+                int(r["d_head"]))
+    up = uptrain.comparisons(data)
+    if up.empty or not p.uptrain_fractions:
+        return out, facts
+    f = max(p.uptrain_fractions)
+    for fam, against in ((uptrain.VS_UNTIED, "the untied model trained on the same way"),
+                         (uptrain.VS_SCRATCH, "K=V trained from scratch for the same steps")):
+        rows = up[(up.family == fam) & (up.fraction == f) & (up.design == "fitted")]
+        for r in rows.to_dict("records"):
+            e = effect(r)
+            if e.status in DECIDED:
+                out.append(Number(f"standard lm converted to K=V (fitted start), trained "
+                                  f"+{100 * f:g}% ({uptrain_steps(p, f):,} steps) more, vs "
+                                  f"{against}", e.value, e.unit, f"{e.n} seeds",
+                                  e.status.value, e.lo, e.hi))
+                facts.setdefault("converted", {"fraction": f})[fam] = e.status.value
     return out, facts
 
 

@@ -17,6 +17,7 @@ from qkvlab.studies.qkv.plan.references import REF_KV_CHARS_PER_TOKEN, per_char
 from qkvlab.studies.qkv.plan.vocab import ARMS, CONTROL, LM_CHARS_PER_TOKEN, label
 from qkvlab.studies.qkv.render.convert import convert_sentence
 from qkvlab.studies.qkv.render.headwidth import head_width_answer
+from qkvlab.studies.qkv.render.text import and_list
 from qkvlab.studies.qkv.render.uptrain import uptrain_answer
 from qkvlab.studies.qkv.render.figures_scaling import answer_sentence
 
@@ -76,10 +77,6 @@ def _decided(f: Finding, task) -> str:
             f"({amount(e)}{within})")
 
 
-def _and(items: list[str], sep: str = ", ") -> str:
-    return items[0] if len(items) == 1 else sep.join(items[:-1]) + " and " + items[-1]
-
-
 def _named(name: str, task) -> str:
     """A task, or ``task|arm`` with its arm."""
     t, _, arm = name.partition("|")
@@ -104,7 +101,7 @@ def _open(a: Answer, task) -> str:
         if f not in near and name not in rest.setdefault(f.design, []):
             rest[f.design].append(name)
     if rest:
-        names = "; ".join(f"{label(d)} on {_and([_named(t, task) for t in ts])}"
+        names = "; ".join(f"{label(d)} on {and_list([_named(t, task) for t in ts])}"
                           for d, ts in rest.items() if ts)
         out.append(("Undecided outright: " if near else "Still open: ") + names + ".")
     seeds = sorted(f.effect.seeds for f in a.open if f.effect.seeds)
@@ -187,14 +184,14 @@ def answer_text(a: Answer, others: bool = False) -> str:
         out += " " + _open(a, task)
     if a.not_learned:
         tasks = [task(t) for t in dict.fromkeys(f.task for f in a.not_learned)]
-        out += (f" Not learned at this scale, so not answered: {_and(tasks)} (neither design "
+        out += (f" Not learned at this scale, so not answered: {and_list(tasks)} (neither design "
                 f"got clearly past guessing).")
     if a.unused:
         tasks = [task(t) for t in dict.fromkeys(f.task for f in a.unused)]
-        out += (f" Attention not used at this budget, so not answered: {_and(tasks)} (standard "
+        out += (f" Attention not used at this budget, so not answered: {and_list(tasks)} (standard "
                 f"does not beat the same model with uniform attention by more than the margin).")
     if a.not_run:
-        out += f" Not run at this profile: {_and([task(t) for t in a.not_run])}."
+        out += f" Not run at this profile: {and_list([task(t) for t in a.not_run])}."
     return out
 
 

@@ -10,8 +10,10 @@ from qkvlab.report.blocks import Card as CardBlock
 from qkvlab.report.blocks import Figure
 from qkvlab.studies.qkv.compute.cards import Card, Number, cards
 from qkvlab.studies.qkv.compute.results import StudyData
+from qkvlab.studies.qkv.compute.uptrain import VS_SCRATCH, VS_UNTIED
 from qkvlab.studies.qkv.plan.questions import QUESTIONS
 from qkvlab.studies.qkv.plan.vocab import label
+from qkvlab.studies.qkv.render.text import and_list
 
 
 def _num(x: float, unit: str) -> str:
@@ -92,7 +94,20 @@ def _sentence(c: Card) -> tuple[str, str]:
         more = (f"After {f['converted_tokens']:,} tokens of uptraining the converted model is at "
                 + (_num(1 + g, "×") if g >= 1 else f"{100 * g:+.1f}%")
                 + " of its teacher's perplexity. ")
-    return s[0].upper() + s[1:], more + decided + " from scratch."
+    hw = f.get("head_width") or {}
+    for verdict, heads in sorted(hw.items()):
+        more += (f"Against standard at other head widths K=V is decided {verdict} at d_head "
+                 f"{and_list([str(h) for h in sorted(set(heads))])} (its own family). ")
+    conv = f.get("converted") or {}
+    said = [f"{v} {'to' if v == 'equivalent' else 'than'} {w}"
+            for fam, w in ((VS_UNTIED, "the untied model trained on"),
+                           (VS_SCRATCH, "K=V trained from scratch")) if (v := conv.get(fam))]
+    if said:
+        more += (f"Converting the study's trained standard lm to K=V (fitted start) and "
+                 f"training +{100 * conv['fraction']:g}% more is decided "
+                 f"{' and '.join(said)}. ")
+    where = " in its headline family" if hw or said else ""
+    return s[0].upper() + s[1:], more + decided + " from scratch" + where + "."
 
 
 def open_text(c: Card) -> str:

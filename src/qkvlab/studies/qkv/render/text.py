@@ -176,3 +176,8 @@ def ci_text(values: list[float], fmt: str = "{:.3g}", unit: str = "") -> str:
     if not finite(m.half):
         return f"{fmt.format(m.mean)}{unit} (1 seed)"
     return f"{fmt.format(m.mean)}{unit} ± {fmt.format(m.half)}{unit}"
+
+
+def and_list(items: list[str], sep: str = ", ") -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else sep.join(items[:-1]) + " and " + items[-1]
