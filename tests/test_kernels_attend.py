@@ -1,6 +1,6 @@
 """The one-query decode attention (kernels.attend) equals float64 attention for every cache
-layout (separate K and V, one K=V buffer, GQA, MQA), in both of its block paths, and runs only
-inside generate's token loop."""
+layout (separate K and V, one K=V buffer, GQA, MQA), rotary K=V in each of its block paths,
+and runs only inside generate's token loop."""
 
 from __future__ import annotations
 
@@ -46,38 +46,35 @@ def cache(B, G, T, d, shared, max_len=None):
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("B,T", [(1, 1), (1, 37), (3, 200), (2, 1000)])
-@pytest.mark.parametrize("block_bytes", [kattend.BLOCK_BYTES, 4096, 512])
-def test_decode_attention_equals_float64(layout, B, T, block_bytes):
-    """Whole outputs, two-sided: default blocks (whole sequences), blocks of a few sequences
-    (4096 B), and blocks shorter than a sequence (512 B: the online softmax over token blocks)."""
+def test_decode_attention_equals_float64(layout, B, T):
+    """Whole outputs, two-sided, every layout: the group's query heads packed as the rows of
+    one SDPA call against their kv head (one K=V buffer passed as both)."""
     G, shared = LAYOUTS[layout]
     torch.manual_seed(B * T)
-    q = torch.randn(B, 8, 1, 16) * 3  # peaked softmax: the online rescaling matters
+    q = torch.randn(B, 8, 1, 16) * 3  # peaked softmax
     k, v = cache(B, G, T, 16, shared)
     assert kattend.shares_storage(k, v) == shared
-    out = decode_attention(q, k, v, 0.25, block_bytes=block_bytes)
+    out = decode_attention(q, k, v, 0.25)
     assert out.shape == (B, 8, 1, 16)
     assert_close(out.double(), reference(q, k, v, 0.25), **FP32)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("block_bytes", [kattend.BLOCK_BYTES, 4096, 512])
-def test_decode_products_issue_the_kernels_products(layout, block_bytes, monkeypatch):
-    """decode_products (the bench's products bound) makes the kernel's batched GEMMs: the same
-    operand shapes and strides, in the same order, in each block path."""
+def test_packing_reads_each_kv_head_once_and_one_head_groups_are_sdpa_itself(layout,
+                                                                             monkeypatch):
+    """One SDPA call whose keys and values are the cache's own kv heads (never repeated per
+    query head), with the group's H/G query heads as its query rows; where a group is one
+    head that call is the step's own SDPA, bit for bit."""
     G, shared = LAYOUTS[layout]
     q, (k, v) = torch.randn(3, 8, 1, 16), cache(3, G, 200, 16, shared)
-    calls, bmm = [], torch.bmm
-
-    def record(a, b, **kw):
-        calls[-1].append((a.shape, a.stride(), b.shape, b.stride()))
-        return bmm(a, b, **kw)
-
-    monkeypatch.setattr(torch, "bmm", record)
-    for fn in (decode_attention, kattend.decode_products):
-        calls.append([])
-        fn(q, k, v, 0.25, block_bytes=block_bytes)
-    assert calls[0] == calls[1] and len(calls[0]) >= 2
+    calls, sdpa = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda *a, **kw: calls.append(a[:3]) or sdpa(*a, **kw))
+    out = decode_attention(q, k, v, 0.25)
+    [(qs, ks, vs)] = calls
+    assert qs.shape == (3, G, 8 // G, 16) and ks is k and vs is v
+    if G == 8:
+        assert torch.equal(out, sdpa(q, k, v, scale=0.25))
 
 
 def test_decode_attention_refuses_what_it_does_not_compute():
@@ -126,7 +123,13 @@ def test_generate_on_the_blocked_kernel_matches_the_float64_model(kernel, opts, 
 
 
 def test_kernel_choice_is_measured_per_layer_batch_and_context_or_pinned(kernel, monkeypatch):
-    model = build_model(ModelConfig(**TINY)).eval()
+    """Measured where the kernel differs from SDPA (a group of several query heads); a layer
+    of one head per group, not rotary, takes SDPA unmeasured: the kernel is that same call."""
+    monkeypatch.setattr(kattend, "attention_probe", lambda *a, **k: pytest.fail("measured"))
+    for opts in ({}, {"design": "tied_kv"}):
+        plain = build_model(ModelConfig(**TINY, **opts)).eval().blocks[0].attn
+        assert kattend.decode_attention_kernel(plain, 2, 9) == "sdpa"
+    model = build_model(ModelConfig(**TINY, n_kv_heads=2)).eval()
     layer = model.blocks[0].attn
     calls = []
     monkeypatch.setattr(kattend, "attention_probe", lambda *a, **k: calls.append(a) or 2.0)
@@ -235,8 +238,9 @@ def test_kernel_choice_probes_rotary_kv_as_rotary(kernel, monkeypatch):
                         lambda *a, **k: seen.append(k.get("rotary")) or 2.0)
     with model.decoding(2, 9):
         pass
-    kattend.decode_attention_kernel(model.blocks[0].attn, 2, 9)  # the un-rotary key: measured
-    assert seen == [True, False]
+    # without the rotation a one-head group's kernel is SDPA itself: not measured
+    assert kattend.decode_attention_kernel(model.blocks[0].attn, 2, 9) == "sdpa"
+    assert seen == [True]
     assert kattend.attention_probe(1, 4, 2, 64, 8, shared=True, reps=1, rotary=True) > 0
 
 

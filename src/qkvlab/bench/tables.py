@@ -160,37 +160,44 @@ def bench_tables(res: dict) -> str:
 
 def _kv_tables(kv: dict) -> str:
     """The KV-decode sweep: per (context, batch) and layout, tokens/s with the chosen decode
-    attention and with SDPA, the ratio to standard, cache and bound; then the targets."""
+    attention and with SDPA, the ratio to standard, cache and bound; then the targets. Records
+    taken before the decode kernel became packed SDPA (2026-11-26) also hold its BLAS
+    products' floor, shown in two more columns."""
+    prods = any("products_gb_s" in r for r in kv["rows"])
     rows = [[r["context"], r["batch"], r["design"], int(r["tokens_per_s"]),
              int(r["tokens_per_s_sdpa"]), r.get("own_sdpa", ""), r["ratio"],
              f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}",
              r["cache_bytes"] / 1e6, f"{r['cache_share']:.0%}", int(r["bound_tokens_per_s"]),
-             r["attention_cache_gb_s"], r.get("products_gb_s", ""),
-             int(r["products_bound_tokens_per_s"]) if "products_bound_tokens_per_s" in r else "",
-             r["kernel"]] for r in kv["rows"]]
+             r["attention_cache_gb_s"]]
+            + ([r.get("products_gb_s", ""), int(r["products_bound_tokens_per_s"])
+                if "products_bound_tokens_per_s" in r else ""] if prods else [])
+            + [r["kernel"]] for r in kv["rows"]]
     copy = kv["rows"][0]["copy_gb_s"] if kv["rows"] else 0.0
     text = ("When does K = V pay? One batch decoding step, cache of `context` tokens (random), "
             "one layer d_model 512, 8 heads of 64; ratio = tokens/s / standard's (median of "
             "interleaved rounds, min-max); on kernel / on SDPA = the step on its chosen decode "
             "attention over the same step pinned to SDPA, paired by round (where it chose SDPA: "
             f"the measurement's noise); bound = batch x copy bandwidth ({copy:.1f} GB/s) / "
-            "(cache + weight bytes); attention GB/s = cache bytes / the attention alone; "
-            "products GB/s = cache bytes / the blocked kernel's two products alone (scores, "
-            "weighted sum), products bound = batch / their time per step\n\n"
+            "(cache + weight bytes); attention GB/s = cache bytes / the attention alone"
+            + ("; products GB/s = cache bytes / the blocked kernel's two products alone "
+               "(scores, weighted sum), products bound = batch / their time per step"
+               if prods else "") + "\n\n"
             + markdown_table(["context", "batch", "design", "tokens/s", "tokens/s, SDPA",
                               "on kernel / on SDPA", "ratio", "spread", "cache MB",
-                              "cache share", "bound tokens/s",
-                              "attention GB/s", "products GB/s", "products bound tokens/s",
-                              "decode attention"], rows))
+                              "cache share", "bound tokens/s", "attention GB/s"]
+                             + (["products GB/s", "products bound tokens/s"] if prods else [])
+                             + ["decode attention"], rows))
     if kv.get("targets"):
+        tprods = any(x.get("products_bound") is not None for x in kv["targets"])
         t = [[x["what"], x["context"] or "", x["batch"] or "", x["target"], x["measured"],
-              "met" if x["met"] else "not met", x["bound"],
-              "" if x.get("products_bound") is None else x["products_bound"],
-              x.get("bounded_by", "")] for x in kv["targets"]]
-        text += ("\n\nTargets at the longest context where the cache is >= 80% of a step's bytes "
-                 "(memory bound / products bound: the same figure were every step at its memory "
-                 "bound / at the floor of its BLAS products; bounded by: the lower of the two, "
-                 "where not met)\n\n" + markdown_table(
-                     ["target", "context", "batch", "want", "measured", "", "memory bound",
-                      "products bound", "bounded by"], t))
+              "met" if x["met"] else "not met", x["bound"]]
+             + (["" if x.get("products_bound") is None else x["products_bound"]]
+                if tprods else []) + [x.get("bounded_by", "")] for x in kv["targets"]]
+        text += ("\n\nTargets at the longest context where the cache is >= 80% of a step's "
+                 "bytes (memory bound: the same figure were every step at its memory bound"
+                 + ("; products bound: at the floor of its BLAS products; bounded by: the lower "
+                    "of the two, where not met" if tprods else "; bounded by: what stops a "
+                    "target not met") + ")\n\n" + markdown_table(
+                     ["target", "context", "batch", "want", "measured", "", "memory bound"]
+                     + (["products bound"] if tprods else []) + ["bounded by"], t))
     return text

@@ -1,21 +1,23 @@
 """Decode attention that reads each cached byte once per step: one query per sequence.
 
 A decoding step attends one new query per sequence to the whole KV cache, so at long context
-the step is a read of the cache. PyTorch's CPU SDPA wastes part of what a smaller cache saves
-(measured on a 2-core AMD EPYC, DEVELOPERS.md "Decode attention"): its flash kernel runs each
-query head on its own, so the H/G query heads of a GQA group each read their kv head again
-(at sizes past the caches, from memory: GQA and MQA decode barely faster than standard), and it
-reads a K=V buffer once as keys and again as values. This kernel:
+the step is a read of the cache. PyTorch's CPU SDPA, given the step as it comes (one query per
+head, ``enable_gqa`` for GQA), runs each query head on its own: the H/G query heads of a GQA
+group each read their kv head again, so GQA and MQA decode barely faster than standard. This
+kernel:
 
-* stacks the query heads of a group against their one kv head: (B·G, H/G, d) queries against
-  (B·G, T, d) keys, so every cached key and value is read once per step whatever the group
-  size (MQA reads its one head once, not H times);
-* computes the scores as K·qᵀ, (T, d) by (d, H/G), the layout MKL's batched GEMM reads
-  fastest here (q·Kᵀ reads slower: the same finding as ``kernels.gemv``);
-* where K is V (one buffer, ``tied_kv``/``tied_qkv``), walks the cache in blocks of about
-  ``BLOCK_BYTES`` so that the block it has just read as keys is still in the CPU's cache when
-  it is read as values; a block shorter than the context combines with an online softmax
-  (Milakov & Gimelshein 2018, as flash attention).
+* packs the query heads of a group as the query *rows* of their one kv head: q (B, H, 1, d)
+  viewed as (B, G, H/G, d) against k, v (B, G, T, d), one SDPA call; its flash kernel walks the
+  cache in blocks and serves every row of a block from the CPU's cache, so each cached key and
+  value is read from memory once per step whatever the group size (MQA reads its one head once,
+  not H times). It is SDPA, so it computes what SDPA does (same softmax, per row), and for a
+  group of one head it is the same call;
+* a K=V buffer (``tied_kv``/``tied_qkv``) is passed as both k and v: SDPA reads each block as
+  keys and then, still cached, as values (measured 1.65x standard's step at 32k x 16 on the
+  2-core Xeon, 2026-11-26, where qkvlab's earlier blocked GEMMs read 1.0-1.5x);
+* rotary K=V (below) walks the cache in blocks of about ``BLOCK_BYTES`` with batched GEMMs, so
+  that a block rotated to serve as keys is still cached when read unrotated as values (an
+  online softmax where a block is shorter than a sequence, Milakov & Gimelshein 2018).
 
 Choose and apply it as ``kernels.gemv`` does, around generate's token loop only:
 
@@ -23,8 +25,9 @@ Choose and apply it as ``kernels.gemv`` does, around generate's token loop only:
         ...  # core.attend sends one-query, unmasked steps to decode_attention
     set_attention_kernel("sdpa")   # pin one for every model ("blocked", or "auto")
 
-Training, evaluation and every forward outside a ``use("blocked")`` block run SDPA unchanged,
-so stored runs stay bit-identical. Shapes: q (B, H, 1, dk), k (B, G, T, dk), v (B, G, T, dv).
+("blocked" names this kernel; its packed SDPA needs no blocks of its own.) Training,
+evaluation and every forward outside a ``use("blocked")`` block run SDPA unchanged, so stored
+runs stay bit-identical. Shapes: q (B, H, 1, dk), k (B, G, T, dk), v (B, G, T, dv).
 
 Rotary K=V (``rope=(cos, sin)``): the cache holds the pre-rotary k, which are the values; the
 keys are its rotation to their positions, R_j k_j. With rotary in the rotate-half layout (GPT-NeoX,
@@ -37,6 +40,8 @@ so the query arrives rotated (R_i q) and each block of the cache is rotated to R
 read*, into a block-sized buffer that the next product reads from the CPU's cache, while the same
 block, unrotated, serves as the values: one read of the cache per step, where rotating the
 whole cache first (``Attention.forward`` outside this kernel) reads it twice and writes a copy.
+The blocks' products are K·qᵀ, (T, d) by (d, H/G), the layout MKL's batched GEMM reads fastest
+(as ``kernels.gemv`` found).
 
 On a CUDA device with Triton importable the step runs ``kernels.triton_decode`` instead (the
 same function, split along the context); nothing on the CPU path imports Triton.
@@ -54,11 +59,10 @@ from qkvlab.kernels.choice import KernelChoice
 from qkvlab.timing import interleaved, seconds
 
 __all__ = ["ATTENTION_KERNELS", "BLOCK_BYTES", "attention_probe", "decode_attention",
-           "decode_attention_kernel", "decode_products", "is_active", "rotate",
-           "set_attention_kernel", "use"]
+           "decode_attention_kernel", "is_active", "rotate", "set_attention_kernel", "use"]
 
 ATTENTION_KERNELS = ("auto", "sdpa", "blocked")
-# A block of a shared K=V buffer is read twice: 8 MB stays in this EPYC's 32 MB L3 between the
+# A block of a rotary K=V buffer is read twice: 8 MB stays in this EPYC's 32 MB L3 between the
 # reads beside the other core's block; much smaller blocks pay per-op Python overhead instead.
 BLOCK_BYTES = 8 << 20
 FASTER_RATIO = 1.1  # "auto" takes the blocked kernel only where it measured this much faster
@@ -85,8 +89,9 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
 
     q (B, H, 1, dk), k (B, G, T, dk), v (B, G, T, dv) with G dividing H (query head h reads kv
     head h // (H/G), as SDPA's ``enable_gqa``); returns (B, H, 1, dv). ``k`` and ``v`` may be
-    views of the cache (``KVCache.keys()``); when they are the same memory the cache is read in
-    blocks of ``block_bytes`` so each block is fetched from memory once.
+    views of the cache (``KVCache.keys()``). Without ``rope`` it is one SDPA call with the
+    group's query heads as rows; with it the cache is read in blocks of ``block_bytes`` so
+    each block is fetched from memory once.
 
     ``rope``: (cos, sin) tables of at least T rows (dk columns, rotate-half layout): the keys
     are then ``rotate(k, cos[:T], sin[:T])``, rotated block by block as they are read, and the
@@ -100,26 +105,37 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     if q.device.type == "cuda" and _triton_runs(q, k, v):
         from qkvlab.kernels import triton_decode
         return triton_decode.decode_attention(q, k, v, scale, rope=rope)
-    qs, kf, vf, n, tb = _plan(q, k, v, scale, block_bytes, rotary=rope is not None)
+    if rope is None:
+        return _packed(q, k, v, scale)
+    qs, kf, vf, n, tb = _plan(q, k, v, scale, block_bytes)
     B, H, dv, N, r = q.shape[0], q.shape[1], v.shape[-1], kf.shape[0], qs.shape[-1]
-    cos = sin = None
-    if rope is not None:
-        T = k.shape[2]
-        cos, sin = rope[0][:T].to(k.dtype), rope[1][:T].to(k.dtype)
+    T = k.shape[2]
+    cos, sin = rope[0][:T].to(k.dtype), rope[1][:T].to(k.dtype)
     if n is None:  # keys and values are separate reads anyway: one pass
-        keys = kf if cos is None else rotate(kf, cos, sin)
+        keys = rotate(kf, cos, sin)
         p = torch.bmm(keys, qs).mT.softmax(dim=-1)  # (N, r, T)
         return torch.bmm(p, vf).view(B, H, 1, dv)
     out = q.new_empty(N, r, dv)
     for i in range(0, N, n):
         j = min(N, i + n)
         if tb is None:  # the block holds whole sequences: plain softmax
-            keys = kf[i:j] if cos is None else rotate(kf[i:j], cos, sin)  # block, still cached
+            keys = rotate(kf[i:j], cos, sin)  # the block, still cached
             p = torch.bmm(keys, qs[i:j]).mT.softmax(dim=-1)  # (n, r, T)
             torch.bmm(p, vf[i:j], out=out[i:j])
         else:
             out[i:j] = _online(qs[i:j], kf[i:j], tb, cos, sin)
     return out.view(B, H, 1, dv)
+
+
+def _packed(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """One SDPA call, the H/G query heads of each group as the query rows of its kv head."""
+    B, H, Tq, dk = q.shape
+    G = k.shape[1]
+    if Tq != 1 or H % G:
+        raise ValueError(f"decode_attention: q {tuple(q.shape)} must hold one query and G={G} "
+                         f"must divide H={H}")
+    out = F.scaled_dot_product_attention(q.reshape(B, G, H // G, dk), k, v, scale=scale)
+    return out.reshape(B, H, 1, v.shape[-1])
 
 
 def _triton_runs(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -129,12 +145,11 @@ def _triton_runs(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return triton_decode.available() and triton_decode.supports(q, k, v)
 
 
-def _plan(q: Tensor, k: Tensor, v: Tensor, scale: float, block_bytes: int,
-          rotary: bool = False):
-    """:func:`decode_attention`'s operands and blocks: stacked scaled queries (N, dk, r), the
-    cache as (N, T, d) views, sequences per block ``n`` (None: k and v are separate, one
-    pass) and tokens per block ``tb`` (None: whole sequences, else the online softmax). With
-    ``rotary`` a block's rotated copy sits beside it in the CPU's cache: half the bytes each."""
+def _plan(q: Tensor, k: Tensor, v: Tensor, scale: float, block_bytes: int):
+    """The rotary path's operands and blocks: stacked scaled queries (N, dk, r), the cache as
+    (N, T, d) views, sequences per block ``n`` (None: k and v are separate, one pass) and
+    tokens per block ``tb`` (None: whole sequences, else the online softmax). A block's rotated
+    copy sits beside it in the CPU's cache: half of ``block_bytes`` each."""
     B, H, Tq, dk = q.shape
     G, T = k.shape[1], k.shape[2]
     if Tq != 1 or H % G:
@@ -144,39 +159,12 @@ def _plan(q: Tensor, k: Tensor, v: Tensor, scale: float, block_bytes: int,
     kf, vf = k.flatten(0, 1), v.flatten(0, 1)  # (N, T, dk|dv), views of the cache
     if not shares_storage(k, v):
         return qs, kf, vf, None, None
-    if rotary:
-        block_bytes //= 2
+    block_bytes //= 2
     per_seq = T * dk * k.element_size()
     n = max(1, block_bytes // per_seq)  # sequences (b, g) per block
     if n > 1 or per_seq <= block_bytes:
         return qs, kf, vf, n, None
     return qs, kf, vf, n, max(1, block_bytes // (dk * k.element_size()))
-
-
-def decode_products(q: Tensor, k: Tensor, v: Tensor, scale: float,
-                    block_bytes: int = BLOCK_BYTES) -> None:
-    """The two products of :func:`decode_attention` alone, as it issues them (same operand
-    views, shapes, strides and blocks): scores K·qᵀ and weights × V, with the scores standing
-    in for the weights (a contiguous (N, r, T) buffer as softmax returns; the online path's
-    transposed one) and no softmax. Its time is the floor a decode step with this kernel
-    cannot beat on this BLAS (``models.speed.kv_decode_speed``'s products bound)."""
-    qs, kf, vf, n, tb = _plan(q, k, v, scale, block_bytes)
-    N, T, r = kf.shape[0], kf.shape[1], qs.shape[-1]
-    p = q.new_empty(min(N, n or N), r, T)  # softmax's output layout
-    if n is None:
-        torch.bmm(kf, qs)
-        torch.bmm(p, vf)
-        return
-    out = q.new_empty(N, r, vf.shape[-1])
-    for i in range(0, N, n):
-        j = min(N, i + n)
-        if tb is None:
-            torch.bmm(kf[i:j], qs[i:j])
-            torch.bmm(p[:j - i], vf[i:j], out=out[i:j])
-            continue
-        for t in range(0, T, tb):
-            blk = kf[i:j, t:t + tb]
-            torch.bmm(torch.bmm(blk, qs[i:j]).mT, blk)
 
 
 def _online(qs: Tensor, kv: Tensor, tb: int, cos: Tensor | None = None,
@@ -247,8 +235,9 @@ def decode_attention_kernel(layer, batch: int, context: int, rotary: bool = Fals
     :func:`attention_probe` at the layer's sizes and the context rounded down to a power of two
     (the blocked kernel's gain grows with context: rounded up, at 513 tokens the probe measured
     1,024 and chose a kernel that ran the step 5% slower than SDPA), kept on the layer per
-    (thread count, batch, rounded context, rotary); not fp32 on the CPU:
-    ``"sdpa"`` (not measured). On a CUDA device ``"blocked"`` (the Triton kernel) where Triton
+    (thread count, batch, rounded context, rotary); not fp32 on the CPU, or one query head
+    per kv head without rotary K=V (where the kernel is the same SDPA call): ``"sdpa"``
+    (not measured). On a CUDA device ``"blocked"`` (the Triton kernel) where Triton
     imports and the dtype is one it computes, else ``"sdpa"``: not measured against SDPA, no
     GPU was at hand when it was written.
     """
@@ -261,8 +250,10 @@ def decode_attention_kernel(layer, batch: int, context: int, rotary: bool = Fals
             else "sdpa"
     if w.dtype != torch.float32 or w.device.type != "cpu":
         return "sdpa"
-    ctx = 1 << max(1, context).bit_length() - 1  # rounded down: blocked gains with context
     rotary = rotary and layer.kv_shared
+    if not rotary and cfg.n_kv_heads == cfg.n_heads:
+        return "sdpa"  # one head per group: the kernel is this same SDPA call
+    ctx = 1 << max(1, context).bit_length() - 1  # rounded down: blocked gains with context
     key = (torch.get_num_threads(), batch, ctx) + (("rotary",) if rotary else ())
     chosen = layer.__dict__.setdefault("_attention_kernel", {})
     if key not in chosen:

@@ -126,10 +126,7 @@ def kv_decode_speed(contexts, batches, *, d_model: int = 512, n_heads: int = 8,
     faster for its place in a round, ``timing.interleaved_rounds``), each also pinned to SDPA
     (``tokens_per_s_sdpa``; ``own_sdpa``: the geometric mean over rounds of the paired ratio of
     the step on its chosen kernel to the step on SDPA, the choice's gain) and its attention
-    alone (``attention_cache_gb_s``: its cache bytes / that time) and the blocked kernel's two
-    products alone (``kernels.attend.decode_products``: ``products_gb_s``, its cache bytes / that
-    time, and ``products_bound_tokens_per_s``, B / (layers x that time): the floor this BLAS sets
-    a step of the layout, whatever the memory could do). One row per layout and
+    alone (``attention_cache_gb_s``: its cache bytes / that time). One row per layout and
     (T, B): ``ratio`` (median per-round ratio to standard), ``cache_bytes``, ``weight_bytes``,
     ``cache_share`` (cache / both), ``bound_tokens_per_s`` (B · copy bandwidth / bytes a step
     reads), ``copy_gb_s``, ``kernel`` (the decode attention chosen).
@@ -185,11 +182,7 @@ def _kv_point(models: dict, T: int, B: int, rounds: int, bw: float, device) -> l
 
         fns[label] = rate(run, work=B, device=device)
         fns[label + ":sdpa"] = rate(lambda run=run: run(kind="sdpa"), work=B, device=device)
-        def products(q=q, k=k, v=v, scale=att.cfg.inner_scale):
-            kattend.decode_products(q, k, v, scale)
-
         fns[label + ":attn"] = rate(alone, device=device)
-        fns[label + ":products"] = rate(products, device=device)
     raw = interleaved_rounds(fns, rounds + rounds % 2, alternate=True)  # both orders alike
     rows = []
     for label, model in models.items():
@@ -198,7 +191,6 @@ def _kv_point(models: dict, T: int, B: int, rounds: int, bw: float, device) -> l
         ratios = [a / b for a, b in zip(raw[label], raw["standard"])]
         own = [math.log(a / b) for a, b in zip(raw[label], raw[label + ":sdpa"])]
         layer_cache = cache / len(caches[label])
-        products = statistics.median(raw[label + ":products"])  # one layer's, per second
         rows.append({
             "context": T, "batch": B, "design": label, "n_kv_heads": model.cfg.n_kv_heads,
             "kernel": kinds[label], "tokens_per_s": statistics.median(raw[label]),
@@ -208,7 +200,5 @@ def _kv_point(models: dict, T: int, B: int, rounds: int, bw: float, device) -> l
             "ratio_max": max(ratios), "cache_bytes": cache, "weight_bytes": w,
             "cache_share": cache / (cache + w), "bound_tokens_per_s": B * bw / (cache + w),
             "attention_cache_gb_s": layer_cache * statistics.median(raw[label + ":attn"]) / 1e9,
-            "products_gb_s": layer_cache * products / 1e9,
-            "products_bound_tokens_per_s": B * products / len(caches[label]),
             "copy_gb_s": bw / 1e9})
     return rows
