@@ -149,7 +149,9 @@ def kv_figure(rows: list[dict], path: Path) -> Path:
                 ax.plot(x, [r["products_bound_tokens_per_s"] for r in rs], ":",
                         color=line.get_color(), alpha=0.7)
         ax.set(xscale="log", yscale="log", title=f"batch {B}", xlabel="context (tokens)")
-    axes[0][0].set_ylabel("tokens/s (dashed: memory bound, dotted: products bound)")
+    prods = all("products_bound_tokens_per_s" in r for r in rows)
+    axes[0][0].set_ylabel("tokens/s" + ("\n(dashed: memory bound, dotted: products bound)"
+                                        if prods else " (dashed: memory bound)"))
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
