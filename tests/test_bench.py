@@ -257,30 +257,41 @@ def test_kv_decode_rows_hold_every_layout_with_consistent_bytes_and_bounds(tmp_p
     from qkvlab.bench import kv
     from qkvlab.models.speed import kv_decode_speed
 
-    rows = kv_decode_speed((8, 512), (1, 4), d_model=32, n_heads=4, rounds=1)  # 512 x 4: targets
-    assert len(rows) == 6 * 4
+    rows = kv_decode_speed((8, 512), (1, 4), d_model=32, n_heads=4, rounds=1,  # 512 x 4: targets
+                           rotary=True)
+    assert len(rows) == 8 * 4
+    assert {r["baseline"] for r in rows if r["design"].startswith("rotary_")} == {
+        "rotary_standard"}
+    assert {r["baseline"] for r in rows if not r["design"].startswith("rotary_")} == {"standard"}
     for (T, B) in [(8, 1), (8, 4), (512, 1), (512, 4)]:
         at = {r["design"]: r for r in rows if (r["context"], r["batch"]) == (T, B)}
         std = at["standard"]
         assert std["ratio"] == 1.0 and std["cache_bytes"] == 2 * B * T * 4 * 8 * 4
         assert at["tied_kv"]["cache_bytes"] == at["gqa_2"]["cache_bytes"] == std["cache_bytes"] // 2
         assert at["mqa"]["cache_bytes"] == std["cache_bytes"] // 4
+        rot = at["rotary_standard"]
+        assert rot["ratio"] == 1.0 and rot["cache_bytes"] == std["cache_bytes"]
+        assert at["rotary_tied_kv"]["cache_bytes"] == std["cache_bytes"] // 2
+        # rotary K=V is measured against SDPA where it may choose; its steps rotate per block
+        assert at["rotary_tied_kv"]["kernel"] in ("sdpa", "blocked")
         for r in at.values():
             assert r["kernel"] in ("sdpa", "blocked") and r["tokens_per_s"] > 0
             assert r["bound_tokens_per_s"] == pytest.approx(
                 B * r["copy_gb_s"] * 1e9 / (r["cache_bytes"] + r["weight_bytes"]))
             assert 0 < r["attention_cache_gb_s"] < math.inf
             assert "products_gb_s" not in r  # the packed-SDPA kernel has no GEMMs of its own
-            # one head per kv head (standard, K=V): the kernel is SDPA itself, never measured
-            assert r["kernel"] == "sdpa" or r["n_kv_heads"] < 4
+        # one head per kv head (standard, K=V) without rotary keys: the kernel is SDPA itself
+        for d in ("standard", "tied_kv", "tied_qkv", "rotary_standard"):
+            assert at[d]["kernel"] == "sdpa"
     targets = kv.targets(rows)
-    assert len(targets) == 5  # n_heads 4: no gqa_4 (its H/4 is gqa_1); the choice's last
+    assert len(targets) == 6  # n_heads 4: no gqa_4 (its H/4 is gqa_1); the choice's last
+    assert [t["what"] for t in targets][3] == "rotary_tied_kv / rotary_standard tokens/s"
     assert targets[-1]["what"].startswith("worst layout on its kernel / on SDPA")
     for t in targets[:-1]:
         assert t["products_bound"] is None
         assert t["bounded_by"].startswith("memory") if not t["met"] else t["bounded_by"] == ""
-    assert [t["target"] for t in kv.targets(rows, "cuda")][:3] == [1.8, 3.0, 5.0]
-    assert [t["target"] for t in targets][:3] == [1.8, 3.0, 4.0]
+    assert [t["target"] for t in kv.targets(rows, "cuda")][:4] == [1.8, 3.0, 5.0, 1.6]
+    assert [t["target"] for t in targets][:4] == [1.8, 3.0, 4.0, 1.6]
     text = bench_tables({"kv_decode": {"rows": rows, "targets": targets}})
     assert "When does K = V pay?" in text and "| memory bound | bounded by |" in text
     assert "products" not in text

@@ -183,14 +183,17 @@ def test_rotary_decode_attention_equals_float64(layout, B, T, block_bytes):
 
 @pytest.mark.parametrize("block_bytes", [4096, 512])
 def test_rotary_kv_rotates_blocks_never_the_whole_cache(block_bytes, monkeypatch):
-    """A K=V cache is read once: each rotated copy is one block (at most half the block bytes,
-    the other half is the block itself), never the whole (B·G, T, d) cache."""
-    sizes, rotate = [], kattend.rotate
-    monkeypatch.setattr(kattend, "rotate", lambda x, c, s: sizes.append(x.nbytes) or rotate(x, c, s))
+    """A K=V cache is read once: the keys are rotated a token block at a time (across every
+    sequence) into one buffer of at most ``block_bytes``, never the whole (B·G, T, d) cache."""
+    monkeypatch.setattr(kattend, "rotate", lambda *a: pytest.fail("rotated the whole cache"))
+    sizes, mul = [], torch.mul
+    monkeypatch.setattr(torch, "mul", lambda *a, out=None: sizes.append(out.nbytes) or
+                        mul(*a, out=out))
     k, _ = cache(3, 2, 200, 16, True)
-    decode_attention(torch.randn(3, 8, 1, 16), k, k, 0.25, block_bytes=block_bytes,
-                     rope=rope_tables(200, 16))
-    assert len(sizes) > 1 and max(sizes) <= block_bytes // 2
+    out = decode_attention(torch.randn(3, 8, 1, 16), k, k, 0.25, block_bytes=block_bytes,
+                           rope=rope_tables(200, 16))
+    assert out.shape == (3, 8, 1, 16)
+    assert len(sizes) > 2 and max(sizes) <= block_bytes // 2  # each half of one block
 
 
 def test_rope_identity_moves_the_rotation_to_the_key_side():

@@ -174,9 +174,10 @@ def _kv_tables(kv: dict) -> str:
             + [r["kernel"]] for r in kv["rows"]]
     copy = kv["rows"][0]["copy_gb_s"] if kv["rows"] else 0.0
     text = ("When does K = V pay? One batch decoding step, cache of `context` tokens (random), "
-            "one layer d_model 512, 8 heads of 64; ratio = tokens/s / standard's (median of "
-            "interleaved rounds, min-max); on kernel / on SDPA = the step on its chosen decode "
-            "attention over the same step pinned to SDPA, paired by round (where it chose SDPA: "
+            "one layer d_model 512, 8 heads of 64; ratio = tokens/s / standard's, a rotary "
+            "layout's / rotary standard's (median of interleaved rounds, min-max); on kernel / "
+            "on SDPA = the step on its chosen decode attention over the same step pinned to "
+            "SDPA, paired by round (where it chose SDPA: "
             f"the measurement's noise); bound = batch x copy bandwidth ({copy:.1f} GB/s) / "
             "(cache + weight bytes); attention GB/s = cache bytes / the attention alone"
             + ("; products GB/s = cache bytes / the blocked kernel's two products alone "

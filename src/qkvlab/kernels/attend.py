@@ -15,9 +15,9 @@ kernel:
 * a K=V buffer (``tied_kv``/``tied_qkv``) is passed as both k and v: SDPA reads each block as
   keys and then, still cached, as values (measured 1.65x standard's step at 32k x 16 on the
   2-core Xeon, 2026-11-26, where qkvlab's earlier blocked GEMMs read 1.0-1.5x);
-* rotary K=V (below) walks the cache in blocks of about ``BLOCK_BYTES`` with batched GEMMs, so
-  that a block rotated to serve as keys is still cached when read unrotated as values (an
-  online softmax where a block is shorter than a sequence, Milakov & Gimelshein 2018).
+* rotary K=V (below) walks the cache in token blocks of about ``BLOCK_BYTES`` across every
+  sequence, rotates each block into a reused buffer to serve as keys and reads it unrotated,
+  still cached, as values (an online softmax across blocks, Milakov & Gimelshein 2018).
 
 Choose and apply it as ``kernels.gemv`` does, around generate's token loop only:
 
@@ -41,7 +41,9 @@ read*, into a block-sized buffer that the next product reads from the CPU's cach
 block, unrotated, serves as the values: one read of the cache per step, where rotating the
 whole cache first (``Attention.forward`` outside this kernel) reads it twice and writes a copy.
 The blocks' products are K·qᵀ, (T, d) by (d, H/G), the layout MKL's batched GEMM reads fastest
-(as ``kernels.gemv`` found).
+(as ``kernels.gemv`` found). The rotation is elementwise work eager PyTorch cannot fuse into
+the product: it, not memory, bounds rotary K=V (0.4x rotary standard's step at 32k x 16 on the
+2-core Xeon; DEVELOPERS.md).
 
 On a CUDA device with Triton importable the step runs ``kernels.triton_decode`` instead (the
 same function, split along the context); nothing on the CPU path imports Triton.
@@ -62,9 +64,9 @@ __all__ = ["ATTENTION_KERNELS", "BLOCK_BYTES", "attention_probe", "decode_attent
            "decode_attention_kernel", "is_active", "rotate", "set_attention_kernel", "use"]
 
 ATTENTION_KERNELS = ("auto", "sdpa", "blocked")
-# A block of a rotary K=V buffer is read twice: 8 MB stays in this EPYC's 32 MB L3 between the
-# reads beside the other core's block; much smaller blocks pay per-op Python overhead instead.
-BLOCK_BYTES = 8 << 20
+# Rotary K=V's token blocks across all sequences: 4 MB ran 32k x 16 fastest of 1, 4 and 16 MB
+# on the 2-core Xeon (2026-11-26); smaller blocks pay per-op Python overhead instead.
+BLOCK_BYTES = 4 << 20
 FASTER_RATIO = 1.1  # "auto" takes the blocked kernel only where it measured this much faster
 
 CHOICE = KernelChoice("attention kernel", ATTENTION_KERNELS, "sdpa")
@@ -90,8 +92,8 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     q (B, H, 1, dk), k (B, G, T, dk), v (B, G, T, dv) with G dividing H (query head h reads kv
     head h // (H/G), as SDPA's ``enable_gqa``); returns (B, H, 1, dv). ``k`` and ``v`` may be
     views of the cache (``KVCache.keys()``). Without ``rope`` it is one SDPA call with the
-    group's query heads as rows; with it the cache is read in blocks of ``block_bytes`` so
-    each block is fetched from memory once.
+    group's query heads as rows; with it the cache is read in token blocks of about
+    ``block_bytes`` across every sequence, each fetched from memory once.
 
     ``rope``: (cos, sin) tables of at least T rows (dk columns, rotate-half layout): the keys
     are then ``rotate(k, cos[:T], sin[:T])``, rotated block by block as they are read, and the
@@ -107,24 +109,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
         return triton_decode.decode_attention(q, k, v, scale, rope=rope)
     if rope is None:
         return _packed(q, k, v, scale)
-    qs, kf, vf, n, tb = _plan(q, k, v, scale, block_bytes)
-    B, H, dv, N, r = q.shape[0], q.shape[1], v.shape[-1], kf.shape[0], qs.shape[-1]
-    T = k.shape[2]
-    cos, sin = rope[0][:T].to(k.dtype), rope[1][:T].to(k.dtype)
-    if n is None:  # keys and values are separate reads anyway: one pass
-        keys = rotate(kf, cos, sin)
-        p = torch.bmm(keys, qs).mT.softmax(dim=-1)  # (N, r, T)
-        return torch.bmm(p, vf).view(B, H, 1, dv)
-    out = q.new_empty(N, r, dv)
-    for i in range(0, N, n):
-        j = min(N, i + n)
-        if tb is None:  # the block holds whole sequences: plain softmax
-            keys = rotate(kf[i:j], cos, sin)  # the block, still cached
-            p = torch.bmm(keys, qs[i:j]).mT.softmax(dim=-1)  # (n, r, T)
-            torch.bmm(p, vf[i:j], out=out[i:j])
-        else:
-            out[i:j] = _online(qs[i:j], kf[i:j], tb, cos, sin)
-    return out.view(B, H, 1, dv)
+    return _rotary(q, k, v, scale, rope, block_bytes)
 
 
 def _packed(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
@@ -145,52 +130,49 @@ def _triton_runs(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return triton_decode.available() and triton_decode.supports(q, k, v)
 
 
-def _plan(q: Tensor, k: Tensor, v: Tensor, scale: float, block_bytes: int):
-    """The rotary path's operands and blocks: stacked scaled queries (N, dk, r), the cache as
-    (N, T, d) views, sequences per block ``n`` (None: k and v are separate, one pass) and
-    tokens per block ``tb`` (None: whole sequences, else the online softmax). A block's rotated
-    copy sits beside it in the CPU's cache: half of ``block_bytes`` each."""
+def _rotary(q: Tensor, k: Tensor, v: Tensor, scale: float, rope: tuple[Tensor, Tensor],
+            block_bytes: int) -> Tensor:
+    """Keys rotated as they are read: the cache walked in token blocks across every sequence
+    at once (B·G rows × ``tb`` tokens, about ``block_bytes``), so one slice of the rope tables
+    serves every row and stays in L1; each block is rotated into one reused buffer by four
+    in-place products on its halves (the rotate-half tables repeat their halves, as
+    ``models.Rotary`` and HF Llama build them: half of each is read), its scores taken with a
+    batched GEMM (K·qᵀ), and the same block, unrotated, weighs the values; an online softmax
+    across blocks (Milakov & Gimelshein 2018)."""
     B, H, Tq, dk = q.shape
-    G, T = k.shape[1], k.shape[2]
+    G, T, dv = k.shape[1], k.shape[2], v.shape[-1]
     if Tq != 1 or H % G:
         raise ValueError(f"decode_attention: q {tuple(q.shape)} must hold one query and G={G} "
                          f"must divide H={H}")
-    qs = (q.reshape(B * G, H // G, dk) * scale).mT  # (N, dk, r): heads of a group stacked
-    kf, vf = k.flatten(0, 1), v.flatten(0, 1)  # (N, T, dk|dv), views of the cache
-    if not shares_storage(k, v):
-        return qs, kf, vf, None, None
-    block_bytes //= 2
-    per_seq = T * dk * k.element_size()
-    n = max(1, block_bytes // per_seq)  # sequences (b, g) per block
-    if n > 1 or per_seq <= block_bytes:
-        return qs, kf, vf, n, None
-    return qs, kf, vf, n, max(1, block_bytes // (dk * k.element_size()))
-
-
-def _online(qs: Tensor, kv: Tensor, tb: int, cos: Tensor | None = None,
-            sin: Tensor | None = None) -> Tensor:
-    """One K=V sequence block (n, T, d) in token blocks of ``tb`` with an online softmax:
-    running max m, normalizer norm and unnormalized output acc, rescaled as the max grows.
-    With rotary tables (T, d) each token block is rotated as it is read to serve as keys."""
-    n, T, d = kv.shape
+    N, h = B * G, dk // 2
+    qs = (q.reshape(N, H // G, dk) * scale).mT  # (N, dk, r): heads of a group stacked
+    kf, vf = k.flatten(0, 1), v.flatten(0, 1)  # (N, T, d), views of the cache
+    cos, sin = rope[0][:T, :h].to(k.dtype), rope[1][:T, :h].to(k.dtype)
+    tb = max(1, block_bytes // (N * dk * k.element_size()))
+    buf = kf.new_empty(N, min(tb, T), dk)
     m = norm = acc = None
     for t in range(0, T, tb):
-        blk = kv[:, t:t + tb]  # (n, tb, d): read as keys, then (in cache) as values
-        keys = blk if cos is None else rotate(blk, cos[t:t + tb], sin[t:t + tb])
-        s = torch.bmm(keys, qs).mT  # (n, r, tb)
-        m_blk = s.amax(dim=-1, keepdim=True)
+        blk = kf[:, t:t + tb]  # (N, n, d): read once, as keys and (K = V) as values
+        n = blk.shape[1]
+        keys, k1, k2 = buf[:, :n], blk[..., :h], blk[..., h:]
+        c, si = cos[t:t + n], sin[t:t + n]
+        torch.mul(k1, c, out=keys[..., :h]).addcmul_(k2, si, value=-1)  # R_j k_j, first half
+        torch.mul(k2, c, out=keys[..., h:]).addcmul_(k1, si)
+        sc = torch.bmm(keys, qs).mT  # (N, r, n)
+        m_blk = sc.amax(dim=-1, keepdim=True)
+        vals = vf[:, t:t + tb]
         if m is None:
             m = m_blk
-            p = (s - m).exp_()
-            norm, acc = p.sum(dim=-1, keepdim=True), torch.bmm(p, blk)
+            p = (sc - m).exp_()
+            norm, acc = p.sum(dim=-1, keepdim=True), torch.bmm(p, vals)
             continue
         m_new = torch.maximum(m, m_blk)
-        c = (m - m_new).exp_()
-        p = (s - m_new).exp_()
-        norm = norm * c + p.sum(dim=-1, keepdim=True)
-        acc = acc * c + torch.bmm(p, blk)
+        c_old = (m - m_new).exp_()
+        p = (sc - m_new).exp_()
+        norm = norm * c_old + p.sum(dim=-1, keepdim=True)
+        acc = acc * c_old + torch.bmm(p, vals)
         m = m_new
-    return acc / norm
+    return (acc / norm).view(B, H, 1, dv)
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:

@@ -104,20 +104,35 @@ def weight_bytes_per_token(model: DecoderLM) -> int:
     return total
 
 
-def kv_variants(n_heads: int) -> dict[str, dict]:
-    """The cache layouts the KV-decode measure compares: label -> ModelConfig options."""
-    return {"standard": {}, "tied_kv": {"design": "tied_kv"}, "tied_qkv": {"design": "tied_qkv"},
-            f"gqa_{n_heads // 2}": {"n_kv_heads": n_heads // 2},
-            f"gqa_{n_heads // 4}": {"n_kv_heads": n_heads // 4}, "mqa": {"n_kv_heads": 1}}
+ROTARY = "rotary_"  # label prefix of the rotary layouts, each read against rotary standard
+
+
+def kv_variants(n_heads: int, rotary: bool = False) -> dict[str, dict]:
+    """The cache layouts the KV-decode measure compares: label -> ModelConfig options. With
+    ``rotary``, also rotary standard and rotary tied K=V (whose cache holds the pre-rotary keys,
+    rotated as they are read)."""
+    out = {"standard": {}, "tied_kv": {"design": "tied_kv"}, "tied_qkv": {"design": "tied_qkv"},
+           f"gqa_{n_heads // 2}": {"n_kv_heads": n_heads // 2},
+           f"gqa_{n_heads // 4}": {"n_kv_heads": n_heads // 4}, "mqa": {"n_kv_heads": 1}}
+    if rotary:
+        out |= {ROTARY + "standard": {"positions": "rotary"},
+                ROTARY + "tied_kv": {"design": "tied_kv", "positions": "rotary"}}
+    return out
+
+
+def kv_baseline(label: str) -> str:
+    """The layout a KV-decode row's ratio is read against: rotary standard for a rotary one."""
+    return ROTARY + "standard" if label.startswith(ROTARY) else "standard"
 
 
 @torch.inference_mode()
 def kv_decode_speed(contexts, batches, *, d_model: int = 512, n_heads: int = 8,
                     n_layers: int = 1, d_vocab: int = 65, rounds: int = 3, device: str = "cpu",
-                    log=None) -> list[dict]:
+                    log=None, rotary: bool = False) -> list[dict]:
     """Tokens/s of one batch decoding step of a decoder whose KV cache holds ``T`` tokens, per
     cache layout (:func:`kv_variants`: standard, tied K=V, Q=K=V, GQA at H/2 and H/4, MQA; same
-    d_model, heads, MLP and layers), for every ``T`` in ``contexts`` and B in ``batches``.
+    d_model, heads, MLP and layers; with ``rotary`` also rotary standard and rotary K=V), for
+    every ``T`` in ``contexts`` and B in ``batches``.
 
     The caches are filled with random values (a prompt of T tokens would take longer than every
     step timed); each timed call is one step as ``generate`` runs it (``DecoderLM.decoding``:
@@ -127,14 +142,15 @@ def kv_decode_speed(contexts, batches, *, d_model: int = 512, n_heads: int = 8,
     (``tokens_per_s_sdpa``; ``own_sdpa``: the geometric mean over rounds of the paired ratio of
     the step on its chosen kernel to the step on SDPA, the choice's gain) and its attention
     alone (``attention_cache_gb_s``: its cache bytes / that time). One row per layout and
-    (T, B): ``ratio`` (median per-round ratio to standard), ``cache_bytes``, ``weight_bytes``,
+    (T, B): ``ratio`` (median per-round ratio to ``baseline``: standard, or rotary standard
+    for a rotary layout, :func:`kv_baseline`), ``cache_bytes``, ``weight_bytes``,
     ``cache_share`` (cache / both), ``bound_tokens_per_s`` (B · copy bandwidth / bytes a step
     reads), ``copy_gb_s``, ``kernel`` (the decode attention chosen).
     """
     bw = copy_bandwidth(device=device)
     n_ctx = max(contexts) + 1
     models = {}
-    for label, opts in kv_variants(n_heads).items():
+    for label, opts in kv_variants(n_heads, rotary).items():
         torch.manual_seed(0)
         cfg = ModelConfig(d_vocab=d_vocab, n_ctx=n_ctx, d_model=d_model, n_layers=n_layers,
                           n_heads=n_heads, **opts)
@@ -159,7 +175,8 @@ def _kv_point(models: dict, T: int, B: int, rounds: int, bw: float, device) -> l
             if not c.shared:
                 c.v.uniform_(-1, 1)
         caches[label] = cs
-        kinds[label] = kattend.decode_attention_kernel(model.blocks[0].attn, B, T + 1)
+        kinds[label] = kattend.decode_attention_kernel(model.blocks[0].attn, B, T + 1,
+                                                       rotary=model.rope is not None)
 
         def run(model=model, cs=cs, kind=None):
             for c in cs:
@@ -175,10 +192,15 @@ def _kv_point(models: dict, T: int, B: int, rounds: int, bw: float, device) -> l
         q = torch.randn(B, att.cfg.n_heads, 1, att.cfg.d_head, device=device)
         k, v = cs[0].k.narrow(2, 0, T), cs[0].v.narrow(2, 0, T)
 
-        def alone(q=q, k=k, v=v, kind=kinds[label], scale=att.cfg.inner_scale):
+        # a rotary K=V cache holds the pre-rotary keys: the step rotates them (per block on the
+        # kernel, the whole cache on SDPA), so its attention alone does too
+        rope = (model.rope.cos, model.rope.sin) if model.rope is not None and att.kv_shared \
+            else None
+
+        def alone(q=q, k=k, v=v, kind=kinds[label], scale=att.cfg.inner_scale, rope=rope):
             with kattend.use(kind):
                 attend(q, k, v, mask=None, is_causal=False, scale=scale, dropout_p=0.0,
-                       need_weights=False)
+                       need_weights=False, key_rope=rope)
 
         fns[label] = rate(run, work=B, device=device)
         fns[label + ":sdpa"] = rate(lambda run=run: run(kind="sdpa"), work=B, device=device)
@@ -188,11 +210,12 @@ def _kv_point(models: dict, T: int, B: int, rounds: int, bw: float, device) -> l
     for label, model in models.items():
         cache = sum(c.k.nbytes // (T + 1) * T * (1 if c.shared else 2) for c in caches[label])
         w = weight_bytes_per_token(model)
-        ratios = [a / b for a, b in zip(raw[label], raw["standard"])]
+        ratios = [a / b for a, b in zip(raw[label], raw[kv_baseline(label)])]
         own = [math.log(a / b) for a, b in zip(raw[label], raw[label + ":sdpa"])]
         layer_cache = cache / len(caches[label])
         rows.append({
             "context": T, "batch": B, "design": label, "n_kv_heads": model.cfg.n_kv_heads,
+            "baseline": kv_baseline(label),
             "kernel": kinds[label], "tokens_per_s": statistics.median(raw[label]),
             "tokens_per_s_sdpa": statistics.median(raw[label + ":sdpa"]),
             "own_sdpa": math.exp(statistics.fmean(own)),
