@@ -354,11 +354,12 @@ def test_the_study_reads_the_newest_kv_bench_of_its_own_cpu(tmp_path, monkeypatc
     from qkvlab.studies.qkv.compute import results
     from qkvlab.studies.qkv.compute.frames import kv_payoff
 
-    def rows(tokens):
+    def rows(tokens, rotary=False):  # the bench's grid also holds the rotary pair
         return [{"context": 512, "batch": 1, "design": d, "kernel": "sdpa",
                  "tokens_per_s": tokens * r, "tokens_per_s_sdpa": tokens * r, "ratio": r,
                  "cache_bytes": 1, "cache_share": 0.5, "bound_tokens_per_s": 9.0}
-                for d, r in (("standard", 1.0), ("tied_kv", 1.5))]
+                for d, r in (("standard", 1.0), ("tied_kv", 1.5))
+                + ((("rotary_standard", 1.0), ("rotary_tied_kv", 0.3)) if rotary else ())]
 
     db = tmp_path / "r.db"
     with Store(db) as s:  # a record of the earlier method first (no CPU named), then today's
@@ -369,13 +370,14 @@ def test_the_study_reads_the_newest_kv_bench_of_its_own_cpu(tmp_path, monkeypatc
     monkeypatch.setattr("time.strftime", lambda fmt: next(times))
     for cpu, tokens, device in (("A", 200.0, "cpu"), ("A", 300.0, "cpu"), ("B", 400.0, "cpu")):
         monkeypatch.setattr("qkvlab.env.cpu_model", lambda cpu=cpu: cpu)
-        kv.record_kv_bench(db, {"grid": "full", "rows": rows(tokens)}, device)
+        kv.record_kv_bench(db, {"grid": "full", "rows": rows(tokens, rotary=True)}, device)
     monkeypatch.setattr(results, "current", lambda df, name: df.index == df.index)
     with Store(db, readonly=True) as s:
         data = results.StudyData(profile=None, runs=None, comparisons=None, probe=None,
                                  measures=results.measures(s, results.pd.DataFrame(), "smoke"))
     got = kv_payoff(data)
     assert list(got.tokens_per_s) == [300.0, 450.0] and set(got.source) == {"bench"}
+    assert list(got.design) == ["standard", "tied_kv"]  # the layouts the study measures
     assert set(got.taken) == {"2026-11-26T11:00:00"}  # A's newest; B is another machine
     kv_rows = data.measures["kv_decode"]
     kv_rows.loc[kv_rows["spec.cpu_model"].notna(), "spec.cpu_model"] = "C"  # a third CPU

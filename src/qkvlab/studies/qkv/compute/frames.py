@@ -244,7 +244,8 @@ def kv_payoff(data: StudyData) -> pd.DataFrame:
     """Q3's payoff curve, one row per context, batch and cache layout: the newest
     ``qkvlab bench --only kv`` record (measure ``kv_bench``) taken on the CPU the study's own
     kv_decode measurement ran on, where one exists (a longer grid, measured on its own, not a
-    second noisier measurement), else the study's kv_decode records (the first at this
+    second noisier measurement; its rows of layouts the study does not measure, such as the
+    bench's rotary pair, left out), else the study's kv_decode records (the first at this
     profile). ``source`` says which (``bench``: with ``taken`` and ``threads``)."""
     kv = data.measure("kv_decode")
     if kv.empty or "context" not in kv:
@@ -259,6 +260,7 @@ def kv_payoff(data: StudyData) -> pd.DataFrame:
         if not mine.empty:
             newest = mine[mine["spec.taken"] == mine["spec.taken"].max()]
             newest = newest[newest.measure_id == newest.measure_id.iloc[0]]
+            newest = newest[newest.design.isin(set(kv.design))]  # the study's layouts only
             return newest[KV_COLUMNS].assign(source="bench", taken=newest["spec.taken"],
                                              threads=newest["spec.threads"]
                                              ).reset_index(drop=True)
