@@ -386,5 +386,6 @@ def fig_q3_kv_payoff(data: StudyData, out: Path) -> Figure | None:
                 "One decode step of a one-layer decoder (d_model 512, 8 heads of 64) whose cache "
                 "holds `context` tokens, per cache layout (gqa_G: G kv heads); dashed: the "
                 f"memory bound, batch × copy bandwidth / (cache + weight bytes). {where}; the "
-                "decode attention is SDPA or qkvlab's blocked kernel, whichever its probe "
-                "measured faster.")
+                "decode attention is SDPA, and where a kv head serves several query heads, "
+                "qkvlab's kernel (the group's heads as the rows of one SDPA call, each cached "
+                "byte read once) where its probe measured it faster.")
