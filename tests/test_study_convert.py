@@ -161,3 +161,26 @@ def test_a_gpu_curve_at_another_batch_is_its_own_curve_and_ends_where_measured()
     assert g.more_text and g.paired[:2] == (4194304, 0.139) and g.paired[4] == 0.602
     assert g.last[:2] == (16777216, -0.078)
     assert not ends[("fitted", 4)].more_text and ends[("fitted", 4)].last[0] == 65536
+
+
+def test_a_run_at_another_rate_is_its_own_curve(stored):
+    """Gemma's K=V at the rate chosen on val beside the same start at 1e-4: two curves, each
+    with its own end, never one zigzag; starts are compared only at one rate; the table and the
+    figure say each rate."""
+    df = pd.DataFrame({"model": "m", "tie": "kv", "start": ["fitted"] * 4 + ["avg"] * 2,
+                       "tokens": [0, 16384] * 3, "gap": [0.9, 1.3, 0.9, 0.2, 9.0, 5.0],
+                       "batch": 4, "corpus": "c", "lr": [1e-4] * 2 + [1e-5] * 2 + [1e-4] * 2,
+                       "vs_untied": [0.9, 2.7, 0.9, math.nan, 9.0, 6.0]})
+    df = df.assign(gap_lo=df.gap - 0.01, gap_hi=df.gap + 0.01, vs_lo=df.vs_untied - 0.01,
+                   vs_hi=df.vs_untied + 0.01)
+    ends = {(e.start, e.lr): e for e in curve_ends(df)}
+    assert set(ends) == {("fitted", 1e-4), ("fitted", 1e-5), ("avg", 1e-4)}
+    assert ends[("fitted", 1e-5)].last[:2] == (16384, 0.2)
+    assert ends[("fitted", 1e-5)].paired is None  # no untied baseline at that rate
+    assert ends[("fitted", 1e-4)].paired[:2] == (16384, 1.3)
+    (f,) = start_findings(df)  # fitted vs avg at 1e-4 only: 1e-5 has no second start
+    assert (f.lr, f.better, f.last["fitted"][1]) == (1e-4, "fitted", 1.3)
+    data, _, tmp = stored
+    (table,) = convert_blocks(data)
+    assert "rate" in table.headers and {r[table.headers.index("rate")] for r in table.rows} \
+        == {f"{UP.lr:g}"}

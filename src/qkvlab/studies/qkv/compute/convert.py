@@ -23,6 +23,8 @@ import pandas as pd
 from qkvlab.hf.convert import VERSION, gap_ci
 from qkvlab.studies.qkv.compute.results import StudyData
 
+# what makes two runs of one model, tie and start one curve: the uptraining batch, text and rate
+ALIKE = ("batch", "corpus", "lr")
 # what a curve's points must share with their untied baseline to be paired with it
 SAME_RUN = ("model", "spec.eval_tokens", "spec.calib_tokens", "spec.corpus", "tokens",
             *(f"spec.uptrain.{k}" for k in ("lr", "batch", "seq_len", "warmup", "alpha",
@@ -41,6 +43,7 @@ def curves(data: StudyData) -> pd.DataFrame:
     df["batch"] = df["spec.uptrain.batch"]
     df["corpus"] = df["spec.corpus"]
     df["seq_len"] = df["spec.uptrain.seq_len"]
+    df["lr"] = df["spec.uptrain.lr"]
     # a budget measured in several runs (a 64k run and a 256k run that resumed it) is one point
     df = df.drop_duplicates(["model", "tie", "start", "tokens", *SAME_RUN[1:]], keep="last")
     keys = [c for c in SAME_RUN if c in df]
@@ -98,18 +101,19 @@ class StartFinding:
                              # sooner after some uptraining (None when it began there: no ratio)
     began_below: bool        # the better start's zero-shot gap is already below ``target``
     batch: int = 0           # the uptraining batch both starts share
+    lr: float = 0.0          # and its rate
 
 
 def start_findings(df: pd.DataFrame) -> list[StartFinding]:
-    """For each model and tie with two or more starts uptrained alike (the same batch and text:
-    a GPU curve at another batch is another experiment): each other start against the best
-    one (the lowest at the largest budget every start reached), each pair read at the largest
-    budget the two share, so a start run to fewer tokens does not cut the others' comparison
-    short."""
+    """For each model and tie with two or more starts uptrained alike (the same batch, text and
+    rate: a GPU curve at another batch, or a run at another rate, is another experiment): each
+    other start against the best one (the lowest at the largest budget every start reached),
+    each pair read at the largest budget the two share, so a start run to fewer tokens does not
+    cut the others' comparison short."""
     out = []
     if df.empty:
         return out
-    alike = [c for c in ("batch", "corpus") if c in df]
+    alike = [c for c in ALIKE if c in df]
     for (model, tie, *rest), g in df[df.tie != "none"].groupby(["model", "tie", *alike],
                                                                 sort=False):
         starts = list(dict.fromkeys(g.start))
@@ -136,14 +140,15 @@ def start_findings(df: pd.DataFrame) -> list[StartFinding]:
                 separated=bool(b.gap_hi < w.gap_lo), target=float(w.gap),
                 tokens_better=reach, tokens_worse=float(top),
                 saved=top / reach if reach is not None and 0 < reach < top else None,
-                began_below=reach == 0, batch=int(rest[0]) if rest else 0))
+                began_below=reach == 0, batch=int(rest[0]) if rest else 0,
+                lr=float(rest[2]) if len(rest) > 2 else 0.0))
     return out
 
 
 @dataclass(frozen=True)
 class CurveEnd:
-    """Where one curve (model, tie, start, batch, text) stands: at the largest budget with an
-    untied baseline beside it, and at its last budget if that is larger."""
+    """Where one curve (model, tie, start, batch, text, rate) stands: at the largest budget with
+    an untied baseline beside it, and at its last budget if that is larger."""
     model: str
     tie: str
     start: str
@@ -151,6 +156,7 @@ class CurveEnd:
     more_text: bool            # trained past the stdlib's train split (pysource.more_texts)
     paired: tuple | None       # (tokens, gap, lo, hi, vs_untied, vs_lo, vs_hi)
     last: tuple                # (tokens, gap, lo, hi)
+    lr: float = 0.0            # the uptraining rate
 
 
 def curve_ends(df: pd.DataFrame) -> list[CurveEnd]:
@@ -158,7 +164,7 @@ def curve_ends(df: pd.DataFrame) -> list[CurveEnd]:
     out = []
     if df.empty:
         return out
-    alike = [c for c in ("batch", "corpus") if c in df]
+    alike = [c for c in ALIKE if c in df]
     for (model, tie, start, *rest), g in df[df.tie != "none"].groupby(
             ["model", "tie", "start", *alike], sort=False):
         g = g.sort_values("tokens")
@@ -172,5 +178,6 @@ def curve_ends(df: pd.DataFrame) -> list[CurveEnd]:
             "+more:" in str(g.corpus.iloc[0]) if "corpus" in g else False,
             None if p is None else (int(p.tokens), *(float(p[c]) for c in
                                     ("gap", "gap_lo", "gap_hi", "vs_untied", "vs_lo", "vs_hi"))),
-            (int(e.tokens), float(e.gap), float(e.gap_lo), float(e.gap_hi))))
+            (int(e.tokens), float(e.gap), float(e.gap_lo), float(e.gap_hi)),
+            float(g.lr.iloc[0]) if "lr" in g else 0.0))
     return out

@@ -87,16 +87,21 @@ def fig_q3_convert(data: StudyData, out: Path) -> Figure | None:
 def _draw_convert(ax, g, model: str, zoom: bool) -> None:
     first = g.batch.min()
     several = g.batch.nunique() > 1  # e.g. a GPU curve at a larger batch beside the CPU's
-    for (tie, start, batch), c in g.groupby(["tie", "start", "batch"], sort=False):
+    rates = sorted(set(g.lr), reverse=True) if "lr" in g else [None]
+    for (tie, start, batch, lr), c in g.assign(lr=g.lr if "lr" in g else None).groupby(
+            ["tie", "start", "batch", "lr"], sort=False, dropna=False):
         x = c.tokens.clip(lower=ZERO_X)
         name = ("untied, uptrained the same way" if tie == "none"
                 else f"{tie_label(tie)}, {SHORT.get(start, start)} start")
+        other = rates.index(lr) if lr in rates else 0  # a lower rate: another dash
         line, = ax.plot(x, 1 + c.gap, marker="o" if batch == first else "s", ms=4,
-                        ls="-" if batch == first else "--",
+                        ls=("-" if batch == first else "--") if not other
+                        else ("-.", ":")[(other - 1) % 2],
                         lw=1.0 if tie == "none" else 1.6,
                         color=START_COLORS.get(start) if tie in ("kv", "none")
                         else TIE_COLORS.get((tie, start)),
-                        label=name + (f", batch {batch}" if several else ""))
+                        label=name + (f", batch {batch}" if several else "")
+                        + (f", rate {lr:g}" if len(rates) > 1 else ""))
         ax.fill_between(x, 1 + c.gap_lo, 1 + c.gap_hi, color=line.get_color(), alpha=0.15)
     for start, pts in KAYYAM_CONVERT.items():
         ax.plot([t for t, _ in pts], [1 + p / 100 for _, p in pts], marker="D", mfc="none",
@@ -144,7 +149,7 @@ def convert_blocks(data: StudyData) -> list[Block]:
                         else "; `qkvlab convert smollm2 --tie kv --start fitted` stores it")
                      + ".", note=True)]
     rows = tuple((_title(r["model"]), tie_label(r["tie"]), SHORT.get(r["start"], r["start"]),
-                  _uptraining(r), f"{int(r['tokens']):,}", ppl_text(r["ppl"]),
+                  _uptraining(r), f"{r['lr']:g}", f"{int(r['tokens']):,}", ppl_text(r["ppl"]),
                   ppl_text(r["ppl_teacher"]),
                   ci(r["gap"], r["gap_lo"], r["gap_hi"]),
                   ci(r["vs_untied"], r["vs_lo"], r["vs_hi"]), f"{r['kv_cache']:.2f}")
@@ -153,7 +158,8 @@ def convert_blocks(data: StudyData) -> list[Block]:
                   "held-out per-token perplexity (Python standard library source, test files), "
                   "its gap to the teacher and to the untied model uptrained on the same tokens "
                   "the same way, 95% paired bootstrap CIs over the evaluation sequences",
-                  ("model", "tie", "start", "batch, text", "tokens", "perplexity", "teacher",
+                  ("model", "tie", "start", "batch, text", "rate", "tokens", "perplexity",
+                   "teacher",
                    "over teacher",
                    "over untied uptrained", "KV cache ×"), rows)]
 
@@ -181,13 +187,15 @@ def convert_sentence(data: StudyData) -> str:
             said += (f"; the {SHORT[f.better]} start reached {SHORT[f.worse]}'s final gap "
                      f"after about {f.tokens_better:,.0f} tokens, {f.saved:.3g}× fewer")
         parts.append(said)
-    told = {(f.model, f.tie, f.batch) for f in found}  # curves the starts' words cover
+    told = {(f.model, f.tie, f.batch, f.lr) for f in found}  # curves the starts' words cover
     ends = [e for e in curve_ends(df)
-            if e.paired is not None and (e.model, e.tie, e.batch) not in told]
+            if e.paired is not None and (e.model, e.tie, e.batch, e.lr) not in told]
+    rates = df.groupby("model").lr.nunique() if "lr" in df else {}
     for e in ends:
         t, g, lo, hi, v, vlo, vhi = e.paired
         said = (f"{_title(e.model)} converted to {tie_label(e.tie)} from the {SHORT[e.start]} "
                 f"start, uptrained at batch {e.batch}"
+                + (f" and rate {e.lr:g}" if rates.get(e.model, 1) > 1 else "")
                 + (" on the stdlib and more Python source" if e.more_text else "")
                 + f": after {t:,} tokens {ci(g, lo, hi)} over the teacher and {ci(v, vlo, vhi)} "
                 "over the untied model uptrained on the same tokens the same way")
