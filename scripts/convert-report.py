@@ -24,7 +24,12 @@ from qkvlab.experiments.registry import get_profile
 from qkvlab.experiments.store import Store
 from qkvlab.experiments.transfer import add_measure_rows
 from qkvlab.studies.qkv.compute import results
-from qkvlab.studies.qkv.render.convert import convert_blocks, convert_sentence, fig_q3_convert
+from qkvlab.studies.qkv.render.convert import (
+    convert_blocks,
+    convert_sentence,
+    fig_q3_convert,
+    rate_blocks,
+)
 
 BEGIN, END = "<!-- convert-report: begin -->", "<!-- convert-report: end -->"
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -46,7 +51,8 @@ with Store(copy) as store:
         add_measure_rows(store, json.loads(Path(path).read_text())["rows"])
     data = results.load(store, get_profile("convert"))
 fig = fig_q3_convert(data, out)
-part = [block.markdown() for block in convert_blocks(data)] + [convert_sentence(data)]
+part = [block.markdown() for block in convert_blocks(data) + rate_blocks(data)]
+part.append(convert_sentence(data))
 if fig:
     img = out / fig.png
     link = os.path.relpath(img, Path(args.doc).parent) if args.doc else img

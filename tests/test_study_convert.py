@@ -184,3 +184,28 @@ def test_a_run_at_another_rate_is_its_own_curve(stored):
     (table,) = convert_blocks(data)
     assert "rate" in table.headers and {r[table.headers.index("rate")] for r in table.rows} \
         == {f"{UP.lr:g}"}
+
+
+def test_the_rate_table_shows_each_rate_tried_on_val_and_the_choice():
+    from qkvlab.hf.rate import VERSION
+    from qkvlab.studies.qkv.render.convert import rate_blocks
+    from qkvlab.studies.qkv.render.ties import ppl_text
+
+    recs = [(1e-5, 3.2932, False, False), (3.3e-6, 3.2465, True, False),
+            (1e-4, 4.589, False, False), (3e-4, math.inf, False, True)]
+    df = pd.DataFrame([{"lr": lr, "val_nll": nll, "chosen": ch, "diverged": dv,
+                        "spec.model": "smollm2", "spec.tie": "kv", "spec.start": "fitted",
+                        "spec.tokens": 16384, "spec.version": VERSION}
+                       for lr, nll, ch, dv in recs]
+                      + [{"lr": 1e-4, "val_nll": 1.0, "chosen": True, "diverged": False,
+                          "spec.model": "smollm2", "spec.tie": "kv", "spec.start": "fitted",
+                          "spec.tokens": 16384, "spec.version": VERSION - 1}])  # an old grid
+    data = results.StudyData(profile=None, runs=None, comparisons=None, probe=None,
+                             measures={"convert_lr": df})
+    (table,) = rate_blocks(data)
+    got = [(r[4], r[5], r[6]) for r in table.rows]
+    assert got == [("0.0003", "diverged", ""), ("0.0001", ppl_text(math.exp(4.589)), ""),
+                   ("1e-05", ppl_text(math.exp(3.2932)), ""),
+                   ("3.3e-06", ppl_text(math.exp(3.2465)), "chosen")]
+    assert rate_blocks(results.StudyData(profile=None, runs=None, comparisons=None,
+                                         probe=None, measures={})) == []

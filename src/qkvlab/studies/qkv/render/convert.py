@@ -210,3 +210,26 @@ def convert_sentence(data: StudyData) -> str:
             f"Kayyam et al.'s averaged start is {gap:+.1f}% over its teacher after "
             f"{tokens / 1e6:g}M tokens on their 300M model (another model and text; the figure "
             "draws both).")
+
+
+def rate_blocks(data: StudyData) -> list[Block]:
+    """The rates ``qkvlab convert --lr-grid`` tried, each uptraining a fresh student for the
+    first budget and scored on the stdlib's val files (``hf.rate``, its current version), and
+    the one chosen; nothing where no grid ran."""
+    from qkvlab.hf.rate import VERSION as RATE_VERSION
+    df = data.measure("convert_lr")
+    if df.empty or "spec.version" not in df:
+        return []
+    df = df[df["spec.version"] == RATE_VERSION].sort_values(
+        ["spec.model", "spec.tie", "spec.start", "lr"], ascending=[True, True, True, False],
+        kind="stable")
+    rows = tuple((_title(r["spec.model"]), tie_label(r["spec.tie"]),
+                  SHORT.get(r["spec.start"], r["spec.start"]), f"{r['spec.tokens']:,}",
+                  f"{r['lr']:g}", "diverged" if r["diverged"] else ppl_text(math.exp(r["val_nll"])),
+                  "chosen" if r["chosen"] else "") for r in df.to_dict("records"))
+    return [Table("The uptraining rate, chosen on validation text: each rate of the grid (and "
+                  "past a chosen edge) uptrains a fresh student from the start for the first "
+                  "budget; per-token perplexity on the stdlib's val files (the test files are "
+                  "never read for it)",
+                  ("model", "tie", "start", "tokens", "rate", "val perplexity", ""), rows)] \
+        if rows else []
