@@ -183,7 +183,7 @@ def test_a_run_at_another_rate_is_its_own_curve(stored):
     data, _, tmp = stored
     (table,) = convert_blocks(data)
     assert "rate" in table.headers and {r[table.headers.index("rate")] for r in table.rows} \
-        == {f"{UP.lr:g}"}
+        == {f"{UP.lr:.2g}"}
 
 
 def test_the_rate_table_shows_each_rate_tried_on_val_and_the_choice():

@@ -101,7 +101,7 @@ def _draw_convert(ax, g, model: str, zoom: bool) -> None:
                         color=START_COLORS.get(start) if tie in ("kv", "none")
                         else TIE_COLORS.get((tie, start)),
                         label=name + (f", batch {batch}" if several else "")
-                        + (f", rate {lr:g}" if len(rates) > 1 else ""))
+                        + (f", rate {lr:.2g}" if len(rates) > 1 else ""))
         ax.fill_between(x, 1 + c.gap_lo, 1 + c.gap_hi, color=line.get_color(), alpha=0.15)
     for start, pts in KAYYAM_CONVERT.items():
         ax.plot([t for t, _ in pts], [1 + p / 100 for _, p in pts], marker="D", mfc="none",
@@ -149,7 +149,7 @@ def convert_blocks(data: StudyData) -> list[Block]:
                         else "; `qkvlab convert smollm2 --tie kv --start fitted` stores it")
                      + ".", note=True)]
     rows = tuple((_title(r["model"]), tie_label(r["tie"]), SHORT.get(r["start"], r["start"]),
-                  _uptraining(r), f"{r['lr']:g}", f"{int(r['tokens']):,}", ppl_text(r["ppl"]),
+                  _uptraining(r), f"{r['lr']:.2g}", f"{int(r['tokens']):,}", ppl_text(r["ppl"]),
                   ppl_text(r["ppl_teacher"]),
                   ci(r["gap"], r["gap_lo"], r["gap_hi"]),
                   ci(r["vs_untied"], r["vs_lo"], r["vs_hi"]), f"{r['kv_cache']:.2f}")
@@ -195,7 +195,7 @@ def convert_sentence(data: StudyData) -> str:
         t, g, lo, hi, v, vlo, vhi = e.paired
         said = (f"{_title(e.model)} converted to {tie_label(e.tie)} from the {SHORT[e.start]} "
                 f"start, uptrained at batch {e.batch}"
-                + (f" and rate {e.lr:g}" if rates.get(e.model, 1) > 1 else "")
+                + (f" and rate {e.lr:.2g}" if rates.get(e.model, 1) > 1 else "")
                 + (" on the stdlib and more Python source" if e.more_text else "")
                 + f": after {t:,} tokens {ci(g, lo, hi)} over the teacher and {ci(v, vlo, vhi)} "
                 "over the untied model uptrained on the same tokens the same way")
@@ -225,7 +225,8 @@ def rate_blocks(data: StudyData) -> list[Block]:
         kind="stable")
     rows = tuple((_title(r["spec.model"]), tie_label(r["spec.tie"]),
                   SHORT.get(r["spec.start"], r["spec.start"]), f"{r['spec.tokens']:,}",
-                  f"{r['lr']:g}", "diverged" if r["diverged"] else ppl_text(math.exp(r["val_nll"])),
+                  f"{r['lr']:.2g}",
+                  "diverged" if r["diverged"] else ppl_text(math.exp(r["val_nll"])),
                   "chosen" if r["chosen"] else "") for r in df.to_dict("records"))
     return [Table("The uptraining rate, chosen on validation text: each rate of the grid (and "
                   "past a chosen edge) uptrains a fresh student from the start for the first "
