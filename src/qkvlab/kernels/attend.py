@@ -13,8 +13,8 @@ kernel:
   not H times). It is SDPA, so it computes what SDPA does (same softmax, per row), and for a
   group of one head it is the same call;
 * a K=V buffer (``tied_kv``/``tied_qkv``) is passed as both k and v: SDPA reads each block as
-  keys and then, still cached, as values (measured 1.65x standard's step at 32k x 16 on the
-  2-core Xeon, 2026-11-26, where qkvlab's earlier blocked GEMMs read 1.0-1.5x);
+  keys and then, still cached, as values (1.56-1.69x standard's step at 32k x 16 in the bench
+  on the 2-core Xeon, 2026-11-26, where qkvlab's earlier blocked GEMMs gave 1.44-1.47x);
 * rotary K=V (below) walks the cache in token blocks of about ``BLOCK_BYTES`` across every
   sequence, rotates each block into a reused buffer to serve as keys and reads it unrotated,
   still cached, as values (an online softmax across blocks, Milakov & Gimelshein 2018).
@@ -42,8 +42,8 @@ block, unrotated, serves as the values: one read of the cache per step, where ro
 whole cache first (``Attention.forward`` outside this kernel) reads it twice and writes a copy.
 The blocks' products are K·qᵀ, (T, d) by (d, H/G), the layout MKL's batched GEMM reads fastest
 (as ``kernels.gemv`` found). The rotation is elementwise work eager PyTorch cannot fuse into
-the product: it, not memory, bounds rotary K=V (0.4x rotary standard's step at 32k x 16 on the
-2-core Xeon; DEVELOPERS.md).
+the product: it, not memory, bounds rotary K=V (0.26-0.33x rotary standard's step at 32k x 16
+on the 2-core Xeon; DEVELOPERS.md).
 
 On a CUDA device with Triton importable the step runs ``kernels.triton_decode`` instead (the
 same function, split along the context); nothing on the CPU path imports Triton.
@@ -112,13 +112,19 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     return _rotary(q, k, v, scale, rope, block_bytes)
 
 
-def _packed(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
-    """One SDPA call, the H/G query heads of each group as the query rows of its kv head."""
-    B, H, Tq, dk = q.shape
-    G = k.shape[1]
+def _check(q: Tensor, k: Tensor) -> None:
+    """One query per sequence, and G kv heads dividing H query heads."""
+    H, Tq, G = q.shape[1], q.shape[2], k.shape[1]
     if Tq != 1 or H % G:
         raise ValueError(f"decode_attention: q {tuple(q.shape)} must hold one query and G={G} "
                          f"must divide H={H}")
+
+
+def _packed(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """One SDPA call, the H/G query heads of each group as the query rows of its kv head."""
+    _check(q, k)
+    B, H, _, dk = q.shape
+    G = k.shape[1]
     out = F.scaled_dot_product_attention(q.reshape(B, G, H // G, dk), k, v, scale=scale)
     return out.reshape(B, H, 1, v.shape[-1])
 
@@ -139,11 +145,9 @@ def _rotary(q: Tensor, k: Tensor, v: Tensor, scale: float, rope: tuple[Tensor, T
     ``models.Rotary`` and HF Llama build them: half of each is read), its scores taken with a
     batched GEMM (K·qᵀ), and the same block, unrotated, weighs the values; an online softmax
     across blocks (Milakov & Gimelshein 2018)."""
-    B, H, Tq, dk = q.shape
+    _check(q, k)
+    B, H, _, dk = q.shape
     G, T, dv = k.shape[1], k.shape[2], v.shape[-1]
-    if Tq != 1 or H % G:
-        raise ValueError(f"decode_attention: q {tuple(q.shape)} must hold one query and G={G} "
-                         f"must divide H={H}")
     N, h = B * G, dk // 2
     qs = (q.reshape(N, H // G, dk) * scale).mT  # (N, dk, r): heads of a group stacked
     kf, vf = k.flatten(0, 1), v.flatten(0, 1)  # (N, T, d), views of the cache
