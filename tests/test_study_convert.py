@@ -209,3 +209,54 @@ def test_the_rate_table_shows_each_rate_tried_on_val_and_the_choice():
                    ("3.3e-06", ppl_text(math.exp(3.2465)), "chosen")]
     assert rate_blocks(results.StudyData(profile=None, runs=None, comparisons=None,
                                          probe=None, measures={})) == []
+
+
+def test_a_profile_grid_chooses_one_rate_on_val_and_every_arm_trains_at_it(tmp_path, monkeypatch):
+    import qkvlab.hf.rate as rate
+    monkeypatch.setattr(rate, "TOKENS", 256)
+    monkeypatch.setattr(rate, "VAL_TOKENS", 128)
+    root = make_root(tmp_path / "src" if (tmp_path / "src").mkdir() is None else None)
+    monkeypatch.setenv("QKVLAB_PYSOURCE", root)
+    tok = make_tok()
+    p = dataclasses.replace(get_profile("smoke"), convert=CONFIGS, convert_models=("tiny",),
+                            convert_lr_grid=(1e-5, 1e-3))
+    monkeypatch.setattr(study, "get_profile", lambda name: p)
+    monkeypatch.setattr(cost, "load_lm", lambda source: (tiny(tok), tok))
+    cfg = study.StudyConfig(profile="smoke", db=str(tmp_path / "r.db"), pretrained=(),
+                            log=lambda s: None, progress=False)
+    with Store(cfg.db) as store:
+        study.run_convert(study.Recorder(store, "smoke"), cfg)
+        (grid,) = store.measure_rows("convert_lr")
+        rows = store.measure_rows("convert")
+        study.run_convert(study.Recorder(store, "smoke"), cfg)  # stored: nothing recomputed
+        assert store.measure_rows("convert") == rows
+        assert len(store.measure_rows("convert_lr")) == 1
+    assert (grid["spec"]["tie"], grid["spec"]["start"]) == ("kv", "fitted")
+    val = {r["lr"]: r["val_nll"] for r in grid["records"]}
+    chosen = min(val, key=val.get)
+    assert chosen != UP.lr and [r["lr"] for r in grid["records"] if r["chosen"]] == [chosen]
+    assert sorted((r["spec"]["tie"], r["spec"]["start"]) for r in rows) == [
+        ("kv", "avg"), ("kv", "fitted"), ("none", "none")]
+    for r in rows:  # every arm at the chosen rate, in its spec and in each record
+        assert r["spec"]["uptrain"]["lr"] == chosen
+        assert {x["lr"] for x in r["records"]} == {chosen}
+
+
+def test_a_profile_whose_rate_cannot_be_chosen_runs_no_other_arm(tmp_path, monkeypatch):
+    p = dataclasses.replace(get_profile("smoke"), convert=CONFIGS, convert_models=("absent",),
+                            convert_lr_grid=(1e-5, 3e-3))
+    monkeypatch.setattr(study, "get_profile", lambda name: p)
+
+    def load(source):
+        raise ValueError(f"{source}: not fetched")
+    monkeypatch.setattr(cost, "load_lm", load)
+    cfg = study.StudyConfig(profile="smoke", db=str(tmp_path / "r.db"), pretrained=(),
+                            log=lambda s: None, progress=False)
+    with Store(cfg.db) as store:
+        rec = study.Recorder(store, "smoke")
+        study.run_convert(rec, cfg)
+        assert store.measure_rows("convert") == [] and store.measure_rows("convert_lr") == []
+    assert rec.notes == ["convert (absent kv/fitted): measure convert_lr failed: ValueError: "
+                         "absent: not fetched",
+                         "convert (absent): no rate chosen on val, so no other conversion of "
+                         "it ran"]

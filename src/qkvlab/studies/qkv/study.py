@@ -11,6 +11,7 @@ of its trained decoders; then ``compute.results.load`` reads it all back from th
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -296,7 +297,10 @@ def run_tie_cost(rec: Recorder, cfg: StudyConfig) -> None:
 def run_convert(rec: Recorder, cfg: StudyConfig) -> None:
     """The profile's pretrained decoders converted to each tie and uptrained
     (``qkvlab.hf.convert``; measures ``convert`` and ``convert_teacher``, shared with
-    ``qkvlab convert``, so a curve stored by the command is not trained again)."""
+    ``qkvlab convert``, so a curve stored by the command is not trained again). With the
+    profile's ``convert_lr_grid`` the first config chooses its rate on val (``--lr-grid``)
+    and every other config of that model trains at the chosen rate: the starts are compared,
+    and the untied baseline uptrained, the same way."""
     p = get_profile(cfg.profile)
     assert isinstance(p, QKVProfile)
     if not p.convert:
@@ -308,8 +312,19 @@ def run_convert(rec: Recorder, cfg: StudyConfig) -> None:
 
         def load(name=name):
             return once.get("m") or once.setdefault("m", cost.load_lm(name))
-        for c in p.convert:
+        rate = None  # with a grid: chosen on val by the first config, then every config's
+        for i, c in enumerate(p.convert):
+            if rate is not None:
+                c = dataclasses.replace(c, uptrain=dataclasses.replace(c.uptrain, lr=rate))
             try:
-                convert(rec.store, name, c, log=cfg.log, progress=cfg.progress, loaded=load)
+                recs = convert(rec.store, name, c, log=cfg.log, progress=cfg.progress,
+                               loaded=load, lr_grid=p.convert_lr_grid if i == 0 else None)
             except ValueError as e:  # not fetched, a tie the model refuses, a text too short
                 rec.notes.append(f"convert ({name} {c.tie}/{c.start}): {e}")
+                if i == 0 and p.convert_lr_grid:  # no rate chosen: the others cannot run at it
+                    rec.notes.append(f"convert ({name}): no rate chosen on val, so no other "
+                                     f"conversion of it ran")
+                    break
+                continue
+            if i == 0 and p.convert_lr_grid:
+                rate = recs[0]["lr"]

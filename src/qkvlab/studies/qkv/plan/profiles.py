@@ -101,6 +101,10 @@ class QKVProfile(Profile):
     # each model of convert_models
     convert: tuple[ConvertConfig, ...] = ()
     convert_models: tuple[str, ...] = ()
+    # the uptraining rate, chosen per model on val among these (``qkvlab.hf.rate``) for the first
+    # config of ``convert``; every other config of that model trains at it (empty: each
+    # config's own ``uptrain.lr``)
+    convert_lr_grid: tuple[float, ...] = ()
     # The controlled conversion (``plan.uptrain``): the standard lm converted to tied K=V and
     # trained these fractions of its steps more (empty: not run), at the rate chosen from
     # uptrain_lr_grid (× the parent's rate) on lr_seeds where the profile tunes rates
@@ -294,15 +298,16 @@ PROFILES = {p.name: register_profile(p) for p in (
     # Only pretrained decoders converted to a tie and uptrained by distillation (qkvlab.hf.convert):
     # K=V from the fitted start and from Kayyam et al.'s naive ones, against the untied model
     # uptrained the same way; GQA/MQA from Ainslie et al.'s mean-pooling; Q=K and Q=K=V at the
-    # small budgets. Estimated ~2.5 h on 2 idle cores (docs/study-profiles.md, "convert").
+    # small budgets; every arm at the rate chosen on val for K=V's fitted start. Estimated
+    # ~2.9 h on 2 idle cores (docs/study-profiles.md, "convert").
     QKVProfile("convert", seeds=(), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=1000, lr=3e-3, eval_batches=16, task_options=SCALING_LM,
                convert=(*(ConvertConfig(tie=t, start=s, tokens=262144)
                           for t, s in (("kv", "fitted"), ("kv", "avg"), ("none", None))),
-                        ConvertConfig(tie="kv", start="keep_k", tokens=65536),
-                        ConvertConfig(tie="mqa", tokens=65536),
-                        *(ConvertConfig(tie=t, tokens=16384) for t in ("qk", "qkv"))),
-               convert_models=("smollm2",)),
+                        *(ConvertConfig(tie=t, start=s, tokens=16384)
+                          for t, s in (("kv", "keep_k"), ("mqa", None), ("qk", None),
+                                       ("qkv", None)))),
+               convert_models=("smollm2",), convert_lr_grid=(3e-5, 1e-4, 3e-4)),
     QKVProfile("scaling", seeds=(), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=1000, lr=6e-3, eval_batches=16, task_options=SCALING_LM,
                scaling_budgets=(375, 750, 1500, 3000), scaling_seeds=tuple(range(6)),
