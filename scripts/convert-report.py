@@ -52,7 +52,7 @@ with Store(copy) as store:
     data = results.load(store, get_profile("convert"))
 fig = fig_q3_convert(data, out)
 part = [block.markdown() for block in convert_blocks(data) + rate_blocks(data)]
-part.append(convert_sentence(data))
+part.append(convert_sentence(data, None))  # every tie: the page is the conversions
 if fig:
     img = out / fig.png
     link = os.path.relpath(img, Path(args.doc).parent) if args.doc else img

@@ -137,7 +137,7 @@ def test_the_answers_open_with_the_conversion_where_nothing_else_ran(stored):
     data, _, _ = stored
     assert data.comparisons.empty
     blocks = answer_blocks(data)
-    assert blocks[-1].text.endswith(convert_sentence(data))
+    assert blocks[-1].text.endswith(convert_sentence(data, None))
     assert "only converts trained decoders" in blocks[-1].text
 
 
@@ -260,3 +260,25 @@ def test_a_profile_whose_rate_cannot_be_chosen_runs_no_other_arm(tmp_path, monke
                          "absent: not fetched",
                          "convert (absent): no rate chosen on val, so no other conversion of "
                          "it ran"]
+
+
+def test_q2_words_the_conversions_to_q_eq_k_and_q3_the_rest(monkeypatch):
+    """Each question's sentence covers its own ties (Q=K and Q=K=V in Q2, K=V and MQA in Q3),
+    every tie where no question is named; Kayyam's K=V number closes Q3's only."""
+    import qkvlab.studies.qkv.render.convert as rc
+    df = pd.DataFrame({"model": "m", "tie": ["kv"] * 2 + ["qk"] * 2 + ["mqa"] * 2,
+                       "start": ["fitted"] * 4 + ["mean_pool"] * 2, "tokens": [0, 16384] * 3,
+                       "gap": [19.7, 9.0, 400.0, 379.0, 2600.0, 106.0], "batch": 4,
+                       "corpus": "c", "lr": 1e-4,
+                       "vs_untied": [19.7, 10.0, 400.0, 428.0, 2600.0, 120.0]})
+    df = df.assign(gap_lo=df.gap * 0.9, gap_hi=df.gap * 1.1, vs_lo=df.vs_untied * 0.9,
+                   vs_hi=df.vs_untied * 1.1)
+    monkeypatch.setattr(rc, "curves", lambda data: df)
+    q2, q3, every = (convert_sentence(None, q) for q in ("q2", "q3", None))
+    assert "converted to Q=K " in q2 and "K=V" not in q2 and "MQA" not in q2
+    assert "Kayyam" not in q2 and "×429" in q2  # 428 as a ratio
+    assert "converted to K=V " in q3 and "converted to MQA " in q3 and "Q=K" not in q3
+    assert "Kayyam" in q3 and "×11" in q3  # K=V's 10.0 over the untied model, as a ratio
+    assert all(t in every for t in ("converted to Q=K ", "converted to K=V ", "MQA"))
+    monkeypatch.setattr(rc, "curves", lambda data: df[df.tie != "qk"])
+    assert convert_sentence(None, "q2") == ""

@@ -209,20 +209,23 @@ def answer_blocks(data: StudyData, lead: dict[str, str] | None = None) -> list[B
     ``lead``: a question's opening words (Q1: where 1/√d_k sits, from ``render.scale``), which
     word its per-width findings."""
     out: list[Block] = [Section("answers", "The answers")]
-    at_scale, converted = answer_sentence(data), convert_sentence(data)
+    at_scale = answer_sentence(data)
+    converted = {q: convert_sentence(data, q) for q in ("q2", "q3")}
     if data.comparisons.empty and at_scale:  # a profile of the scaling experiments alone
         return [*out, Para(f"Profile {data.profile.name} trains only the gap of each tie "
                            f"against training budget and model size (the quick and standard "
                            f"profiles answer Q1–Q3 at one size). {at_scale}")]
-    if data.comparisons.empty and converted:  # a profile of conversions alone
+    if data.comparisons.empty and any(converted.values()):  # a profile of conversions alone
         return [*out, Para(f"Profile {data.profile.name} only converts trained decoders to a "
                            f"tie and uptrains them (the quick and standard profiles answer "
-                           f"Q1–Q3 from scratch). {converted}")]
+                           f"Q1–Q3 from scratch). {convert_sentence(data, None)}")]
     for q, a in answers(data).items():
         first = (lead or {}).get(q)
         text = f"{first} {answer_text(without_widths(a), True)}" if first else answer_text(a)
+        if q.lower() == "q2" and converted["q2"]:
+            text += " " + converted["q2"]
         if q.lower() == "q3":
-            text += "".join(" " + t for t in (converted, uptrain_answer(data),
+            text += "".join(" " + t for t in (converted["q3"], uptrain_answer(data),
                                                 head_width_answer(data)) if t)
         out.append(Para(f"{QUESTIONS[q].title}. {text}"))
     if at_scale:

@@ -1,5 +1,6 @@
 """Converted pretrained decoders in the report: the uptraining curves (figure), their numbers
-(table) and Q3's sentence. Reads ``compute.convert``; decides nothing.
+(table) and the sentences of Q3 (K=V, GQA/MQA) and Q2 (Q=K, Q=K=V). Reads
+``compute.convert``; decides nothing.
 """
 
 from __future__ import annotations
@@ -164,11 +165,21 @@ def convert_blocks(data: StudyData) -> list[Block]:
                    "over untied uptrained", "KV cache ×"), rows)]
 
 
-def convert_sentence(data: StudyData) -> str:
-    """Q3's words on the conversion curves: each start's first and last gap and what the better
-    start saved (``compute.convert.start_findings``)."""
+Q2_TIES = ("qk", "qkv")  # the ties each question's words on conversion cover (the rest: Q3)
+
+
+def in_question(tie: str, question: str | None) -> bool:
+    """Whether a conversion to ``tie`` belongs to ``question``'s words: Q=K and Q=K=V to Q2,
+    K=V and GQA/MQA to Q3, every tie where ``question`` is None."""
+    return question is None or (tie in Q2_TIES) == (question == "q2")
+
+
+def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
+    """A question's words on the conversion curves of its ties (``in_question``; None: every
+    tie): each start's first and last gap, what the better start saved
+    (``compute.convert.start_findings``) and each curve's gap over the untied baseline."""
     df = curves(data)
-    found = start_findings(df)
+    found = [f for f in start_findings(df) if in_question(f.tie, question)]
     parts = []
     for f in found:
         t = f.last[f.better][0]
@@ -189,7 +200,8 @@ def convert_sentence(data: StudyData) -> str:
         parts.append(said)
     told = {(f.model, f.tie, f.batch, f.lr) for f in found}  # curves the starts' words cover
     ends = [e for e in curve_ends(df)
-            if e.paired is not None and (e.model, e.tie, e.batch, e.lr) not in told]
+            if e.paired is not None and (e.model, e.tie, e.batch, e.lr) not in told
+            and in_question(e.tie, question)]
     rates = df.groupby("model").lr.nunique() if "lr" in df else {}
     for e in ends:
         t, g, lo, hi, v, vlo, vhi = e.paired
@@ -205,9 +217,11 @@ def convert_sentence(data: StudyData) -> str:
         parts.append(said)
     if not parts:
         return ""
+    said = "Converting a trained model, then uptraining it: " + "; ".join(parts) + "."
+    if question == "q2":  # no published conversion to Q=K to set beside it
+        return said
     tokens, gap = KAYYAM_CONVERT["avg"][-1]
-    return ("Converting a trained model, then uptraining it: " + "; ".join(parts) + ". "
-            f"Kayyam et al.'s averaged start is {gap:+.1f}% over its teacher after "
+    return (f"{said} Kayyam et al.'s averaged start is {gap:+.1f}% over its teacher after "
             f"{tokens / 1e6:g}M tokens on their 300M model (another model and text; the figure "
             "draws both).")
 

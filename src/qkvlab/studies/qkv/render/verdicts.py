@@ -186,6 +186,7 @@ def verdict_q2(data: StudyData) -> Verdict:
     details.append(large_heads(data))
     details.append(decoders_vs_published(data))
     details.append(tie_cost_sentence(data, ("qk", "qkv")))
+    details.append(convert_sentence(data, "q2"))
     details.append(emergence_sentence(data))
     return Verdict(headline, tuple(d for d in details if d))
 
