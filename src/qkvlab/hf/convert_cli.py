@@ -55,7 +55,10 @@ def configure_convert(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=_positive, default=d,
                         help=f"uptraining tokens (default {d}); scored at 0, 16k, 64k, ... "
                              "and there")
-    parser.add_argument("--lr", type=_rate, default=u.lr, help=f"AdamW rate (default {u.lr:g})")
+    parser.add_argument("--lr", type=_rate, default=u.lr,
+                        help=f"AdamW rate (default {u.lr:g}, fixed, not chosen on validation "
+                             "text: --lr-grid chooses it, and the rate a tie tolerates depends "
+                             "on the model; docs/convert.md)")
     parser.add_argument("--lr-grid", type=_rates, default=None, metavar="X,Y,...",
                         help="choose the rate among these on the stdlib's val files (each "
                              "uptrains a fresh student for 16,384 tokens), then run at it; "
