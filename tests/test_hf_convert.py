@@ -246,6 +246,8 @@ def test_convert_refuses_a_text_too_short_and_a_tie_the_model_cannot_take(tok, r
     (["--tie", "qk", "--start", "avg"], "start: 'avg' is not a start of tie 'qk'"),
     (["--device", "tpu"], "--device: 'tpu' is not 'cpu' or 'cuda[:N]'"),
     (["--eval-tokens", "256"], "eval_tokens: 256 is one sequence of 256"),
+    (["--lr-tokens", "65536"], "--lr-tokens: the budget a rate is chosen at, so it needs "
+                               "--lr-grid"),
 ])
 def test_cli_refuses_bad_arguments_in_one_line_before_loading(argv, msg, capsys, tmp_path):
     from qkvlab.cli import main
@@ -404,6 +406,24 @@ def test_a_rate_grid_is_chosen_on_val_and_the_run_is_the_chosen_rates_own(tok, r
     with Store(tmp_path / "b.db") as st:
         convert(st, "tiny", small(tokens=256), lr_grid=(1e-5, 3e-3), **quiet)
         assert st.measure_rows("convert_lr")[0]["records"] == row["records"]
+
+
+def test_a_rate_can_be_chosen_at_a_later_budget_as_its_own_choice(tok, root, tmp_path,
+                                                                   monkeypatch):
+    import qkvlab.hf.rate as rate
+    monkeypatch.setattr(rate, "TOKENS", 256)
+    monkeypatch.setattr(rate, "VAL_TOKENS", 128)
+    m = tiny(tok)
+    quiet = {"loaded": (m, tok), "root": root, "log": lambda s: None, "progress": False}
+    with Store(tmp_path / "a.db") as st:
+        convert(st, "tiny", small(tokens=128), lr_grid=(1e-5, 3e-3), **quiet)
+        convert(st, "tiny", small(tokens=128), lr_grid=(1e-5, 3e-3), lr_tokens=512, **quiet)
+        rows = {r["spec"]["tokens"]: r for r in st.measure_rows("convert_lr")}
+    assert set(rows) == {256, 512}  # the default budget's choice and the later one, apart
+    assert {r["spec"]["grid"] == [1e-5, 3e-3] for r in rows.values()} == {True}
+    # each candidate trained to its own budget: the later choice's scores are not the first's
+    assert [r["val_nll"] for r in rows[512]["records"][:2]] != \
+        [r["val_nll"] for r in rows[256]["records"][:2]]
 
 
 def test_a_rate_chosen_on_the_grids_edge_extends_the_grid(tok, root, tmp_path, monkeypatch):

@@ -189,7 +189,8 @@ def make_student(teacher, cfg: ConvertConfig, calib_ids: torch.Tensor | None):
 def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out: str | None = None,
             log=print, progress: bool = True, root: str | None = None, loaded=None,
             more_text: str | None = None, time_limit: float | None = None,
-            lr_grid: tuple[float, ...] | None = None) -> list[dict]:
+            lr_grid: tuple[float, ...] | None = None,
+            lr_tokens: int | None = None) -> list[dict]:
     """The records of ``cfg`` on ``source`` (computed, or read back from ``store``); see module.
 
     ``loaded``: a (model, tokenizer), or a function giving one when first needed (conversions of
@@ -201,7 +202,10 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
     (every budget is a prefix of the same run, so those records are the ones that shorter run
     gives). A later call with the same arguments resumes from the checkpoint.
     ``lr_grid``: choose the rate among these on the val files first (:mod:`qkvlab.hf.rate`);
-    the conversion then runs at the chosen rate as if it had been given.
+    the conversion then runs at the chosen rate as if it had been given. ``lr_tokens``: the
+    budget each candidate uptrains for before it is scored (default ``hf.rate.TOKENS``, the
+    first budget); a later one chooses where the curve has settled, at that many tokens'
+    cost per candidate.
     """
     from qkvlab.env import environment
     from qkvlab.hf.cost import load_lm
@@ -231,6 +235,7 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
     if lr_grid:
         from qkvlab.hf.rate import choose_lr
         lr = choose_lr(store, source, cfg, tuple(lr_grid), setup=setup, device=device,
+                       tokens=lr_tokens,
                        corpus=pysource.fingerprint(root), root=root, log=log)
         cfg = dataclasses.replace(cfg, uptrain=(u := dataclasses.replace(u, lr=lr)))
     spec = cfg.spec(source, corpus)

@@ -63,6 +63,10 @@ def configure_convert(parser: argparse.ArgumentParser) -> None:
                         help="choose the rate among these on the stdlib's val files (each "
                              "uptrains a fresh student for 16,384 tokens), then run at it; "
                              "e.g. 3e-5,1e-4,3e-4")
+    parser.add_argument("--lr-tokens", type=_positive, default=None, metavar="N",
+                        help="with --lr-grid: uptrain each candidate this many tokens before "
+                             "scoring it (default 16,384, the first budget, which favours small "
+                             "rates; a later budget chooses where the curve has settled)")
     parser.add_argument("--batch", type=_positive, default=u.batch)
     parser.add_argument("--seq-len", type=_positive, default=u.seq_len)
     parser.add_argument("--train", choices=("all", "attention"), default=u.train,
@@ -104,6 +108,8 @@ def run_convert(args) -> int:
         raise ValueError(f"--device: {args.device!r} is not 'cpu' or 'cuda[:N]'")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device: {args.device} asked for, but no CUDA device is available")
+    if args.lr_tokens is not None and not args.lr_grid:
+        raise ValueError("--lr-tokens: the budget a rate is chosen at, so it needs --lr-grid")
     if args.more_text is not None and not Path(args.more_text).is_dir():
         raise ValueError(f"--more-text: {args.more_text} is not a folder")
     if args.threads:
@@ -112,7 +118,7 @@ def run_convert(args) -> int:
     with Store(args.db) as store:
         recs = convert(store, args.source, cfg, device=args.device, out=args.out,
                        more_text=args.more_text, time_limit=args.time_limit,
-                       lr_grid=args.lr_grid,
+                       lr_grid=args.lr_grid, lr_tokens=args.lr_tokens,
                        log=lambda s: print(s, file=sys.stderr, flush=True))
     print(markdown_table(
         [f"{args.source} {cfg.tie}/{cfg.start}", "tokens", "ppl", "teacher ppl",
