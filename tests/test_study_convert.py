@@ -7,6 +7,7 @@ import math
 
 import pandas as pd
 import pytest
+import torch
 
 transformers = pytest.importorskip("transformers")
 
@@ -187,28 +188,51 @@ def test_a_run_at_another_rate_is_its_own_curve(stored):
 
 
 def test_the_rate_table_shows_each_rate_tried_on_val_and_the_choice():
-    from qkvlab.hf.rate import VERSION
     from qkvlab.studies.qkv.render.convert import rate_blocks
     from qkvlab.studies.qkv.render.ties import ppl_text
 
-    recs = [(1e-5, 3.2932, False, False), (3.3e-6, 3.2465, True, False),
-            (1e-4, 4.589, False, False), (3e-4, math.inf, False, True)]
-    df = pd.DataFrame([{"lr": lr, "val_nll": nll, "chosen": ch, "diverged": dv,
-                        "spec.model": "smollm2", "spec.tie": "kv", "spec.start": "fitted",
-                        "spec.tokens": 16384, "spec.version": VERSION}
-                       for lr, nll, ch, dv in recs]
-                      + [{"lr": 1e-4, "val_nll": 1.0, "chosen": True, "diverged": False,
-                          "spec.model": "smollm2", "spec.tie": "kv", "spec.start": "fitted",
-                          "spec.tokens": 16384, "spec.version": VERSION - 1}])  # an old grid
+    def grid(version, recs, tokens=16384):
+        return [{"lr": lr, "val_nll": nll, "chosen": ch, "diverged": dv, "spec.model": "smollm2",
+                 "spec.tie": "kv", "spec.start": "fitted", "spec.tokens": tokens,
+                 "spec.version": version} for lr, nll, ch, dv in recs]
+    df = pd.DataFrame(grid(3, [(1e-5, 3.2932, False, False), (3.3e-6, 3.2465, True, False),
+                               (1e-4, 4.589, False, False), (3e-4, math.inf, False, True)])
+                      + grid(1, [(1e-4, 1.0, True, False)])  # no edge extension: left out
+                      + grid(2, [(9e-6, 4.1, True, False), (1e-4, 4.5, False, False)])
+                      + grid(3, [(1e-4, 2.0, True, False)], tokens=65536))  # a later budget
     data = results.StudyData(profile=None, runs=None, comparisons=None, probe=None,
                              measures={"convert_lr": df})
     (table,) = rate_blocks(data)
-    got = [(r[4], r[5], r[6]) for r in table.rows]
-    assert got == [("0.0003", "diverged", ""), ("0.0001", ppl_text(math.exp(4.589)), ""),
-                   ("1e-05", ppl_text(math.exp(3.2932)), ""),
-                   ("3.3e-06", ppl_text(math.exp(3.2465)), "chosen")]
+    assert table.headers[3:6] == ("tokens", "val rows", "rate")
+    got = [(r[3], r[4], r[5], r[6], r[7]) for r in table.rows]
+    assert got == [
+        ("16,384", "first files", "0.0001", ppl_text(math.exp(4.5)), ""),
+        ("16,384", "first files", "9e-06", ppl_text(math.exp(4.1)), "chosen"),
+        ("16,384", "spread over the split", "0.0003", "diverged", ""),
+        ("16,384", "spread over the split", "0.0001", ppl_text(math.exp(4.589)), ""),
+        ("16,384", "spread over the split", "1e-05", ppl_text(math.exp(3.2932)), ""),
+        ("16,384", "spread over the split", "3.3e-06", ppl_text(math.exp(3.2465)), "chosen"),
+        ("65,536", "spread over the split", "0.0001", ppl_text(math.exp(2.0)), "chosen")]
     assert rate_blocks(results.StudyData(profile=None, runs=None, comparisons=None,
                                          probe=None, measures={})) == []
+
+
+def test_val_rows_spread_over_the_whole_split(tmp_path, monkeypatch):
+    """The rate's val rows are taken evenly from every file of the split (first and last rows
+    included), each row the split's own ids; too few rows is refused naming both counts."""
+    from qkvlab.data import pysource
+    from qkvlab.hf.rate import val_rows
+    root = make_root(tmp_path / "src" if (tmp_path / "src").mkdir() is None else None)
+    tok = make_tok()
+    ids = [i for t in pysource.texts("val", root)
+           for i in tok(t, add_special_tokens=False)["input_ids"]]
+    n = len(ids) // 16
+    whole = torch.tensor(ids[:n * 16]).view(n, 16)
+    got = val_rows(tok, 3 * 16, 16, root=root)
+    assert n >= 3 and torch.equal(got, whole[[0, round((n - 1) / 2), n - 1]])
+    assert torch.equal(val_rows(tok, n * 16, 16, root=root), whole)
+    with pytest.raises(ValueError, match=f"holds {n} rows of 16 tokens, need {n + 1}"):
+        val_rows(tok, (n + 1) * 16, 16, root=root)
 
 
 def test_a_profile_grid_chooses_one_rate_on_val_and_every_arm_trains_at_it(tmp_path, monkeypatch):

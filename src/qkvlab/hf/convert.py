@@ -15,9 +15,8 @@ ppl_teacher, gap (exp(nll − nll_teacher) − 1, per token), gap_lo/gap_hi (95%
 evaluation sequences, paired), nll_seq (per-sequence summed nll, for pairing with other runs),
 eval_tokens, kv_cache and attn_params (relative to the teacher), lr, train_seconds,
 tokens_per_s, precision, head_precision, peak_rss_gb and peak_gpu_gb (the process's peaks so
-far, teacher and student included). The teacher's per-sequence nll is measure
-``convert_teacher``. Checkpoints live in ``<store>-runs/convert/<key>/``, keyed by everything
-but ``tokens``: a killed run resumes, a larger budget continues the same run.
+far, teacher and student included); the teacher's per-sequence nll is ``convert_teacher``.
+Checkpoints: ``<store>-runs/convert/<key>/``, keyed by all but ``tokens`` (resumed, continued).
 """
 
 from __future__ import annotations
@@ -189,8 +188,7 @@ def make_student(teacher, cfg: ConvertConfig, calib_ids: torch.Tensor | None):
 def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out: str | None = None,
             log=print, progress: bool = True, root: str | None = None, loaded=None,
             more_text: str | None = None, time_limit: float | None = None,
-            lr_grid: tuple[float, ...] | None = None,
-            lr_tokens: int | None = None) -> list[dict]:
+            lr_grid: tuple[float, ...] | None = None, lr_tokens: int | None = None) -> list[dict]:
     """The records of ``cfg`` on ``source`` (computed, or read back from ``store``); see module.
 
     ``loaded``: a (model, tokenizer), or a function giving one when first needed (conversions of
@@ -203,9 +201,7 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
     gives). A later call with the same arguments resumes from the checkpoint.
     ``lr_grid``: choose the rate among these on the val files first (:mod:`qkvlab.hf.rate`);
     the conversion then runs at the chosen rate as if it had been given. ``lr_tokens``: the
-    budget each candidate uptrains for before it is scored (default ``hf.rate.TOKENS``, the
-    first budget); a later one chooses where the curve has settled, at that many tokens'
-    cost per candidate.
+    budget each candidate uptrains for before it is scored (default ``hf.rate.TOKENS``).
     """
     from qkvlab.env import environment
     from qkvlab.hf.cost import load_lm
@@ -235,8 +231,7 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
     if lr_grid:
         from qkvlab.hf.rate import choose_lr
         lr = choose_lr(store, source, cfg, tuple(lr_grid), setup=setup, device=device,
-                       tokens=lr_tokens,
-                       corpus=pysource.fingerprint(root), root=root, log=log)
+                       tokens=lr_tokens, corpus=pysource.fingerprint(root), root=root, log=log)
         cfg = dataclasses.replace(cfg, uptrain=(u := dataclasses.replace(u, lr=lr)))
     spec = cfg.spec(source, corpus)
     if not any(r["spec"] == spec for r in store.measure_rows("convert")):

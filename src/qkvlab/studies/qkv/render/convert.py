@@ -27,6 +27,8 @@ START_LABELS = {"fitted": "fitted (qkvlab: V = K·M least squares, M folded into
 SHORT = {"fitted": "fitted", "avg": "avg", "keep_k": "keep W_K", "keep_v": "keep W_V",
          "mean_pool": "mean-pooled", "none": "untied"}
 TIES = {"kv": "K=V", "qk": "Q=K", "qkv": "Q=K=V", "mqa": "MQA", "none": "untied"}
+# which val rows each version of ``hf.rate``'s choice scored (1 did not extend its grid: left out)
+VAL_TEXT = {2: "first files", 3: "spread over the split"}
 ZERO_X = 2 ** 9  # where the zero-shot point is drawn on the log token axis (labelled "0")
 Y_TICKS = (0.7, 0.8, 0.9, 1, 1.1, 1.5, 2, 3, 5, 10, 100, 1e3, 1e4, 1e5, 1e6)  # ratios
 DECADES = (1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7)  # where the curves span more than ×1,000
@@ -228,23 +230,23 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
 
 def rate_blocks(data: StudyData) -> list[Block]:
     """The rates ``qkvlab convert --lr-grid`` tried, each uptraining a fresh student for the
-    first budget and scored on the stdlib's val files (``hf.rate``, its current version), and
-    the one chosen; nothing where no grid ran."""
-    from qkvlab.hf.rate import VERSION as RATE_VERSION
+    first budget (or ``--lr-tokens``) and scored on the stdlib's val files, and the one chosen,
+    by the versions of ``hf.rate`` since the grid extends past its edge (``VAL_TEXT``: which
+    val rows each read); nothing where no grid ran."""
     df = data.measure("convert_lr")
     if df.empty or "spec.version" not in df:
         return []
-    df = df[df["spec.version"] == RATE_VERSION].sort_values(
-        ["spec.model", "spec.tie", "spec.start", "lr"], ascending=[True, True, True, False],
-        kind="stable")
+    df = df[df["spec.version"].isin(VAL_TEXT)].sort_values(
+        ["spec.model", "spec.tie", "spec.start", "spec.version", "spec.tokens", "lr"],
+        ascending=[True, True, True, True, True, False], kind="stable")
     rows = tuple((_title(r["spec.model"]), tie_label(r["spec.tie"]),
                   SHORT.get(r["spec.start"], r["spec.start"]), f"{r['spec.tokens']:,}",
-                  f"{r['lr']:.2g}",
+                  VAL_TEXT[r["spec.version"]], f"{r['lr']:.2g}",
                   "diverged" if r["diverged"] else ppl_text(math.exp(r["val_nll"])),
                   "chosen" if r["chosen"] else "") for r in df.to_dict("records"))
     return [Table("The uptraining rate, chosen on validation text: each rate of the grid (and "
-                  "past a chosen edge) uptrains a fresh student from the start for the first "
-                  "budget; per-token perplexity on the stdlib's val files (the test files are "
+                  "past a chosen edge) uptrains a fresh student from the start for the tokens "
+                  "shown; per-token perplexity on the stdlib's val files (the test files are "
                   "never read for it)",
-                  ("model", "tie", "start", "tokens", "rate", "val perplexity", ""), rows)] \
-        if rows else []
+                  ("model", "tie", "start", "tokens", "val rows", "rate", "val perplexity", ""),
+                  rows)] if rows else []
