@@ -255,6 +255,10 @@ def test_a_profile_grid_chooses_one_rate_on_val_and_every_arm_trains_at_it(tmp_p
         study.run_convert(study.Recorder(store, "smoke"), cfg)  # stored: nothing recomputed
         assert store.measure_rows("convert") == rows
         assert len(store.measure_rows("convert_lr")) == 1
+        data = results.load(store, p)
+    from qkvlab.studies.qkv.render.page import q3_blocks
+    titles = [b.caption for b in q3_blocks(data) if hasattr(b, "caption")]
+    assert any(t.startswith("The uptraining rate, chosen on validation text") for t in titles)
     assert (grid["spec"]["tie"], grid["spec"]["start"]) == ("kv", "fitted")
     val = {r["lr"]: r["val_nll"] for r in grid["records"]}
     chosen = min(val, key=val.get)

@@ -43,7 +43,7 @@ from qkvlab.studies.qkv.render import figures as F
 from qkvlab.studies.qkv.render import figures_scaling
 from qkvlab.studies.qkv.render.answers import answer_blocks
 from qkvlab.studies.qkv.render.cards import card_blocks, cards_json
-from qkvlab.studies.qkv.render.convert import convert_blocks
+from qkvlab.studies.qkv.render.convert import convert_blocks, rate_blocks
 from qkvlab.studies.qkv.render.pretrained import published_text
 from qkvlab.studies.qkv.render.scale import scale_table, scale_words
 from qkvlab.studies.qkv.render.share import share_table
@@ -172,7 +172,7 @@ def q3_blocks(data: StudyData) -> list[Block]:
                                 num(r["cache_bytes_per_token"]), num(r["decode_tokens_per_s"]))
                                for r in dec.sort_values("design").to_dict("records"))))
     out += tie_cost_blocks(data)
-    out += convert_blocks(data)
+    out += convert_blocks(data) + rate_blocks(data)  # the curves, then the rates chosen on val
     out += uptrain_blocks(data)
     out += head_width_blocks(data)
     return out
