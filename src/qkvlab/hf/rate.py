@@ -16,7 +16,7 @@ fails naming the rates tried.
 The val text is ``VAL_TOKENS`` of rows spread evenly over the whole val split
 (:func:`val_rows`), not its first files: SmolLM2's first 16,384 val tokens were four ordinary
 modules, while about a third of the split's rows are the codec tables of ``encodings/``, on
-which the K=V student trained at 9e-6 read ×35–47 its teacher's perplexity and at 1e-4 ×7–9
+which the K=V student trained at 9e-6 read ×35–47 its teacher's perplexity and at 1e-4 ×6.6–9.4
 (ordinary files: 9e-6 better everywhere). So the first files chose 9e-6 and the whole split
 1e-4 (version 2 and 3 of the choice).
 
