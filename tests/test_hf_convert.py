@@ -385,13 +385,16 @@ def test_more_text_follows_the_train_split_and_joins_the_fingerprint(tok, root, 
     assert pysource.more_fingerprint(more) != fp
 
 
-def test_a_rate_grid_is_chosen_on_val_and_the_run_is_the_chosen_rates_own(tok, root, tmp_path,
-                                                                          monkeypatch):
+@pytest.fixture
+def quiet(tok, root, monkeypatch):
+    """A rate grid's candidates short (256 tokens, 128 val tokens) on the tiny model, quiet."""
     import qkvlab.hf.rate as rate
     monkeypatch.setattr(rate, "TOKENS", 256)
     monkeypatch.setattr(rate, "VAL_TOKENS", 128)
-    m = tiny(tok)
-    quiet = {"loaded": (m, tok), "root": root, "log": lambda s: None, "progress": False}
+    return {"loaded": (tiny(tok), tok), "root": root, "log": lambda s: None, "progress": False}
+
+
+def test_a_rate_grid_is_chosen_on_val_and_the_run_is_the_chosen_rates_own(quiet, tmp_path):
     with Store(tmp_path / "a.db") as st:
         recs = convert(st, "tiny", small(tokens=256), lr_grid=(1e-5, 3e-3), **quiet)
         (row,) = st.measure_rows("convert_lr")
@@ -408,13 +411,7 @@ def test_a_rate_grid_is_chosen_on_val_and_the_run_is_the_chosen_rates_own(tok, r
         assert st.measure_rows("convert_lr")[0]["records"] == row["records"]
 
 
-def test_a_rate_can_be_chosen_at_a_later_budget_as_its_own_choice(tok, root, tmp_path,
-                                                                   monkeypatch):
-    import qkvlab.hf.rate as rate
-    monkeypatch.setattr(rate, "TOKENS", 256)
-    monkeypatch.setattr(rate, "VAL_TOKENS", 128)
-    m = tiny(tok)
-    quiet = {"loaded": (m, tok), "root": root, "log": lambda s: None, "progress": False}
+def test_a_rate_can_be_chosen_at_a_later_budget_as_its_own_choice(quiet, tmp_path):
     with Store(tmp_path / "a.db") as st:
         convert(st, "tiny", small(tokens=128), lr_grid=(1e-5, 3e-3), **quiet)
         convert(st, "tiny", small(tokens=128), lr_grid=(1e-5, 3e-3), lr_tokens=512, **quiet)
@@ -426,12 +423,7 @@ def test_a_rate_can_be_chosen_at_a_later_budget_as_its_own_choice(tok, root, tmp
         [r["val_nll"] for r in rows[256]["records"][:2]]
 
 
-def test_a_rate_chosen_on_the_grids_edge_extends_the_grid(tok, root, tmp_path, monkeypatch):
-    import qkvlab.hf.rate as rate
-    monkeypatch.setattr(rate, "TOKENS", 256)
-    monkeypatch.setattr(rate, "VAL_TOKENS", 128)
-    m = tiny(tok)
-    quiet = {"loaded": (m, tok), "root": root, "log": lambda s: None, "progress": False}
+def test_a_rate_chosen_on_the_grids_edge_extends_the_grid(quiet, tmp_path):
     with Store(tmp_path / "a.db") as st:
         convert(st, "tiny", small(tokens=128), lr_grid=(1e-6, 1e-5), **quiet)
         recs = st.measure_rows("convert_lr")[0]["records"]
