@@ -23,10 +23,18 @@ def test_q3_says_what_the_cache_bytes_and_the_conversion_measured():
 
 def test_q1_claims_the_fold_only_where_it_is_exact_and_flags_the_surprise():
     lead, more = sentence(card("q1", {"fold_exact": True, "saturates": True,
-                                      "trained_better": [("outside", 256)], "decided": 1}))
+                                      "trained_better": [("outside", 64, "gpt2")],
+                                      "decided": 1}))
     assert "not expressivity" in lead
-    assert "rows saturate at init" in more and "outside at d_head 256 was decided better" in more
-    assert "why is open" in more
+    assert "rows saturate at init" in more
+    assert "outside at d_head 64 from the model's own init (std 0.02) was decided better" in more
+    assert "why is open (from the model's small init that saturation may never arise)" in more
+    # from unit variance the saturation can arise, so the small init is no reason there
+    _, more = sentence(card("q1", {"fold_exact": True, "trained_better": [
+        ("outside", 64, "gpt2"), ("both", 16, "unit")], "decided": 2}))
+    assert ("outside at d_head 64 from the model's own init (std 0.02), 1/√d_k inside and "
+            "outside at d_head 16 from a unit-variance init (std 1/√d_model) were decided "
+            "better than the scale inside; why is open.") in more
     lead, more = sentence(card("q1", {"fold_exact": False, "decided": 0}))
     assert "not expressivity" not in lead and "saturate" not in more
 

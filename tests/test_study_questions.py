@@ -23,14 +23,15 @@ BOTH = ("equal", "matched")
 def test_the_families_are_the_ones_written_before_the_runs():
     """The families read from the rows are, member for member and in order, the lists
     ``plan.families`` held before the rows existed, with Q=K=V + self-mask added to Q2's two
-    experiments as the rows add it."""
+    experiments as the rows add it, and Q1's scale cells at each init (heads × d_head =
+    d_model)."""
     before = {
         "Q1": (*(Headline("alt_vs_standard", "alt", t, a) for t in ("lm", "translate")
                  for a in BOTH),
                Headline("alt_vs_standard", "alt", "lm_char"),
                Headline("alt_init", "alt_identity", "translate"),
-               *(Headline("scale_train", tag, "lm", d_head=d) for tag in PLACEMENTS
-                 if tag != "standard" for d in SCALE_D_HEADS)),
+               *(Headline("scale_train", tag, "lm", d_head=d, init=i) for i in ("gpt2", "unit")
+                 for tag in PLACEMENTS if tag != "standard" for d in SCALE_D_HEADS)),
         "Q2": (*(h for d in TIED_QK for h in (
                    *(Headline("tied_qk_qkv", d, t, a) for t in ("lm", "mlm", "mqar", "relation")
                      for a in BOTH), Headline("tied_qk_qkv", d, "lm_char"))),

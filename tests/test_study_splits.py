@@ -16,7 +16,6 @@ from qkvlab.experiments import registry
 from qkvlab.experiments.store import Store
 from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.compute.effects import Status, effect
-from qkvlab.studies.qkv.plan.placements import PLACEMENTS
 from qkvlab.studies.qkv.plan import profiles, rates
 from qkvlab.studies.qkv.plan.experiments import BY_NAME, ORDER
 from qkvlab.studies.qkv.plan.vocab import CONTROL, reported
@@ -117,8 +116,8 @@ def test_rates_are_chosen_on_val_and_tuning_runs_never_score_test(tmp_path):
 def test_every_reported_run_is_scored_on_test(name):
     p = profiles.PROFILES[name]
     if p.lr_grid:  # comparisons at the task's rate, as if lr_tune had chosen it
-        scale = {("lm", tag, "equal", d): rates.lr_of("lm", 1.0, p)
-                 for tag in (*PLACEMENTS, CONTROL) for d in p.scale_train_d_heads}
+        scale = {("lm", tag, "equal", d, i): rates.lr_of("lm", 1.0, p)
+                 for tag, d, i in rates.placement_keys(p)}
         p = dataclasses.replace(p, rates=Rates(
             lrs={(t, d, a): rates.lr_of(t, 1.0, p) for t, labels in tuned_designs().items()
                  for d in ("standard", *labels) for a in ("equal", "matched")} | scale,

@@ -112,29 +112,32 @@ def apply_init(model: nn.Module, init: InitConfig | None, seed: int = 0) -> None
     ``qk="t5"`` keeps the model's init and multiplies each query block (W_Q, b_Q) by
     d_head^-1/2: T5 (Raffel et al. 2020) folds 1/√d_k into W_Q's init, so with
     ``scale="none"`` a model starts from the scores the same seed gives with it inside.
+    ``qk="unit_t5"``: ``unit``'s draw, then ``t5``'s scaling (T5's own init).
 
     Raises:
-        ValueError: ``t5`` on a design without a query block of its own (tied Q=K: it would
-            scale K too; uniform: no queries).
+        ValueError: ``t5`` or ``unit_t5`` on a design without a query block of its own (tied
+            Q=K: it would scale K too; uniform: no queries).
     """
     if init is None or init.qk == "gpt2":
         return
-    if init.qk == "t5":
-        for name, _, att in model.attention_layers():
-            if att.segment_of("q") != "q":
-                raise ValueError(f"init.qk: 't5' scales W_Q's init by 1/sqrt(d_head), so it "
-                                 f"needs a design with a query block of its own; {name} is "
-                                 f"{att.cfg.design!r} (query segment {att.segment_of('q')!r})")
+    t5 = init.qk in ("t5", "unit_t5")
+    for name, _, att in model.attention_layers() if t5 else ():  # refused before any change
+        if att.segment_of("q") != "q":
+            raise ValueError(f"init.qk: {init.qk!r} scales W_Q's init by 1/sqrt(d_head), so it "
+                             f"needs a design with a query block of its own; {name} is "
+                             f"{att.cfg.design!r} (query segment {att.segment_of('q')!r})")
+    if init.qk in ("unit", "unit_t5"):
+        gen = torch.Generator().manual_seed(seed + 1)  # a function of the run seed only
+        for _, _, att in model.attention_layers():
+            with torch.no_grad():
+                att.W_in.normal_(0.0, att.cfg.d_model ** -0.5, generator=gen)
+    if t5:
+        for _, _, att in model.attention_layers():
             rows, inner = att._slices["q"], 1.0 / math.sqrt(att.cfg.d_head)  # inner_scale's
             with torch.no_grad():
                 att.W_in[rows] *= inner
                 if att.b_in is not None:
                     att.b_in[rows] *= inner
-        return
-    gen = torch.Generator().manual_seed(seed + 1)  # a function of the run seed only
-    for _, _, att in model.attention_layers():
-        with torch.no_grad():
-            att.W_in.normal_(0.0, att.cfg.d_model ** -0.5, generator=gen)
 
 
 def apply_input_codes(model: nn.Module, task) -> None:

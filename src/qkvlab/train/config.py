@@ -29,7 +29,7 @@ from qkvlab.models.config import check_numbers
 # "bf16" falls back to fp32 (with a warning) where bf16 is slow, "bf16_force" does not:
 # see qkvlab.train.precision
 PRECISIONS = ("fp32", "bf16", "bf16_force")
-INITS = ("gpt2", "unit", "t5")
+INITS = ("gpt2", "unit", "t5", "unit_t5")
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,9 @@ class InitConfig:
     """Re-initialization of the attention input projections (``apply_init``): ``qk="unit"``
     draws them from N(0, 1/d_model), the regime of the 1/√d_k argument; ``gpt2`` keeps the
     model's own init (std 0.02); ``t5`` keeps it and multiplies the query block by
-    d_head^-1/2 (T5 folds 1/√d_k into W_Q's init instead of scaling the scores)."""
+    d_head^-1/2 (T5 folds 1/√d_k into W_Q's init instead of scaling the scores); ``unit_t5``
+    draws them as ``unit`` and then scales the query block as ``t5`` (T5's own init: W_Q from
+    N(0, 1/(d_model·d_head)), W_K and W_V from N(0, 1/d_model))."""
 
     qk: str = "gpt2"
 

@@ -39,7 +39,8 @@ TOKEN_UNIT = {"char": "character", "bpe": "subword token"}
 class Finding:
     """One headline comparison: ``design`` vs standard on ``task`` in ``arm``, its corrected
     ``effect``; ``m``: bind_codes' key and value bits where the headline reads one width;
-    ``d_head``: the head width of a headline at one width (scale_train's)."""
+    ``d_head``, ``init``: the head width and initialization of a headline at one width
+    (scale_train's)."""
 
     design: str
     task: str
@@ -47,6 +48,7 @@ class Finding:
     effect: Effect
     m: int | None = None
     d_head: int | None = None
+    init: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ def findings(data: StudyData, fam: Family) -> tuple[list[Finding], list[tuple[st
                 continue
             m = row.get("m") if h.widest_m else None
             out.append(Finding(h.design, h.task, h.arm, e, None if m is None else int(m),
-                               h.d_head))
+                               h.d_head, h.init))
             sources.append((h.experiment, h.task))
     return out, list(dict.fromkeys(sources))
 

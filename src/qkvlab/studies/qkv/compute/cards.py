@@ -83,7 +83,7 @@ def _decided(a: Answer) -> list[Number]:
         e = f.effect
         what = f"{f.design} vs standard on {f.task}" + ("" if f.arm == "equal" else f", {f.arm}")
         if f.d_head is not None:
-            what += f", d_head {f.d_head}"
+            what += f", d_head {f.d_head}" + (f", {f.init} init" if f.init else "")
         out.append(Number(what, e.value, e.unit, _scale(a), e.status.value, e.lo, e.hi))
     return out
 
@@ -109,7 +109,8 @@ def _q1(data: StudyData, a: Answer) -> tuple[list[Number], dict]:
                                   None if half is None else m.mean - half,
                                   None if half is None else m.mean + half))
     # trained placements of the scale decided better than inside (standard), by head width
-    facts["trained_better"] = sorted({(f.design, f.d_head) for f in a.decided
+    # and init
+    facts["trained_better"] = sorted({(f.design, f.d_head, f.init) for f in a.decided
                                       if f.design in ("outside", "both", "none")
                                       and f.effect.status.value == "better"}, key=str)
     return out, facts

@@ -32,6 +32,8 @@ def members(df: pd.DataFrame, h: Headline) -> pd.DataFrame:
         df = df[df[k] == v]
     if h.d_head is not None:
         df = df[df.d_head == h.d_head] if "d_head" in df else df.iloc[0:0]
+    if h.init is not None:
+        df = df[df.init == h.init] if "init" in df else df.iloc[0:0]
     if h.widest_m and "m" in df and "d_head" in df and not df.empty:
         df = df[(df.m == df.m.max()) & (df.d_head == df.m)]
     return df

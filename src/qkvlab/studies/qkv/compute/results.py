@@ -52,8 +52,9 @@ from qkvlab.studies.qkv.plan.vocab import (
     reported,
 )
 
-# tags that tell comparisons apart (besides design, seed)
-GROUP_BY = ("task", "arm", "m", "d_head", "d_model")
+# tags that tell comparisons apart (besides design, seed); init: scale_train's placements are
+# compared with inside from the same initialization
+GROUP_BY = ("task", "arm", "m", "d_head", "d_model", "init")
 PROBE_STATS = ("norm_entropy", "saturated", "grad_WQ", "grad_WK")
 RUN_TAGS = ("experiment", "design", "task", "arm", "seed", "kind")
 
@@ -185,7 +186,21 @@ def unscored(runs: pd.DataFrame, col: str) -> pd.DataFrame:
     return runs.assign(status=runs.status.where(~bad, "failed")) if bad.any() else runs
 
 
-CONTROL_KEYS = ("experiment", "task", "m", "d_head", "d_model")  # what one control serves
+# what one control serves: not the init (the control has no Q or K to initialize), so
+# scale_train's control, read against inside from the model's own init, gates both inits
+CONTROL_KEYS = ("experiment", "task", "m", "d_head", "d_model")
+# Q1's scale experiments, whose runs split each width as heads × d_head = d_model (tag n_heads)
+SCALE_EXPERIMENTS = ("scale_train", "scale_tune", "scale_tune_edge")
+
+
+def superseded(runs: pd.DataFrame) -> pd.Series:
+    """Memberships of Q1's scale experiments from before each width was split as heads ×
+    d_head = d_model (two heads at every d_head, no ``n_heads`` tag): a store keeps them, and
+    their tags would stand beside the current runs' in a comparison, so the study reads none."""
+    if runs.empty or "experiment" not in runs:
+        return pd.Series(False, index=runs.index)
+    old = runs.n_heads.isna() if "n_heads" in runs else True
+    return runs.experiment.isin(SCALE_EXPERIMENTS) & old
 
 
 def mark_control(df: pd.DataFrame) -> pd.DataFrame:
@@ -319,6 +334,7 @@ def load(store: Store, profile: str | QKVProfile, meta: dict[str, Any] | None = 
     """Everything the report shows, from the store (``profile``: a name or the profile)."""
     p = get_profile(profile)
     runs = pd.concat([runs_frame(store, e, p.name) for e in ORDER], ignore_index=True)
+    runs = runs[~superseded(runs)].reset_index(drop=True)
     if not runs.empty and "arm" not in runs:  # only runs without arms (the scaling profile's)
         runs = runs.assign(arm=None)
     cmp = correct(comparisons(runs, p))

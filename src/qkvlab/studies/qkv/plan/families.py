@@ -51,8 +51,9 @@ REASON = ("each headline verdict is quoted as a claim on its own, so the family-
 class Headline:
     """One headline comparison: ``design`` vs standard in ``experiment`` on ``task``'s own
     metric, in ``arm``. ``widest_m``: bind_codes at its largest m and d_head = m, where standard
-    has just the width the task needs (the summary table's point). ``d_head``: the comparison
-    at that head width only (scale_train: one cell per placement and width)."""
+    has just the width the task needs (the summary table's point). ``d_head``, ``init``: the
+    comparison at that head width and initialization only (scale_train: one cell per
+    placement, width and init)."""
 
     experiment: str
     design: str
@@ -60,6 +61,7 @@ class Headline:
     arm: str = "equal"
     widest_m: bool = False
     d_head: int | None = None
+    init: str | None = None
 
     @property
     def metric(self) -> str:

@@ -29,7 +29,8 @@ class Rates:
     (``plan.experiments.read_rates``, registered as the profiles' preparer), never a size:
 
     - ``lrs``: the rates ``lr_tune`` chose, ``{(task, design, arm): rate}``, and the final
-      choices of ``scale_tune``/``scale_tune_edge``, ``{(task, placement, arm, d_head): rate}``;
+      choices of ``scale_tune``/``scale_tune_edge``,
+      ``{(task, placement, arm, d_head, init): rate}``;
     - ``scale_grid``: ``scale_tune``'s choices on its grid alone (the plan of
       ``scale_tune_edge``); ``lr_grid_choice``: ``lr_tune``'s (the plan of ``lr_tune_edge``);
     - ``scaling_tuned``: run id -> (status, final val loss) of the scaling tuning runs;
@@ -84,7 +85,9 @@ class QKVProfile(Profile):
     scale_widths: tuple[int, ...] = ()
     scale_seeds: tuple[int, ...] = ()
     # Q1's scale in training (experiment scale_train): lm with 1/√d_k inside, outside, both,
-    # none and none + T5's init at these head widths, on these seeds (empty: not run)
+    # none and none + T5's init at these head widths, each split as d_model // d_head heads
+    # (each must divide d_model), from the model's own and a unit-variance init, on these
+    # seeds (empty: not run)
     scale_train_d_heads: tuple[int, ...] = ()
     scale_train_seeds: tuple[int, ...] = ()
     # per task: the seeds and arms of its design comparisons (absent: the profile's seeds and
@@ -220,7 +223,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                task_train=TASK_TRAIN["smoke"], probe_d_heads=(16, 64), probe_steps=4,
                probe_seeds=(0,), bind_bits=(1,), measure_batch=8, rounds=3,
                decode_tokens=16, n_null=32, cka=False, scale_widths=(16, 32),
-               scale_train_d_heads=(4, 8, 16), scale_train_seeds=(0,),
+               scale_train_d_heads=(8, 16), scale_train_seeds=(0,),
                kv_contexts=(64, 256), kv_batches=(1, 2), task_arms=CHAR_ARMS,
                scaling_budgets=(4, 8), scaling_seeds=(0, 1), size_widths=(16, 32),
                size_depths=(1,), tokens_per_param=0.02, size_seeds=(0,),
@@ -234,7 +237,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                bind_seeds=(0, 1, 2, 3), measure_batch=16, rounds=5, decode_tokens=48,
                n_null=128, cka=True, task_seeds={"mqar": ()},
                # ~160 s on 2 idle workers (docs/study-profiles.md)
-               scale_train_d_heads=(16, 64, 256), scale_train_seeds=(0, 1, 2),
+               scale_train_d_heads=(16, 64), scale_train_seeds=(0, 1, 2),
                kv_contexts=(512, 2048, 8192), kv_batches=(1, 8),
                task_arms={**CHAR_ARMS, "relation": ("equal",), "mlm": ("equal",),
                           "bind_codes": ("equal",)},
@@ -263,7 +266,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                lr_grid=(1 / 3, 1.0, 3.0, 9.0), lr_seeds=(100,),
                # ~8,700 CPU-s with its tuning (docs/study-profiles.md); 6 seeds: an
                # equivalent cell then survives Holm over Q1's family at a paired sd of ~1%
-               scale_train_d_heads=(16, 64, 256), scale_train_seeds=tuple(range(6)),
+               scale_train_d_heads=(16, 64), scale_train_seeds=tuple(range(6)),
                task_seeds={"mqar": (), "relation": (0, 1, 2),
                            "successor": tuple(range(4)), "successor_causal": tuple(range(4))},
                task_arms={**CHAR_ARMS, "mlm": ("equal",)},
@@ -281,7 +284,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                steps=5000, lr=1e-3, eval_batches=50, task_options=TASK_OPTIONS["full"],
                task_train=TASK_TRAIN["full"], probe_d_heads=(16, 32, 64, 128, 256),
                probe_steps=1000, probe_seeds=(0, 1, 2), bind_bits=(2, 4, 8, 16),
-               scale_train_d_heads=(16, 64, 256), scale_train_seeds=(0, 1, 2),
+               scale_train_d_heads=(16, 64, 128), scale_train_seeds=(0, 1, 2),
                measure_batch=32, rounds=7, decode_tokens=128, n_null=256, cka=True,
                task_arms=CHAR_ARMS,
                kv_contexts=(512, 2048, 8192, 32768), kv_batches=(1, 4, 16),

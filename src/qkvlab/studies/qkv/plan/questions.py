@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from qkvlab.studies.qkv.plan.claims import CLAIMS, Claim
 from qkvlab.studies.qkv.plan.families import BOTH, SCALE_D_HEADS, Family, Headline
-from qkvlab.studies.qkv.plan.placements import PLACEMENTS
+from qkvlab.studies.qkv.plan.placements import PLACEMENTS, SCALE_INITS
 from qkvlab.studies.qkv.plan.vocab import CONTROL
 
 CHAR = ("lm_char",)  # the character-level second reading: equal width, in the family, not drawn
@@ -47,9 +47,11 @@ class Compared:
     widest_m: bool = False
     d_head: int | None = None
     tuned: bool = True
+    init: str | None = None
 
     def headlines(self) -> tuple[Headline, ...]:
-        own = (Headline(self.experiment, self.design, t, a, self.widest_m, self.d_head)
+        own = (Headline(self.experiment, self.design, t, a, self.widest_m, self.d_head,
+                        self.init)
                for t in self.tasks for a in self.arms)
         return (*own, *(Headline(self.experiment, self.design, t) for t in self.also))
 
@@ -102,8 +104,9 @@ QUESTIONS: dict[str, Question] = {q.key: q for q in (
         (Compared("alt_vs_standard", "alt", ("lm", "translate"), also=CHAR),
          Compared("alt_init", "alt_identity", ("translate",), EQUAL, summary=False),
          *(Compared("scale_train", tag, ("lm",), EQUAL, d_head=d, forest=False, summary=False,
-                    tuned=False)
-           for tag in PLACEMENTS if tag != "standard" for d in SCALE_D_HEADS))),
+                    tuned=False, init=i)
+           for i in SCALE_INITS for tag in PLACEMENTS if tag != "standard"
+           for d in SCALE_D_HEADS))),
     Question(
         "q2", "Q2 — one matrix W = W_Q = W_K = W_V",
         "Why not one projection per head, W = W_Q = W_K = W_V, and how similar are the three "

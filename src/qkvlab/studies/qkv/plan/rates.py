@@ -11,12 +11,13 @@ grid step beyond it and the choice is made again over the grid and that point (a
 on the new edge is flagged in the report).
 The rates are chosen on the ``val`` split; the tuning runs are not scored on ``test`` at all,
 and the comparisons report their ``test`` numbers (``vocab.reported``).
-Experiment ``scale_tune`` does the same for each placement of 1/√d_k at each head width
-(``placement_tuning_runs``), keyed (task, placement, arm, d_head): a placement's best rate may
-move with d_head, which is the axis of that comparison. Where that choice sits on the grid's
-edge, experiment ``scale_tune_edge`` trains one more rate a grid step beyond it
-(``placement_edge_runs``) and the choice is made again over the grid and that point
-(``placement_choices``); a choice still on the new edge is flagged in the report.
+Experiment ``scale_tune`` does the same for each placement of 1/√d_k at each head width and
+init (``placement_tuning_runs``), keyed (task, placement, arm, d_head, init): a placement's
+best rate may move with d_head and with the init, which are the axes of that comparison.
+Where that choice sits on the grid's edge, experiment ``scale_tune_edge`` trains one more rate
+a grid step beyond it (``placement_edge_runs``) and the choice is made again over the grid
+and that point (``placement_choices``); a choice still on the new edge is flagged in the
+report.
 """
 
 from __future__ import annotations
@@ -35,7 +36,12 @@ from qkvlab.experiments.registry import (
     task_info,
 )
 from qkvlab.experiments.store import canonical
-from qkvlab.studies.qkv.plan.placements import PLACEMENTS, control_run, placement_run
+from qkvlab.studies.qkv.plan.placements import (
+    PLACEMENTS,
+    SCALE_INITS,
+    control_run,
+    placement_run,
+)
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
 from qkvlab.studies.qkv.plan.questions import equal_only, tuned_designs
 from qkvlab.studies.qkv.plan.vocab import CONTROL, DESIGNS
@@ -139,19 +145,32 @@ def lr_edge_runs(p: QKVProfile) -> list[Run]:
             if (lr := grid_edge(p, t, grid[(t, d, a)])) is not None for seed in p.lr_seeds]
 
 
+def placement_keys(p: QKVProfile) -> list[tuple[str, int, str]]:
+    """``(placement, d_head, init)`` of every rate ``scale_tune`` chooses: each placement from
+    each init of ``SCALE_INITS``, and the control (which has no Q or K to initialize) from the
+    model's own, at every head width of ``scale_train_d_heads``."""
+    return [(tag, d, i) for d in p.scale_train_d_heads
+            for tag, i in ((t, i) for i in SCALE_INITS for t in PLACEMENTS)] + [
+        (CONTROL, d, SCALE_INITS[0]) for d in p.scale_train_d_heads]
+
+
+def _placement(p: QKVProfile, key: tuple[str, int, str], seed: int, lr: float) -> Run:
+    tag, d_head, init = key
+    none = {"test_batches": 0}  # like lr_tune's: val only
+    if tag == CONTROL:
+        return control_run(p, d_head, seed, {"lr": lr}, lr=lr, train=none)
+    return placement_run(p, tag, d_head, seed, {"lr": lr}, lr=lr, train=none, init=init)
+
+
 def placement_tuning_runs(p: QKVProfile) -> list[Run]:
-    """``scale_tune``'s runs: every placement of 1/√d_k (``placements.PLACEMENTS``) at every
-    head width of ``scale_train_d_heads``, at every grid point, on the tuning seeds (none
-    without a grid), and the attention-free control at each width: its best rate moves with
-    d_head too (two heads of 256 make a 512-wide value path), and at another width's rate it
-    would be a weaker baseline, so standard would "use attention" by the rate alone. Like
-    lr_tune's, they score no test batches."""
-    none = {"test_batches": 0}
-    return [run for mult in p.lr_grid for lr in (lr_of("lm", mult, p),) for seed in p.lr_seeds
-            for d_head in p.scale_train_d_heads
-            for run in (*(placement_run(p, tag, d_head, seed, {"lr": lr}, lr=lr, train=none)
-                          for tag in PLACEMENTS),
-                        control_run(p, d_head, seed, {"lr": lr}, lr=lr, train=none))]
+    """``scale_tune``'s runs: every key of ``placement_keys`` at every grid point, on the
+    tuning seeds (none without a grid). The control is tuned per d_head too: its best rate
+    can move with the width, and at another width's rate it would be a weaker baseline, so
+    standard would "use attention" by the rate alone. Like lr_tune's, they score no test
+    batches."""
+    return [_placement(p, key, seed, lr) for mult in p.lr_grid
+            for lr in (lr_of("lm", mult, p),) for seed in p.lr_seeds
+            for key in placement_keys(p)]
 
 
 def grid_edge(p: Profile, task: str, lr: float) -> float | None:
@@ -174,50 +193,49 @@ def placement_edge(p: Profile, lr: float) -> float | None:
 
 
 def placement_edge_runs(p: QKVProfile) -> list[Run]:
-    """``scale_tune_edge``'s runs: for each (placement or control, d_head) whose ``scale_tune``
+    """``scale_tune_edge``'s runs: for each key of ``placement_keys`` whose ``scale_tune``
     choice (``p.rates.scale_grid``) sits on the grid's edge, the rate one grid step beyond it,
     on the tuning seeds, scored on val only like the grid's.
 
     Raises:
-        RatesPending: ``scale_tune`` has not chosen every (placement, d_head) yet.
+        RatesPending: ``scale_tune`` has not chosen every key yet.
     """
     if not p.lr_grid:
         return []
     grid = p.rates.scale_grid or {}
-    keys = [(tag, d) for d in p.scale_train_d_heads for tag in (*PLACEMENTS, CONTROL)]
-    missing = [f"{tag} at d_head {d}" for tag, d in keys if ("lm", tag, "equal", d) not in grid]
+    keys = placement_keys(p)
+    missing = [f"{tag} at d_head {d} from the {i} init" for tag, d, i in keys
+               if ("lm", tag, "equal", d, i) not in grid]
     if missing:
         raise RatesPending(
             f"profile {p.name}: scale_tune_edge extends scale_tune's grid where its choice sits "
             f"on an edge, and scale_tune has not chosen {', '.join(missing)}; run `qkvlab "
             f"sweep scale_tune --profile {p.name}` first (qkvlab study does)")
-    none = {"test_batches": 0}
     runs = []
-    for tag, d_head in keys:
-        lr = placement_edge(p, grid[("lm", tag, "equal", d_head)])
-        if lr is None:
-            continue
-        for seed in p.lr_seeds:
-            runs.append(control_run(p, d_head, seed, {"lr": lr}, lr=lr, train=none)
-                        if tag == CONTROL else
-                        placement_run(p, tag, d_head, seed, {"lr": lr}, lr=lr, train=none))
+    for key in keys:
+        tag, d_head, init = key
+        lr = placement_edge(p, grid[("lm", tag, "equal", d_head, init)])
+        if lr is not None:
+            runs += [_placement(p, key, seed, lr) for seed in p.lr_seeds]
     return runs
 
 
 def choose_lrs(p: QKVProfile, rows, grids: dict[tuple, set[float]] | None = None,
                lost: float | None = None) -> dict[tuple, float]:
     """The rate with the lowest mean val loss over ``lr_seeds`` per (task, design, arm), from
-    rows ``(task, design, arm, lr, status, val_loss)``, or per (task, design, arm, d_head)
-    from rows with a 7th item ``d_head`` (None: no width key); only designs whose whole grid
-    (the task's, or ``grids[key]``) has finished, and no other rate listed. A diverged run (or
-    one without a loss) counts as infinite loss; ties go to the smaller rate. A design whose
-    whole grid finished without a finite loss has no rate, or ``lost`` where that is given."""
+    rows ``(task, design, arm, lr, status, val_loss)``, or per (task, design, arm, d_head,
+    init) from rows with more items (``d_head``, ``init``; None: no such key); only designs
+    whose whole grid (the task's, or ``grids[key]``) has finished, and no other rate listed. A
+    diverged run (or one without a loss) counts as infinite loss; ties go to the smaller rate.
+    A design whose whole grid finished without a finite loss has no rate, or ``lost`` where
+    that is given."""
     scores: dict[tuple, dict[float, list[float]]] = {}
     for task, design, arm, lr, status, loss, *width in rows:
         if status not in ("done", "diverged"):
             continue
         ok = status == "done" and loss is not None and math.isfinite(loss)
-        key = (task, design, arm) + tuple(int(w) for w in width if w is not None)
+        key = (task, design, arm) + tuple(w if isinstance(w, str) else int(w)
+                                          for w in width if w is not None)
         scores.setdefault(key, {}).setdefault(float(lr), []).append(loss if ok else math.inf)
     out = {}
     for key, by_lr in scores.items():
@@ -251,15 +269,18 @@ def grid_choices(p: QKVProfile, rows, lost: float | None = None
 
 
 def placement_choices(p: QKVProfile, rows) -> tuple[dict[tuple, float], dict[tuple, float]]:
-    """``scale_tune``'s choices (``grid_choices``), rows with ``d_head``, keyed (task,
-    placement, arm, d_head)."""
+    """``scale_tune``'s choices (``grid_choices``), rows with ``d_head`` and ``init``, keyed
+    (task, placement, arm, d_head, init)."""
     return grid_choices(p, rows)
 
 
 def _rows(store, name: str, p: QKVProfile, runs: list[Run], width: bool):
+    """``choose_lrs``' rows of the runs ``runs`` lists that ``store`` holds; ``width``: with
+    the placements' keys (d_head, init)."""
     listed = member_keys(runs)
     return [(r["tags"]["task"], r["tags"]["design"], r["tags"]["arm"], r["tags"]["lr"],
-             r["status"], r["final"].get("val_loss"), r["tags"].get("d_head") if width else None)
+             r["status"], r["final"].get("val_loss"),
+             *((r["tags"].get("d_head"), r["tags"].get("init")) if width else ()))
             for r in store.runs(name, p.name) if (r["id"], canonical(r["tags"])) in listed]
 
 
@@ -277,7 +298,7 @@ def lr_grid_lrs(p: QKVProfile, store) -> dict[tuple, float]:
 
 def chosen_lrs(p: QKVProfile, store) -> dict[tuple, float]:
     """``{(task, design, arm): rate}``: the final choices of ``lr_tune`` and ``lr_tune_edge``,
-    and ``{(task, placement, arm, d_head): rate}``: those of ``scale_tune`` and
+    and ``{(task, placement, arm, d_head, init): rate}``: those of ``scale_tune`` and
     ``scale_tune_edge`` (``grid_choices``), from their finished runs in ``store``. Only the
     runs the profile lists now count: a store keeps those of earlier grids."""
     rows = _rows(store, "lr_tune", p, tuning_runs(p), False)

@@ -12,6 +12,7 @@ from qkvlab.report.blocks import Block, Para, Section
 from qkvlab.studies.qkv.compute.answers import Answer, Finding, Published, Scale, answers
 from qkvlab.studies.qkv.compute.effects import Effect, Status, attention_used, effect
 from qkvlab.studies.qkv.compute.results import StudyData
+from qkvlab.studies.qkv.plan.placements import INIT_WORDS
 from qkvlab.studies.qkv.plan.questions import QUESTIONS
 from qkvlab.studies.qkv.plan.references import REF_KV_CHARS_PER_TOKEN, per_char
 from qkvlab.studies.qkv.plan.vocab import ARMS, CONTROL, LM_CHARS_PER_TOKEN, label
@@ -66,6 +67,8 @@ def _arm(arm: str) -> str:
 def _where(f: Finding, task) -> str:
     width = f" at m = d_head = {f.m}" if f.m is not None else \
         f" at d_head {f.d_head}" if f.d_head is not None else ""
+    if f.init is not None:
+        width += f" from {INIT_WORDS.get(f.init, f.init)}"
     return f"on {task(f.task)}{width} {_arm(f.arm)}"
 
 

@@ -11,6 +11,7 @@ from qkvlab.report.blocks import Figure
 from qkvlab.studies.qkv.compute.cards import Card, Number, cards
 from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.compute.uptrain import VS_SCRATCH, VS_UNTIED
+from qkvlab.studies.qkv.plan.placements import INIT_WORDS
 from qkvlab.studies.qkv.plan.questions import QUESTIONS
 from qkvlab.studies.qkv.plan.vocab import label
 from qkvlab.studies.qkv.render.text import and_list
@@ -67,10 +68,14 @@ def _sentence(c: Card) -> tuple[str, str]:
                         "(unit-variance q and k)")
         better = f.get("trained_better") or []
         if better:
-            where = ", ".join(f"{label(d)}" + (f" at d_head {h}" if h else "") for d, h in better)
+            where = ", ".join(f"{label(d)}" + (f" at d_head {h}" if h else "")
+                              + (f" from {INIT_WORDS.get(i, i)}" if i else "")
+                              for d, h, i in better)
+            small = all(i == "gpt2" for _, _, i in better)
             more.append(f"yet in training {where} {'were' if len(better) > 1 else 'was'} "
-                        "decided better than the scale inside; why is open (these models start "
-                        "from a small init, where that saturation may never arise)")
+                        "decided better than the scale inside; why is open"
+                        + (" (from the model's small init that saturation may never arise)"
+                           if small else ""))
         return s, (("; ".join(more) + ". ") if more else "") + decided + "."
     if c.question == "q2":
         s = ("One shared matrix is decided worse than three where a task needs to compare "

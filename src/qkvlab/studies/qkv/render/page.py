@@ -33,7 +33,6 @@ from qkvlab.report.blocks import (
 from qkvlab.report.blocks import Heading as H
 from qkvlab.studies.qkv.compute.agreement import CSV, with_verdicts
 from qkvlab.studies.qkv.compute.results import StudyData
-from qkvlab.studies.qkv.compute.scale import scale_answer
 from qkvlab.studies.qkv.compute.share import shares
 from qkvlab.studies.qkv.compute.zoo import zoo_table
 from qkvlab.studies.qkv.plan import claims as C
@@ -45,7 +44,7 @@ from qkvlab.studies.qkv.render.answers import answer_blocks
 from qkvlab.studies.qkv.render.cards import card_blocks, cards_json
 from qkvlab.studies.qkv.render.convert import convert_blocks, rate_blocks
 from qkvlab.studies.qkv.render.pretrained import published_text
-from qkvlab.studies.qkv.render.scale import scale_table, scale_words
+from qkvlab.studies.qkv.render.scale import scale_lead, scale_table
 from qkvlab.studies.qkv.render.share import share_table
 from qkvlab.studies.qkv.render.tables import (
     budget_table,
@@ -180,7 +179,7 @@ def q3_blocks(data: StudyData) -> list[Block]:
 
 def _answers(data: StudyData, figs: dict[str, list[Figure]]) -> list[Block]:
     """The answer cards, then each answer in full (its paragraph)."""
-    full = answer_blocks(data, {"q1": scale_words(scale_answer(data))})
+    full = answer_blocks(data, {"q1": scale_lead(data)})
     cards = card_blocks(data, figs) if not data.comparisons.empty else []
     if not cards:
         return full

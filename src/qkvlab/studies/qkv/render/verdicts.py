@@ -22,7 +22,6 @@ from qkvlab.studies.qkv.compute.frames import (
     task_effects,
 )
 from qkvlab.studies.qkv.compute.results import StudyData, chance
-from qkvlab.studies.qkv.compute.scale import scale_answer
 from qkvlab.studies.qkv.compute.zoo import zoo_table
 from qkvlab.studies.qkv.plan.references import (
     KAYYAM_1B2_KV_PCT,
@@ -50,7 +49,7 @@ from qkvlab.studies.qkv.render.sentences import (
     scale_sentence,
     width_sentence,
 )
-from qkvlab.studies.qkv.render.scale import scale_words
+from qkvlab.studies.qkv.render.scale import scale_lead
 from qkvlab.studies.qkv.render.share import share_sentence
 from qkvlab.studies.qkv.render.text import ci_text, said
 from qkvlab.studies.qkv.render.convert import convert_sentence
@@ -98,7 +97,7 @@ def verdict_q1(data: StudyData) -> Verdict:
             s += "."
         details.append(s)
     details.append(alt_init_sentence(data))
-    details.append(scale_words(scale_answer(data)))  # the loss verdicts; the probe beside them
+    details.append(scale_lead(data))  # the loss verdicts; the probe beside them
     details.append(scale_sentence(records(data.probe)))
     convex = records(data.measure("convex_range"))
     conv = {d: [r["outside_share"] for r in convex if r["design"] == d]
