@@ -12,7 +12,7 @@ import sys
 import torch
 
 from qkvlab.experiments.registry import EXPERIMENTS, get_profile
-from qkvlab.studies.qkv.plan import rates
+from qkvlab.studies.qkv.plan import profiles as rates_, rates
 from qkvlab.studies.qkv.plan.experiments import ORDER
 from qkvlab.train.trainer import run_from_spec
 from qkvlab.experiments.store import run_id
@@ -20,15 +20,10 @@ from qkvlab.experiments.store import run_id
 name = sys.argv[1]
 torch.set_num_threads(1)
 p = get_profile(name)
-lrs = {(t, d, a): rates.lr_of(t, 1.0, p) for t, labels in rates.TUNED.items()
-       for d in ("standard", *labels) for a in ("equal", "matched")}
-try:
-    from qkvlab.studies.qkv.plan.placements import PLACEMENTS
-    lrs |= {("lm", tag, "equal", d): rates.lr_of("lm", 1.0, p) for tag in PLACEMENTS
-            for d in getattr(p, "scale_train_d_heads", ())}
-except ImportError:
-    pass
-p = dataclasses.replace(p, lrs=lrs)
+lrs = {key: rates.lr_of(key[0], 1.0, p) for key in rates.tuned_keys(p)}
+lrs |= {("lm", tag, "equal", d, i): rates.lr_of("lm", 1.0, p)
+        for tag, d, i in rates.placement_keys(p)}
+p = dataclasses.replace(p, rates=rates_.Rates(lrs=lrs))
 runs = {}
 for e in ORDER:
     try:
@@ -45,7 +40,7 @@ for rid, (e, s) in runs.items():
                       "probe": d.get("probe")}, sort_keys=True)
     groups[key].append((e, s))
 print(len(runs), "runs,", len(groups), "distinct configs", file=sys.stderr)
-total, per_exp = 0.0, collections.Counter()
+total, per_exp, per_task = 0.0, collections.Counter(), collections.Counter()
 for i, (key, members) in enumerate(groups.items()):
     e, s = members[0]
     n = 8
@@ -64,7 +59,9 @@ for i, (key, members) in enumerate(groups.items()):
         cost = t.steps * step + ev * (n_evals * t.eval_batches + tb) + 2.0  # + setup
         total += cost
         per_exp[e2] += cost
+        per_task[s2.task] += cost
     print(f"{i + 1}/{len(groups)} {s.task} {step * 1000:.1f} ms/step x{len(members)}",
           file=sys.stderr, flush=True)
 print(json.dumps({"profile": name, "runs": len(runs), "worker_s": round(total),
-                  "per_experiment": {k: round(v) for k, v in per_exp.most_common()}}, indent=1))
+                  "per_experiment": {k: round(v) for k, v in per_exp.most_common()},
+                  "per_task": {k: round(v) for k, v in per_task.most_common()}}, indent=1))
