@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 
 import numpy as np
 import pandas as pd
@@ -28,7 +29,7 @@ from qkvlab.studies.qkv.plan.scaling import EXPERIMENTS as SCALING
 from qkvlab.studies.qkv.plan.vocab import CONTROL
 from qkvlab.studies.qkv.render.tables import compare_table
 from qkvlab.studies.qkv.render.text import WORDS, cell, said
-from qkvlab.studies.qkv.plan.profiles import Rates
+from qkvlab.studies.qkv.plan.profiles import TASK_TRAIN, QKVProfile, Rates
 from qkvlab.studies.qkv.plan.questions import tuned_designs
 
 MARGIN = np.log1p(0.02)  # val_loss: ±2% perplexity
@@ -148,12 +149,13 @@ def test_the_control_has_its_row_in_the_comparison_table():
     assert "(undecided" in row[-2]  # the control vs standard, with its own verdict
 
 
-def _listed(profile: str) -> list[str]:
-    """``"experiment run_id tags"`` of every run the study lists at a profile, the control's,
-    ``NEW_DESIGNS``', ``NEW_SEEDS``' and the scaling experiments' (added later,
-    ``plan.scaling``) left out (standard's rates,
-    which need lr_tune's results, faked at the task's rate)."""
-    p = get_profile(profile)
+def _listed(profile: str | QKVProfile) -> list[str]:
+    """``"experiment run_id tags"`` of every run the study lists at a profile (a name or the
+    profile), the control's, ``NEW_DESIGNS``', ``NEW_SEEDS``' and the scaling experiments'
+    (added later, ``plan.scaling``) left out (standard's rates, which need lr_tune's results,
+    faked at the task's rate)."""
+    p = get_profile(profile) if isinstance(profile, str) else profile
+    profile = p.name
     if p.lr_grid:
         p = dataclasses.replace(p, rates=Rates(lrs={(t, d, a): rates.lr_of(t, 1.0, p)
                                                     for t, labels in tuned_designs().items()
@@ -186,11 +188,40 @@ BEFORE = {"smoke": (97, "09c191e8000b7316"), "quick": (199, "1ed532edfb44b69d"),
           "standard": (804, "863d54e489a56e53")}
 
 
+# quick before it was cut to 15 minutes (issue 39): 3 seeds everywhere, lm and lm_char at the
+# profile's 200 steps, translate at 300; the pin above is of that profile
+QUICK_BEFORE = dict(seeds=(0, 1, 2), task_seeds={"mqar": ()}, scale_train_seeds=(0, 1, 2),
+                    task_train={**{k: v for k, v in TASK_TRAIN["quick"].items()
+                                   if k not in ("lm", "lm_char")},
+                                "translate": {"steps": 300, "eval_every": 150}})
+# the rows quick runs as a smoke test since (standard does not beat the control there)
+QUICK_SMOKE = ("lm", "lm_char", "translate", "mlm")
+
+
+def _digest(lines: list[str]) -> tuple[int, str]:
+    return len(lines), hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
 @pytest.mark.parametrize("profile", list(BEFORE))
 def test_adding_the_control_changed_no_existing_run_id(profile):
-    lines = _listed(profile)
-    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
-    assert (len(lines), digest) == BEFORE[profile]
+    p = get_profile(profile)
+    if profile == "quick":
+        p = dataclasses.replace(p, **QUICK_BEFORE)
+    assert _digest(_listed(p)) == BEFORE[profile]
+
+
+def test_cutting_quick_to_15_minutes_kept_every_run_of_the_tasks_it_decides():
+    """quick's lm, lm_char, translate and mlm rows went to 2 seeds (lm and lm_char to 100
+    steps, translate to 150); every run of its other tasks keeps its id, bit for bit."""
+    now, before = _listed("quick"), _listed(dataclasses.replace(get_profile("quick"),
+                                                                  **QUICK_BEFORE))
+
+    def task(line: str) -> str:
+        return json.loads(line.split(" ", 2)[2])["task"]
+    kept = [x for x in before if task(x) not in QUICK_SMOKE]
+    assert kept and [x for x in now if task(x) not in QUICK_SMOKE] == kept
+    smoke = [json.loads(x.split(" ", 2)[2]) for x in now if task(x) in QUICK_SMOKE]
+    assert smoke and {t["seed"] for t in smoke} == {0, 1}
 
 
 def test_every_comparison_experiment_trains_the_control_on_its_seeds():

@@ -31,7 +31,7 @@ from qkvlab.studies.qkv.compute.scale import (
 )
 from qkvlab.studies.qkv.plan import profiles, rates
 from qkvlab.studies.qkv.plan.questions import families
-from qkvlab.studies.qkv.plan.placements import PLACEMENTS, SCALE_INITS
+from qkvlab.studies.qkv.plan.placements import INIT_WORDS, PLACEMENTS, SCALE_INITS
 from qkvlab.studies.qkv.render import figures_q
 from qkvlab.studies.qkv.render.scale import (
     fig_q1_scale_train,
@@ -411,3 +411,15 @@ def test_q1s_answer_opens_with_the_trained_verdicts_and_words_only_the_rest_afte
                          f"comparisons is decided after correcting for the {n} this question "
                          f"asks. Scale: the smoke profile")
     assert "d_head 16" not in q1[len(lead):]  # the per-width cells are worded once, in the lead
+
+
+def test_where_no_cell_uses_attention_the_words_say_so_once_per_init(tmp_path):
+    """The control level with inside at every width (quick's lm): no per-cell list, the
+    reason once, then each width's means."""
+    data = _load(tmp_path / "r.db", lambda design, d_head, init: 0.0)
+    for a in scale_answers(data):
+        words = scale_words(a)
+        assert words.startswith(f"From {INIT_WORDS[a.init]}: No verdict yet: standard does not "
+                                f"beat the attention-free control at this budget")
+        assert "vs inside:" not in words
+        assert words.count("inside does not beat the attention-free control") == 2

@@ -50,7 +50,7 @@ def test_a_conversion_waits_for_its_parents_then_lists_every_arm():
     p = get_profile("quick")
     with pytest.raises(ParentsPending, match="standard lm runs"):
         runs_of("lm_convert", p)  # no store: nothing is known to be done
-    with pytest.raises(ParentsPending, match="3 of the 3"):
+    with pytest.raises(ParentsPending, match=f"{len(p.seeds)} of the {len(p.seeds)}"):
         uptrain.reported_runs(_stored(p, False))
     runs = uptrain.reported_runs(_stored(p, True))
     n = len(p.seeds) * (1 + len(p.uptrain_fractions) * (len(uptrain.UPTRAIN_STARTS) + 3))

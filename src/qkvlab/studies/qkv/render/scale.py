@@ -60,8 +60,9 @@ def fig_q1_scale_train(data: StudyData, out: Path) -> Figure | None:
                    zorder=0)
         ax.axhline(0, color=color("inside"), lw=1.2, label="1/√d_k inside (standard)")
         ax.set_xscale("log", base=2)
-        ax.set_xticks(widths, [f"{int(w)}\n({data.profile.d_model // int(w)} heads)"
-                               for w in widths])
+        heads = {int(w): data.profile.d_model // int(w) for w in widths}
+        ax.set_xticks(widths, [f"{w}\n({h} head{'s' if h > 1 else ''})"
+                               for w, h in heads.items()])
         ax.minorticks_off()
         ax.set_xlabel("d_head (head width d_k)")
         ax.set_title(f"from {INIT_WORDS.get(init, init)}", fontsize=9)
@@ -186,9 +187,12 @@ def scale_words(a: ScaleAnswer) -> str:
     width, what they say, why a width has none, and the rates chosen at the grid's edge."""
     if not a.effects:
         return ""
-    s = (f"From {INIT_WORDS.get(a.init, a.init)}, vs inside: "
-         + "; ".join(f"{label(t)}: {_by_status(found)}" for t, found in a.effects.items())
-         + ". " + conclusion(a))
+    unused = all(e.status is Status.ATTENTION_UNUSED for found in a.effects.values()
+                 for _, e in found)
+    s = f"From {INIT_WORDS.get(a.init, a.init)}"
+    s += (": " + conclusion(a) if unused else  # every cell reads the same: said once
+          ", vs inside: " + "; ".join(f"{label(t)}: {_by_status(found)}"
+                                      for t, found in a.effects.items()) + ". " + conclusion(a))
     s += unused_words(a)
     if a.edges:
         s += (" Rates chosen at the grid's edge even after one more point past it (the best "
