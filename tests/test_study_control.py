@@ -189,11 +189,12 @@ BEFORE = {"smoke": (97, "09c191e8000b7316"), "quick": (199, "1ed532edfb44b69d"),
 
 
 # quick before it was cut to 15 minutes (issue 39): 3 seeds everywhere, lm and lm_char at the
-# profile's 200 steps, translate at 300; the pin above is of that profile
+# profile's 200 steps, translate and mlm run, the scale probe at five widths; the pin above is
+# of that profile
 QUICK_BEFORE = dict(seeds=(0, 1, 2), task_seeds={"mqar": ()}, scale_train_seeds=(0, 1, 2),
-                    task_train={**{k: v for k, v in TASK_TRAIN["quick"].items()
-                                   if k not in ("lm", "lm_char")},
-                                "translate": {"steps": 300, "eval_every": 150}})
+                    task_train={k: v for k, v in TASK_TRAIN["quick"].items()
+                                if k not in ("lm", "lm_char")},
+                    probe_d_heads=(16, 32, 64, 128, 256))
 # the rows quick runs as a smoke test since (standard does not beat the control there)
 QUICK_SMOKE = ("lm", "lm_char", "translate", "mlm")
 
@@ -211,17 +212,27 @@ def test_adding_the_control_changed_no_existing_run_id(profile):
 
 
 def test_cutting_quick_to_15_minutes_kept_every_run_of_the_tasks_it_decides():
-    """quick's lm, lm_char, translate and mlm rows went to 2 seeds (lm and lm_char to 100
-    steps, translate to 150); every run of its other tasks keeps its id, bit for bit."""
+    """quick's lm and lm_char rows went to 2 seeds and 100 steps, translate and mlm left it,
+    the scale probe kept three of its five widths; every run of its other tasks keeps its id,
+    bit for bit."""
     now, before = _listed("quick"), _listed(dataclasses.replace(get_profile("quick"),
                                                                   **QUICK_BEFORE))
 
-    def task(line: str) -> str:
-        return json.loads(line.split(" ", 2)[2])["task"]
-    kept = [x for x in before if task(x) not in QUICK_SMOKE]
-    assert kept and [x for x in now if task(x) not in QUICK_SMOKE] == kept
-    smoke = [json.loads(x.split(" ", 2)[2]) for x in now if task(x) in QUICK_SMOKE]
-    assert smoke and {t["seed"] for t in smoke} == {0, 1}
+    def tags(line: str) -> dict:
+        return json.loads(line.split(" ", 2)[2])
+
+    def kept(lines: list[str]) -> list[str]:
+        return [x for x in lines if tags(x)["task"] not in QUICK_SMOKE
+                and not x.startswith("scale_probe ")]
+    assert kept(before) and kept(now) == kept(before)
+    probe = {x for x in now if x.startswith("scale_probe ")}
+    assert probe and probe <= set(before)  # the probe's remaining widths: the same runs
+    smoke = [tags(x) for x in now if tags(x)["task"] in QUICK_SMOKE]
+    # translate left; mlm stays only as symmetry_emergence's encoder, not a comparison
+    assert {t["task"] for t in smoke} == {"lm", "lm_char", "mlm"}
+    assert {x.split(" ", 1)[0] for x in now if tags(x)["task"] == "mlm"} == {
+        "symmetry_emergence"}
+    assert {t["seed"] for t in smoke} == {0, 1}
 
 
 def test_every_comparison_experiment_trains_the_control_on_its_seeds():

@@ -47,7 +47,8 @@ def _stored(p, done: bool):
 
 
 def test_a_conversion_waits_for_its_parents_then_lists_every_arm():
-    p = get_profile("quick")
+    # quick leaves the controlled conversion to standard; its untuned lm at one fraction
+    p = dataclasses.replace(get_profile("quick"), uptrain_fractions=(0.2,))
     with pytest.raises(ParentsPending, match="standard lm runs"):
         runs_of("lm_convert", p)  # no store: nothing is known to be done
     with pytest.raises(ParentsPending, match=f"{len(p.seeds)} of the {len(p.seeds)}"):
