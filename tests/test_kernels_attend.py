@@ -5,6 +5,7 @@ and runs only inside generate's token loop."""
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from torch.testing import assert_close
 from qkvlab.attention import DESIGNS
 from qkvlab.attention.core import attend
 from qkvlab.kernels import attend as kattend
-from qkvlab.kernels import decode_attention, set_attention_kernel
+from qkvlab.kernels import decode_attention, numba_decode, set_attention_kernel
 from qkvlab.models import ModelConfig, build_model
 
 TINY = dict(d_vocab=37, n_ctx=16, d_model=32, n_layers=2, n_heads=4)
@@ -37,6 +38,15 @@ def reference(q, k, v, scale):
     return ((q.double() @ k.mT) * scale).softmax(-1) @ v
 
 
+@pytest.fixture(params=["numba", "torch"])
+def path(request, monkeypatch):
+    """Run a test on the Numba kernel (kernels.numba_decode, float32 on the CPU) or on what runs
+    where it does not: packed SDPA, and the eager blocks for rotary K=V."""
+    if request.param == "torch":
+        monkeypatch.setattr(kattend, "_fused_runs", lambda *a: False)
+    return request.param
+
+
 def cache(B, G, T, d, shared, max_len=None):
     """k, v as KVCache hands them over: narrow views of a longer buffer, one buffer if shared."""
     buf = torch.randn(B, G, max_len or T + 3, d)
@@ -46,9 +56,10 @@ def cache(B, G, T, d, shared, max_len=None):
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("B,T", [(1, 1), (1, 37), (3, 200), (2, 1000)])
-def test_decode_attention_equals_float64(layout, B, T):
-    """Whole outputs, two-sided, every layout: the group's query heads packed as the rows of
-    one SDPA call against their kv head (one K=V buffer passed as both)."""
+def test_decode_attention_equals_float64(path, layout, B, T):
+    """Whole outputs, two-sided, every layout, on the Numba kernel and on the group's query
+    heads packed as the rows of one SDPA call against their kv head (one K=V buffer passed as
+    both)."""
     G, shared = LAYOUTS[layout]
     torch.manual_seed(B * T)
     q = torch.randn(B, 8, 1, 16) * 3  # peaked softmax
@@ -62,9 +73,10 @@ def test_decode_attention_equals_float64(layout, B, T):
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_packing_reads_each_kv_head_once_and_one_head_groups_are_sdpa_itself(layout,
                                                                              monkeypatch):
-    """One SDPA call whose keys and values are the cache's own kv heads (never repeated per
-    query head), with the group's H/G query heads as its query rows; where a group is one
-    head that call is the step's own SDPA, bit for bit."""
+    """Without Numba: one SDPA call whose keys and values are the cache's own kv heads (never
+    repeated per query head), with the group's H/G query heads as its query rows; where a
+    group is one head that call is the step's own SDPA, bit for bit."""
+    monkeypatch.setattr(kattend, "_fused_runs", lambda *a: False)
     G, shared = LAYOUTS[layout]
     q, (k, v) = torch.randn(3, 8, 1, 16), cache(3, G, 200, 16, shared)
     calls, sdpa = [], F.scaled_dot_product_attention
@@ -123,12 +135,19 @@ def test_generate_on_the_blocked_kernel_matches_the_float64_model(kernel, opts, 
 
 
 def test_kernel_choice_is_measured_per_layer_batch_and_context_or_pinned(kernel, monkeypatch):
-    """Measured where the kernel differs from SDPA (a group of several query heads); a layer
-    of one head per group, not rotary, takes SDPA unmeasured: the kernel is that same call."""
+    """Measured where the kernel differs from SDPA: every float32 CPU layer where Numba
+    imports; without it, only a group of several query heads (a layer of one head per group,
+    not rotary, takes SDPA unmeasured: the packed kernel is that same call)."""
+    monkeypatch.setattr(kattend, "_numba_imports", lambda: False)
     monkeypatch.setattr(kattend, "attention_probe", lambda *a, **k: pytest.fail("measured"))
     for opts in ({}, {"design": "tied_kv"}):
         plain = build_model(ModelConfig(**TINY, **opts)).eval().blocks[0].attn
         assert kattend.decode_attention_kernel(plain, 2, 9) == "sdpa"
+    monkeypatch.setattr(kattend, "_numba_imports", lambda: True)
+    monkeypatch.setattr(kattend, "attention_probe", lambda *a, **k: 2.0)
+    for opts in ({}, {"design": "tied_kv"}):
+        plain = build_model(ModelConfig(**TINY, **opts)).eval().blocks[0].attn
+        assert kattend.decode_attention_kernel(plain, 2, 9) == "blocked"
     model = build_model(ModelConfig(**TINY, n_kv_heads=2)).eval()
     layer = model.blocks[0].attn
     calls = []
@@ -168,23 +187,88 @@ def rotated_reference(q, k, v, scale, cos, sin):
 
 @pytest.mark.parametrize("layout", ["tied_kv", "tied_kv_gqa", "gqa_half", "standard"])
 @pytest.mark.parametrize("B,T", [(1, 1), (3, 200), (2, 1000)])
-@pytest.mark.parametrize("block_bytes", [kattend.BLOCK_BYTES, 4096, 512])
-def test_rotary_decode_attention_equals_float64(layout, B, T, block_bytes):
-    """rope=(cos, sin): keys rotated as they are read, values unrotated, in all three block
-    paths (whole sequences, a few sequences, token blocks with the online softmax)."""
+@pytest.mark.parametrize("block", [0, 1, 2])  # the eager blocks' sizes
+def test_rotary_decode_attention_equals_float64(path, layout, B, T, block):
+    """rope=(cos, sin): keys rotated as they are read, values unrotated, on the Numba kernel
+    and on the eager blocks (whole sequences, a few sequences, token blocks with the online
+    softmax)."""
     G, shared = LAYOUTS[layout]
     torch.manual_seed(T)
     q = torch.randn(B, 8, 1, 16) * 3
     k, v = cache(B, G, T, 16, shared)
     cos, sin = rope_tables(T, 16)
+    block_bytes = [kattend.BLOCK_BYTES, 4096, 512][block]
     out = decode_attention(q, k, v, 0.25, block_bytes=block_bytes, rope=(cos, sin))
     assert_close(out.double(), rotated_reference(q, k, v, 0.25, cos, sin), **FP32)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("rotary", [True, False])
+def test_numba_kernel_splits_rows_over_threads_and_values_may_be_narrower(threads, rotary):
+    """The Numba kernel's rows (sequence, kv head) split over torch's thread count, one part
+    per thread; separate values of another width (dv 8 against dk 16), unrotated."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(threads)
+        q = torch.randn(5, 4, 1, 16) * 3
+        k, _ = cache(5, 2, 300, 16, False)
+        v = torch.randn(5, 2, 310, 8).narrow(2, 0, 300)
+        cos, sin = rope_tables(300, 16)
+        assert kattend._fused_runs(q, k, v)
+        out = decode_attention(q, k, v, 0.25, rope=(cos, sin) if rotary else None)
+    finally:
+        torch.set_num_threads(before)
+    assert out.shape == (5, 4, 1, 8)
+    want = (rotated_reference(q, k, v, 0.25, cos, sin) if rotary
+            else reference(q, k, v, 0.25))
+    assert_close(out.double(), want, **FP32)
+
+
+def test_numba_kernel_reads_the_cache_in_place_and_only_float32_on_the_cpu():
+    """The kernel's view of the cache is the cache's own memory (no copy, no rotated copy);
+    any other dtype takes the eager blocks."""
+    k, _ = cache(3, 2, 50, 16, True, max_len=64)
+    flat, offs, stride = numba_decode._rows(k)
+    assert flat.ctypes.data == k.data_ptr() and stride == 16
+    assert list(offs) == [(b * 2 + g) * 64 * 16 for b in range(3) for g in range(2)]
+    q = torch.randn(3, 4, 1, 16)
+    assert kattend._fused_runs(q, k, k)
+    assert not kattend._fused_runs(q.bfloat16(), k.bfloat16(), k.bfloat16())
+    assert not kattend._fused_runs(q, k.double(), k.double())
+
+
+def test_numba_kernel_runs_in_a_forked_child_after_the_parent_ran_it():
+    """Threads of its own, not Numba's OpenMP layer, which kills a child forked after it ran
+    ("fork() called from a process already using GNU OpenMP"): a forked child decodes too."""
+    mp = pytest.importorskip("multiprocessing")
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        q, (k, _) = torch.randn(2, 4, 1, 16), cache(2, 2, 100, 16, True)
+        rope = rope_tables(100, 16)
+        want = decode_attention(q, k, k, 0.25, rope=rope)
+        ctx = mp.get_context("fork")
+        with ctx.Pool(1) as pool:
+            got = pool.apply(_decode_in_child, (q, k.contiguous(), rope))
+    finally:
+        torch.set_num_threads(before)
+    assert_close(got, want, rtol=0, atol=0)
+
+
+def _decode_in_child(q, k, rope):
+    torch.set_num_threads(2)
+    return decode_attention(q, k, k, 0.25, rope=rope)
+
+
 @pytest.mark.parametrize("block_bytes", [4096, 512])
 def test_rotary_kv_rotates_blocks_never_the_whole_cache(block_bytes, monkeypatch):
-    """A K=V cache is read once: the keys are rotated a token block at a time (across every
-    sequence) into one buffer of at most ``block_bytes``, never the whole (B·G, T, d) cache."""
+    """On the eager blocks a K=V cache is read once: the keys are rotated a token block at a
+    time (across every sequence) into one buffer of at most ``block_bytes``, never the whole
+    (B·G, T, d) cache."""
+    monkeypatch.setattr(kattend, "_fused_runs", lambda *a: False)
     monkeypatch.setattr(kattend, "rotate", lambda *a: pytest.fail("rotated the whole cache"))
     sizes, mul = [], torch.mul
     monkeypatch.setattr(torch, "mul", lambda *a, out=None: sizes.append(out.nbytes) or
@@ -241,9 +325,10 @@ def test_kernel_choice_probes_rotary_kv_as_rotary(kernel, monkeypatch):
                         lambda *a, **k: seen.append(k.get("rotary")) or 2.0)
     with model.decoding(2, 9):
         pass
-    # without the rotation a one-head group's kernel is SDPA itself: not measured
-    assert kattend.decode_attention_kernel(model.blocks[0].attn, 2, 9) == "sdpa"
     assert seen == [True]
+    # without the rotation the same layer is measured apart
+    assert kattend.decode_attention_kernel(model.blocks[0].attn, 2, 9) == "blocked"
+    assert seen == [True, False]
     assert kattend.attention_probe(1, 4, 2, 64, 8, shared=True, reps=1, rotary=True) > 0
 
 

@@ -3,21 +3,21 @@
 A decoding step attends one new query per sequence to the whole KV cache, so at long context
 the step is a read of the cache. PyTorch's CPU SDPA, given the step as it comes (one query per
 head, ``enable_gqa`` for GQA), runs each query head on its own: the H/G query heads of a GQA
-group each read their kv head again, so GQA and MQA decode barely faster than standard. This
-kernel:
+group each read their kv head again, so GQA and MQA decode barely faster than standard. And
+even for one head it reads the cache at about half the bandwidth one thread reaches. This
+kernel ("blocked", the name it has kept), by device and dtype:
 
-* packs the query heads of a group as the query *rows* of their one kv head: q (B, H, 1, d)
-  viewed as (B, G, H/G, d) against k, v (B, G, T, d), one SDPA call; its flash kernel walks the
-  cache in blocks and serves every row of a block from the CPU's cache, so each cached key and
-  value is read from memory once per step whatever the group size (MQA reads its one head once,
-  not H times). It is SDPA, so it computes what SDPA does (same softmax, per row), and for a
-  group of one head it is the same call;
-* a K=V buffer (``tied_kv``/``tied_qkv``) is passed as both k and v: SDPA reads each block as
-  keys and then, still cached, as values (1.56-1.69x standard's step at 32k x 16 in the bench
-  on the 2-core Xeon, 2026-11-26, where qkvlab's earlier blocked GEMMs gave 1.44-1.47x);
-* rotary K=V (below) walks the cache in token blocks of about ``BLOCK_BYTES`` across every
-  sequence, rotates each block into a reused buffer to serve as keys and reads it unrotated,
-  still cached, as values (an online softmax across blocks, Milakov & Gimelshein 2018).
+* float32 on the CPU, ``kernels.numba_decode``: each row (sequence, kv head) walked once,
+  token by token; the key row scored against every query head of its group, the value row (for
+  K=V the same bytes, still in L1) added under an online softmax (Milakov & Gimelshein 2018),
+  a rotary K=V cache's keys rotated as each row is loaded. Compiled by Numba on first use;
+* on a CUDA device with Triton, ``kernels.triton_decode`` (FlashDecoding, split along the
+  context); nothing on the CPU path imports Triton;
+* otherwise the query heads of a group packed as the query *rows* of one SDPA call against
+  their kv head, q (B, H, 1, d) viewed as (B, G, H/G, d) (each cached byte read once per step
+  by SDPA's flash kernel; a K=V buffer passed as both k and v), and for rotary K=V the eager
+  blocks: the cache walked in token blocks of about ``BLOCK_BYTES`` across every sequence,
+  each block rotated into a reused buffer for its scores and read unrotated as the values.
 
 Choose and apply it as ``kernels.gemv`` does, around generate's token loop only:
 
@@ -25,9 +25,8 @@ Choose and apply it as ``kernels.gemv`` does, around generate's token loop only:
         ...  # core.attend sends one-query, unmasked steps to decode_attention
     set_attention_kernel("sdpa")   # pin one for every model ("blocked", or "auto")
 
-("blocked" names this kernel; its packed SDPA needs no blocks of its own.) Training,
-evaluation and every forward outside a ``use("blocked")`` block run SDPA unchanged, so stored
-runs stay bit-identical. Shapes: q (B, H, 1, dk), k (B, G, T, dk), v (B, G, T, dv).
+Training, evaluation and every forward outside a ``use("blocked")`` block run SDPA unchanged,
+so stored runs stay bit-identical. Shapes: q (B, H, 1, dk), k (B, G, T, dk), v (B, G, T, dv).
 
 Rotary K=V (``rope=(cos, sin)``): the cache holds the pre-rotary k, which are the values; the
 keys are its rotation to their positions, R_j k_j. With rotary in the rotate-half layout (GPT-NeoX,
@@ -36,22 +35,18 @@ R_pᵀ = R_{−p}, R_iᵀ R_j = R_{j−i}) the score of the query at position i 
 
     ⟨R_i q, R_j k_j⟩ = qᵀ R_{j−i} k_j = ⟨R_{i−j} q, k_j⟩,
 
-so the query arrives rotated (R_i q) and each block of the cache is rotated to R_j k_j *as it is
-read*, into a block-sized buffer that the next product reads from the CPU's cache, while the same
-block, unrotated, serves as the values: one read of the cache per step, where rotating the
-whole cache first (``Attention.forward`` outside this kernel) reads it twice and writes a copy.
-The blocks' products are K·qᵀ, (T, d) by (d, H/G), the layout MKL's batched GEMM reads fastest
-(as ``kernels.gemv`` found). The rotation is elementwise work eager PyTorch cannot fuse into
-the product: it, not memory, bounds rotary K=V (0.26-0.33x rotary standard's step at 32k x 16
-on the 2-core Xeon; DEVELOPERS.md).
-
-On a CUDA device with Triton importable the step runs ``kernels.triton_decode`` instead (the
-same function, split along the context); nothing on the CPU path imports Triton.
+so the query arrives rotated (R_i q) and each key is rotated to R_j k_j *as it is read*, while
+the same bytes, unrotated, serve as the values: one read of the cache per step, where rotating
+the whole cache first (``Attention.forward`` outside this kernel) reads it twice and writes a
+copy. Eager PyTorch cannot fuse that elementwise rotation into the product (its blocks ran
+rotary K=V at 0.26-0.33x rotary standard's step at 32k x 16 on the 2-core Xeon); the Numba
+kernel does it in registers (DEVELOPERS.md, "Decode attention").
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -91,15 +86,17 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
 
     q (B, H, 1, dk), k (B, G, T, dk), v (B, G, T, dv) with G dividing H (query head h reads kv
     head h // (H/G), as SDPA's ``enable_gqa``); returns (B, H, 1, dv). ``k`` and ``v`` may be
-    views of the cache (``KVCache.keys()``). Without ``rope`` it is one SDPA call with the
-    group's query heads as rows; with it the cache is read in token blocks of about
-    ``block_bytes`` across every sequence, each fetched from memory once.
+    views of the cache (``KVCache.keys()``). Float32 on the CPU it runs
+    ``kernels.numba_decode`` (each cached row read once, for every query head of its group;
+    Numba compiles it on first use); on a CUDA device with Triton,
+    ``kernels.triton_decode.decode_attention``; otherwise, without ``rope``, one SDPA call with
+    the group's query heads as rows, and with it the eager blocks (the cache read in token
+    blocks of about ``block_bytes`` across every sequence).
 
     ``rope``: (cos, sin) tables of at least T rows (dk columns, rotate-half layout): the keys
-    are then ``rotate(k, cos[:T], sin[:T])``, rotated block by block as they are read, and the
-    values ``v`` unrotated (a rotary K=V cache: ``v`` is ``k``, the pre-rotary keys). ``q`` is
-    already rotated to its own position. On a CUDA device with Triton this runs
-    ``kernels.triton_decode.decode_attention``.
+    are then ``rotate(k, cos[:T], sin[:T])``, rotated as they are read, and the values ``v``
+    unrotated (a rotary K=V cache: ``v`` is ``k``, the pre-rotary keys). ``q`` is already
+    rotated to its own position.
 
     Raises:
         ValueError: more than one query, or G not dividing H.
@@ -107,9 +104,32 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     if q.device.type == "cuda" and _triton_runs(q, k, v):
         from qkvlab.kernels import triton_decode
         return triton_decode.decode_attention(q, k, v, scale, rope=rope)
+    _check(q, k)
+    if _fused_runs(q, k, v):
+        from qkvlab.kernels import numba_decode
+        return numba_decode.decode(q, k, v, scale, rope)
     if rope is None:
         return _packed(q, k, v, scale)
-    return _rotary(q, k, v, scale, rope, block_bytes)
+    return _rotary_blocks(q, k, v, scale, rope, block_bytes)
+
+
+def _fused_runs(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether the step runs ``kernels.numba_decode`` (one pass over the cache, any rotation
+    fused into the score): float32 CPU tensors, each row of the cache contiguous, and Numba
+    importable."""
+    if not all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1
+               for t in (q, k, v)):
+        return False
+    return _numba_imports()
+
+
+@functools.cache
+def _numba_imports() -> bool:
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _check(q: Tensor, k: Tensor) -> None:
@@ -122,7 +142,6 @@ def _check(q: Tensor, k: Tensor) -> None:
 
 def _packed(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     """One SDPA call, the H/G query heads of each group as the query rows of its kv head."""
-    _check(q, k)
     B, H, _, dk = q.shape
     G = k.shape[1]
     out = F.scaled_dot_product_attention(q.reshape(B, G, H // G, dk), k, v, scale=scale)
@@ -136,16 +155,15 @@ def _triton_runs(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return triton_decode.available() and triton_decode.supports(q, k, v)
 
 
-def _rotary(q: Tensor, k: Tensor, v: Tensor, scale: float, rope: tuple[Tensor, Tensor],
-            block_bytes: int) -> Tensor:
-    """Keys rotated as they are read: the cache walked in token blocks across every sequence
-    at once (B·G rows × ``tb`` tokens, about ``block_bytes``), so one slice of the rope tables
-    serves every row and stays in L1; each block is rotated into one reused buffer by four
-    in-place products on its halves (the rotate-half tables repeat their halves, as
-    ``models.Rotary`` and HF Llama build them: half of each is read), its scores taken with a
-    batched GEMM (K·qᵀ), and the same block, unrotated, weighs the values; an online softmax
-    across blocks (Milakov & Gimelshein 2018)."""
-    _check(q, k)
+def _rotary_blocks(q: Tensor, k: Tensor, v: Tensor, scale: float,
+                   rope: tuple[Tensor, Tensor], block_bytes: int) -> Tensor:
+    """Eager PyTorch, any dtype and device: the cache walked in token blocks across every
+    sequence at once (B·G rows × ``tb`` tokens, about ``block_bytes``), so one slice of the
+    rope tables serves every row and stays in L1; each block is rotated into one reused
+    buffer by four in-place products on its halves (the rotate-half tables repeat their
+    halves, as ``models.Rotary`` and HF Llama build them: half of each is read), its scores
+    taken with a batched GEMM (K·qᵀ), and the same block, unrotated, weighs the values; an
+    online softmax across blocks (Milakov & Gimelshein 2018)."""
     B, H, _, dk = q.shape
     G, T, dv = k.shape[1], k.shape[2], v.shape[-1]
     N, h = B * G, dk // 2
@@ -221,11 +239,11 @@ def decode_attention_kernel(layer, batch: int, context: int, rotary: bool = Fals
     :func:`attention_probe` at the layer's sizes and the context rounded down to a power of two
     (the blocked kernel's gain grows with context: rounded up, at 513 tokens the probe measured
     1,024 and chose a kernel that ran the step 5% slower than SDPA), kept on the layer per
-    (thread count, batch, rounded context, rotary); not fp32 on the CPU, or one query head
-    per kv head without rotary K=V (where the kernel is the same SDPA call): ``"sdpa"``
-    (not measured). On a CUDA device ``"blocked"`` (the Triton kernel) where Triton
-    imports and the dtype is one it computes, else ``"sdpa"``: not measured against SDPA, no
-    GPU was at hand when it was written.
+    (thread count, batch, rounded context, rotary); not fp32 on the CPU, or, where Numba does
+    not import, one query head per kv head without rotary K=V (the packed kernel is then the
+    same SDPA call): ``"sdpa"`` (not measured). On a CUDA device ``"blocked"`` (the Triton
+    kernel) where Triton imports and the dtype is one it computes, else ``"sdpa"``: not
+    measured against SDPA, no GPU was at hand when it was written.
     """
     if CHOICE.pinned is not None:
         return CHOICE.pinned
@@ -237,8 +255,8 @@ def decode_attention_kernel(layer, batch: int, context: int, rotary: bool = Fals
     if w.dtype != torch.float32 or w.device.type != "cpu":
         return "sdpa"
     rotary = rotary and layer.kv_shared
-    if not rotary and cfg.n_kv_heads == cfg.n_heads:
-        return "sdpa"  # one head per group: the kernel is this same SDPA call
+    if not rotary and cfg.n_kv_heads == cfg.n_heads and not _numba_imports():
+        return "sdpa"  # one head per group: the packed kernel is this same SDPA call
     ctx = 1 << max(1, context).bit_length() - 1  # rounded down: blocked gains with context
     key = (torch.get_num_threads(), batch, ctx) + (("rotary",) if rotary else ())
     chosen = layer.__dict__.setdefault("_attention_kernel", {})
