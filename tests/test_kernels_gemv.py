@@ -135,16 +135,23 @@ def test_encdec_generate_on_either_kernel_matches_the_float64_model(kernel):
         assert torch.equal(model.generate(src, 8, bos_id=1), seq)
 
 
-def test_kernel_choice_is_measured_per_model_or_pinned(kernel, monkeypatch):
+def test_kernel_choice_is_measured_per_model_and_row_count_or_pinned(kernel, monkeypatch):
     torch.manual_seed(0)
     model = build_model(ModelConfig(**TINY)).eval()
     kernel("auto")
     calls = []
-    monkeypatch.setattr(gemv, "gemv_probe", lambda mats, reps=5: calls.append(len(mats)) or 1.5)
+    monkeypatch.setattr(gemv, "gemv_probe", lambda mats, reps=5, rows=1:
+                        calls.append((len(mats), rows)) or (1.5 if rows == 1 else 0.3))
     assert decode_kernel(model) == "batched" and decode_kernel(model) == "batched"
-    assert calls == [len(gemv.matrices(model))]  # measured once, on the model's own matrices
+    assert calls == [(len(gemv.matrices(model)), 1)]  # measured once, on the model's matrices
+    # a step of four sequences is measured with four rows, apart from one (the batched form
+    # can win at one row and lose at four)
+    assert decode_kernel(model, rows=4) == "linear" and decode_kernel(model, rows=4) == "linear"
+    assert calls[1:] == [(len(gemv.matrices(model)), 4)]
+    assert decode_kernel(model, rows=gemv.FEW_ROWS + 1) == "linear"  # never batched: unmeasured
+    assert len(calls) == 2
     other = build_model(ModelConfig(**TINY)).eval()
-    monkeypatch.setattr(gemv, "gemv_probe", lambda mats, reps=5: 1.1)  # under FASTER_RATIO
+    monkeypatch.setattr(gemv, "gemv_probe", lambda mats, reps=5, rows=1: 1.1)  # < FASTER_RATIO
     assert decode_kernel(other) == "linear"
     assert decode_kernel(copy.deepcopy(model).double()) == "linear"  # fp64: never measured
     kernel("linear")
@@ -166,6 +173,7 @@ def test_probe_is_a_positive_ratio_and_checks_its_arguments():
     torch.manual_seed(0)
     mats = gemv.matrices(build_model(ModelConfig(**TINY)))
     assert 0 < gemv.gemv_probe(mats, reps=1) < float("inf")
+    assert 0 < gemv.gemv_probe(mats, reps=1, rows=4) < float("inf")
     with pytest.raises(ValueError, match="reps=0"):
         gemv.gemv_probe(mats, reps=0)
     with pytest.raises(ValueError, match=r"non-empty \(got 0\)"):

@@ -9,7 +9,7 @@ batched form is slower, and where the BLAS's GEMV is good it gains nothing (meas
 DEVELOPERS.md, "Decode speed"). So each model's decoding measures both kernels once on its own
 matrices and uses the faster:
 
-    with use(decode_kernel(model)):   # what generate() does around its token loop
+    with use(decode_kernel(model, rows=B)):   # what generate() does around its token loop
         y = linear(x, weight, bias)   # the batched form for <= FEW_ROWS rows, no grad
     set_gemv_kernel("linear")         # pin a kernel for every model ("batched", or "auto")
 
@@ -50,8 +50,8 @@ def matrices(model: nn.Module) -> list[tuple[Tensor, Tensor | None]]:
     return mats + [(m.weight, m.bias) for m in model.modules() if isinstance(m, nn.Linear)]
 
 
-def gemv_probe(mats: list[tuple[Tensor, Tensor | None]], reps: int = 5) -> float:
-    """Measured time(``F.linear``) / time(batched form) of one-row products with ``mats``
+def gemv_probe(mats: list[tuple[Tensor, Tensor | None]], reps: int = 5, rows: int = 1) -> float:
+    """Measured time(``F.linear``) / time(batched form) of ``rows``-row products with ``mats``
     ((weight, bias) pairs, e.g. :func:`matrices`); > 1 means the batched form is faster.
 
     The kernels alternate after a warm-up and the ratio is of the medians of ``reps`` passes
@@ -65,7 +65,7 @@ def gemv_probe(mats: list[tuple[Tensor, Tensor | None]], reps: int = 5) -> float
     if reps < 1 or not mats:
         raise ValueError(f"gemv_probe: reps={reps!r} must be >= 1 and mats non-empty "
                          f"(got {len(mats)})")
-    xs = [torch.zeros(1, w.shape[1], dtype=w.dtype, device=w.device) for w, _ in mats]
+    xs = [torch.zeros(rows, w.shape[1], dtype=w.dtype, device=w.device) for w, _ in mats]
 
     def timer(fn):
         def products() -> None:
@@ -78,26 +78,31 @@ def gemv_probe(mats: list[tuple[Tensor, Tensor | None]], reps: int = 5) -> float
     return t["linear"] / max(t["batched"], 1e-9)
 
 
-def decode_kernel(model: nn.Module, part: nn.Module | None = None) -> str:
-    """The kernel ``model``'s few-row products should use: ``"batched"`` or ``"linear"``.
+def decode_kernel(model: nn.Module, part: nn.Module | None = None, rows: int = 1) -> str:
+    """The kernel ``model``'s products of ``rows`` rows (a decode step of ``rows`` sequences)
+    should use: ``"batched"`` or ``"linear"``.
 
     The pinned one (:func:`set_gemv_kernel`), else measured by :func:`gemv_probe` on the
-    :func:`matrices` of ``part`` (the modules a decoding step runs; default the whole model),
-    batched where ``FASTER_RATIO`` times faster or more (so where both are level ``F.linear``
-    stays), and kept on the model per thread count: a model measures once. Models not in fp32
-    on the CPU never take the batched form, so they are not measured.
+    :func:`matrices` of ``part`` (the modules a decoding step runs; default the whole model)
+    with that many rows, batched where ``FASTER_RATIO`` times faster or more (so where both
+    are level ``F.linear`` stays), and kept on the model per thread count and row count. The
+    row count matters: on the AVX-512 AMD EPYC (2026-11-28) the batched form ran the bench's
+    one-layer step 5% faster than ``F.linear`` at one row and 3-5x slower at four (51 against
+    10-15 ms), where a choice made at one row had applied. Models not in fp32 on the CPU, and
+    steps of more than ``FEW_ROWS`` rows, never take the batched form, so they are not
+    measured.
     """
     if CHOICE.pinned is not None:
         return CHOICE.pinned
     mats = matrices(model if part is None else part)
     w = mats[0][0] if mats else None
-    if w is None or w.dtype != torch.float32 or w.device.type != "cpu":
+    if w is None or w.dtype != torch.float32 or w.device.type != "cpu" or rows > FEW_ROWS:
         return "linear"
     chosen = model.__dict__.setdefault("_gemv_kernel", {})
-    threads = torch.get_num_threads()
-    if threads not in chosen:
-        chosen[threads] = "batched" if gemv_probe(mats) >= FASTER_RATIO else "linear"
-    return chosen[threads]
+    key = (torch.get_num_threads(), rows)
+    if key not in chosen:
+        chosen[key] = "batched" if gemv_probe(mats, rows=rows) >= FASTER_RATIO else "linear"
+    return chosen[key]
 
 
 def set_gemv_kernel(kind: str) -> None:

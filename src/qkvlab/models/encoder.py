@@ -107,7 +107,7 @@ class EncoderDecoder(nn.Module):
         step, done = out, torch.zeros(B, dtype=torch.bool, device=src.device)
         # few-row products on the kernel measured faster for the decoder's matrices (kernels.gemv)
         decoder = nn.ModuleList([self.decoder, self.lm_head])
-        with gemv.use(gemv.decode_kernel(self, decoder)):
+        with gemv.use(gemv.decode_kernel(self, decoder, rows=B)):
             for _ in range(max_new_tokens):
                 logits = self.decode(step, memory, src_key_padding_mask=src_key_padding_mask,
                                      caches=caches, cross_caches=cross)[:, -1]

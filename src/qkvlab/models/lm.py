@@ -89,7 +89,7 @@ class DecoderLM(nn.Module):
         speed measurements of its steps enter it; every other forward stays on PyTorch's ops."""
         kind = attend.decode_attention_kernel(self.blocks[0].attn, batch, context,
                                               rotary=self.rope is not None)
-        with gemv.use(gemv.decode_kernel(self)), attend.use(kind):
+        with gemv.use(gemv.decode_kernel(self, rows=batch)), attend.use(kind):
             yield
 
     def attention_layers(self):
