@@ -24,6 +24,9 @@ GPU_TARGETS = {**TARGETS, "mqa": 5.0}
 CACHE_SHARE = 0.8  # targets apply where the cache is >= 80% of the bytes a step reads
 BANDWIDTH_TARGET = 0.7  # standard's attention reads its cache at >= 70% of copy bandwidth
 OWN_SDPA = 0.95  # no layout's step on its chosen kernel below this x the same step on SDPA
+# a layout whose attention reads its cache below this share of its baseline's read is bound by
+# its attention's arithmetic, not by its bytes
+SLOWER_READ = 0.9
 
 
 def bench_kv(grid: str = "small", device: str = "cpu", log=print) -> dict:
@@ -77,7 +80,7 @@ def targets(rows: list[dict], device: str = "cpu") -> list[dict]:
                     if "products_bound_tokens_per_s" in r else None)
             out.append(_target(f"{d} / {r.get('baseline', 'standard')} tokens/s", at, t,
                                r["ratio"], r["bound_tokens_per_s"] / base["bound_tokens_per_s"],
-                               prod, r))
+                               prod, r, base))
     read = at["attention_cache_gb_s"] / at["copy_gb_s"]
     prod = at["products_gb_s"] / at["copy_gb_s"] if "products_gb_s" in at else None
     out.append(_target("standard attention cache read / copy bandwidth", at, BANDWIDTH_TARGET,
@@ -113,9 +116,12 @@ def own_sdpa(rows: list[dict]) -> dict:
 
 
 def _target(what: str, at: dict, want: float, measured: float, bound: float,
-            products_bound: float | None, row: dict) -> dict:
-    """One target's row; ``bounded_by`` names the lower bound where it is not met ("memory", or
-    "BLAS products (X GB/s vs copy Y GB/s)" with the layout's products read), "" where met."""
+            products_bound: float | None, row: dict, base: dict | None = None) -> dict:
+    """One target's row; ``bounded_by`` names what stops it where it is not met, "" where met:
+    "BLAS products (X GB/s vs copy Y GB/s)" where a record's products floor is below the memory
+    bound; else, where the layout's attention alone reads its cache slower than its
+    ``base``line's (below ``SLOWER_READ`` of it), the attention's work per token, with both
+    reads (the step's bytes would allow more, its arithmetic does not); else "memory"."""
     met = measured >= want
     by = ""
     if not met:
@@ -123,7 +129,13 @@ def _target(what: str, at: dict, want: float, measured: float, bound: float,
         if products_bound is not None and products_bound < bound:
             by = (f"BLAS products ({row['products_gb_s']:.1f} GB/s vs copy "
                   f"{row['copy_gb_s']:.1f} GB/s)")
-        if min(bound, products_bound if products_bound is not None else bound) >= want:
+        elif (base is not None and base is not row and "attention_cache_gb_s" in row
+              and row["attention_cache_gb_s"] < SLOWER_READ * base["attention_cache_gb_s"]):
+            by = (f"the attention's work per token: its cache read at "
+                  f"{row['attention_cache_gb_s']:.1f} GB/s, {base['design']}'s at "
+                  f"{base['attention_cache_gb_s']:.1f}")
+        if (not by.startswith("the attention")
+                and min(bound, products_bound if products_bound is not None else bound) >= want):
             by += "; bound above the target: the rest of the step"
     return {"what": what, "context": at["context"], "batch": at["batch"], "target": want,
             "measured": measured, "met": met, "bound": bound, "products_bound": products_bound,
