@@ -165,6 +165,18 @@ def test_kernel_choice_is_measured_per_layer_batch_and_context_or_pinned(kernel,
         kernel("fast")
 
 
+@pytest.mark.parametrize("step,rounds", [(1e-3, kattend.PROBE_MAX_REPS), (0.02, 5), (0.5, 3)])
+def test_probe_takes_more_rounds_of_shorter_steps(step, rounds, monkeypatch):
+    """Without ``reps`` the probe times each contender once and fits its rounds in about
+    PROBE_SECONDS, 3 to PROBE_MAX_REPS: short steps spread most round to round."""
+    seen = []
+    monkeypatch.setattr(kattend, "seconds", lambda fn, device=None: step)
+    monkeypatch.setattr(kattend, "interleaved",
+                        lambda fns, reps: seen.append(reps) or {k: 1.0 for k in fns})
+    assert kattend.attention_probe(2, 4, 2, 64, 8, shared=False) == 1.0
+    assert seen == [rounds]
+
+
 def test_probe_is_a_positive_ratio():
     assert kattend.attention_probe(2, 4, 2, 64, 8, shared=False, reps=1) > 0
     assert kattend.attention_probe(1, 4, 4, 64, 8, shared=True, reps=1) > 0

@@ -63,6 +63,7 @@ ATTENTION_KERNELS = ("auto", "sdpa", "blocked")
 # on the 2-core Xeon (2026-11-26); smaller blocks pay per-op Python overhead instead.
 BLOCK_BYTES = 4 << 20
 FASTER_RATIO = 1.1  # "auto" takes the blocked kernel only where it measured this much faster
+PROBE_SECONDS, PROBE_MAX_REPS = 0.2, 25  # the probe's rounds: about this long, at most this many
 
 CHOICE = KernelChoice("attention kernel", ATTENTION_KERNELS, "sdpa")
 
@@ -202,12 +203,17 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
 
 
 def attention_probe(batch: int, n_heads: int, n_kv_heads: int, context: int, d_head: int,
-                    shared: bool, reps: int = 3, device="cpu", rotary: bool = False) -> float:
+                    shared: bool, reps: int | None = None, device="cpu",
+                    rotary: bool = False) -> float:
     """Measured time(SDPA) / time(:func:`decode_attention`) of one decode step's attention at
     these sizes (fp32, random cache, a shared K=V buffer where ``shared``); > 1: the blocked
-    kernel is faster. Alternating after a warm-up, median of ``reps``. ``rotary`` (with
-    ``shared``): the cache holds pre-rotary keys, so SDPA's step is the rotation of the whole
-    cache and then SDPA (``Attention.forward``'s path), the kernel's the rotation per block."""
+    kernel is faster. Alternating after a warm-up, median of ``reps`` rounds; ``None``: as many
+    as fit in about ``PROBE_SECONDS`` (3 to ``PROBE_MAX_REPS``), so short steps, whose single
+    rounds spread most, get many rounds and long ones few (three rounds misread a 512 x 16
+    step at two threads, choosing a kernel that ran it at 0.67x SDPA; 2026-11-28). ``rotary``
+    (with ``shared``): the cache holds pre-rotary keys, so SDPA's step is the rotation of the
+    whole cache and then SDPA (``Attention.forward``'s path), the kernel's the rotation as it
+    reads."""
     g = torch.Generator(device="cpu").manual_seed(0)
     q = torch.randn(batch, n_heads, 1, d_head, generator=g).to(device)
     k = torch.empty(batch, n_kv_heads, context, d_head, device=device).uniform_(-1, 1)
@@ -225,6 +231,10 @@ def attention_probe(batch: int, n_heads: int, n_kv_heads: int, context: int, d_h
         return decode_attention(q, k, v, s, rope=rope)
 
     with torch.no_grad():
+        if reps is None:  # each once untimed (a first call may compile), then once timed
+            sdpa(), blocked()
+            once = seconds(sdpa, device=device) + seconds(blocked, device=device)
+            reps = int(min(PROBE_MAX_REPS, max(3, PROBE_SECONDS // max(once, 1e-9))))
         t = interleaved({"sdpa": lambda: seconds(sdpa, device=device),
                          "blocked": lambda: seconds(blocked, device=device)}, reps)
     return t["sdpa"] / max(t["blocked"], 1e-9)
