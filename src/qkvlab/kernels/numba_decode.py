@@ -2,13 +2,13 @@
 
 A decode step attends one new query per sequence to its whole cache, so at long context the
 step should be a read of the cache. PyTorch's CPU SDPA reads it at about half the bandwidth one
-thread reaches (standard at 32k x 16: 182-212 ms for 2.15 GB against this kernel's 91-110,
+thread reaches (standard at 32k x 16: 182-212 ms for 2.15 GB against this kernel's 91-134,
 one thread, AMD EPYC, 2026-11-28), and eager PyTorch cannot fuse the key rotation of a rotary
 K=V cache into the product at all (its eager blocks ran at 0.26-0.33x rotary standard). Here
-each row (sequence, kv head) is walked once, token by token: the key row is loaded once and
-scored against the row's H/G query heads (GQA/MQA: one read serves the group), and the value
-row (for K=V the same bytes, still in L1) added under an online softmax (Milakov &
-Gimelshein 2018).
+each row (sequence, kv head) is walked once, token by token (four at a time where its
+arithmetic, not its bytes, bounds it): the key row is loaded once and scored against the row's
+H/G query heads (GQA/MQA: one read serves the group), and the value row (for K=V the same
+bytes, still in L1) added under an online softmax (Milakov & Gimelshein 2018).
 
 Rotary K=V: the cache holds the pre-rotary k, which are the values; the keys are R_j k_j,
 rotated as each row is loaded (rotate-half: R_j k = [k₁ cos − k₂ sin, k₂ cos + k₁ sin], the
