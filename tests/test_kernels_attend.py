@@ -250,6 +250,27 @@ def test_numba_kernel_reads_the_cache_in_place_and_only_float32_on_the_cpu():
     assert not kattend._fused_runs(q, k.double(), k.double())
 
 
+def test_numba_kernel_compiles_uncached_where_no_cache_folder_is_writable(monkeypatch):
+    """Numba refuses ``cache=True`` at decoration where it finds no writable cache folder (a
+    read-only install and no home): the kernel then compiles without a cache, and runs."""
+    real = numba_decode.njit
+
+    def njit(**kw):
+        if kw.get("cache"):
+            raise RuntimeError("cannot cache function 'f': no locator available for file 'x'")
+        return real(**kw)
+
+    monkeypatch.setattr(numba_decode, "njit", njit)
+
+    def twice(x):
+        return 2 * x
+
+    compiled = numba_decode._jit(twice)
+    assert compiled(3.0) == 6.0
+    assert type(compiled._cache).__name__ == "NullCache"  # nothing written
+    assert type(numba_decode._kernel._cache).__name__ == "FunctionCache"  # here it can cache
+
+
 def test_numba_kernel_runs_in_a_forked_child_after_the_parent_ran_it():
     """Threads of its own, not Numba's OpenMP layer, which kills a child forked after it ran
     ("fork() called from a process already using GNU OpenMP"): a forked child decodes too."""

@@ -38,7 +38,17 @@ __all__ = ["decode"]
 FAST = {"reassoc", "contract", "nsz", "arcp"}
 
 
-@njit(fastmath=FAST, cache=True, nogil=True)
+def _jit(fn):
+    """``fn`` compiled (GIL released, ``FAST`` math), its machine code cached beside the source
+    or in the user's cache folder; where neither can be written (a read-only install, no home)
+    Numba refuses the cache at decoration, and ``fn`` then compiles once per process."""
+    try:
+        return njit(fastmath=FAST, cache=True, nogil=True)(fn)
+    except RuntimeError:  # "cannot cache function ...: no locator available"
+        return njit(fastmath=FAST, nogil=True)(fn)
+
+
+@_jit
 def _kernel(q, kf, koff, ks, vf, voff, vs, cos, sin, rotary, quads, T, out,
             n0, n1):  # pragma: no cover - compiled
     """Rows n0..n1-1 of: q (N, r, d), scaled queries (rotated to their position), r per kv
