@@ -125,17 +125,20 @@ def _target(what: str, at: dict, want: float, measured: float, bound: float,
     met = measured >= want
     by = ""
     if not met:
-        by = "memory"
-        if products_bound is not None and products_bound < bound:
+        products = products_bound is not None and products_bound < bound
+        slower = (base is not None and base is not row and "attention_cache_gb_s" in row
+                  and row["attention_cache_gb_s"] < SLOWER_READ * base["attention_cache_gb_s"])
+        if products:
             by = (f"BLAS products ({row['products_gb_s']:.1f} GB/s vs copy "
                   f"{row['copy_gb_s']:.1f} GB/s)")
-        elif (base is not None and base is not row and "attention_cache_gb_s" in row
-              and row["attention_cache_gb_s"] < SLOWER_READ * base["attention_cache_gb_s"]):
+        elif slower:  # the bytes would allow more; the arithmetic does not
             by = (f"the attention's work per token: its cache read at "
                   f"{row['attention_cache_gb_s']:.1f} GB/s, {base['design']}'s at "
                   f"{base['attention_cache_gb_s']:.1f}")
-        if (not by.startswith("the attention")
-                and min(bound, products_bound if products_bound is not None else bound) >= want):
+        else:
+            by = "memory"
+        if (products or not slower) and \
+                min(bound, products_bound if products_bound is not None else bound) >= want:
             by += "; bound above the target: the rest of the step"
     return {"what": what, "context": at["context"], "batch": at["batch"], "target": want,
             "measured": measured, "met": met, "bound": bound, "products_bound": products_bound,
