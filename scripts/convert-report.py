@@ -1,6 +1,6 @@
 """Regenerate docs/convert.md's conversion table, sentence and figure from a store's convert
-records: `python scripts/convert-report.py [DB] [FIGURE_DIR] [--add JSON ...] [--bench JSON ...]
-[--doc docs/convert.md]` (defaults results/qkvlab.db, docs/figures).
+records: `python scripts/convert-report.py [DB|-] [FIGURE_DIR] [--add JSON ...] [--bench JSON ...]
+[--doc docs/convert.md] [--rows-out JSON --what TEXT]` (defaults results/qkvlab.db, docs/figures).
 
 With ``--doc`` the generated part (table, sentence, figure, the bench's tables) replaces what
 lies between the page's two ``convert-report`` markers, so no number on it is typed by hand;
@@ -9,7 +9,11 @@ without it the part is printed.
 Reads a copy of the store (a live sweep may be writing it); trains nothing. ``--add`` puts the
 measure rows a device machine's store gave (kept as JSON in docs/convert/) into that copy
 first, so its curves are drawn beside the store's own. The numbers are the study's own
-(``compute.convert``), worded and drawn by its render functions."""
+(``compute.convert``), worded and drawn by its render functions.
+
+A store does not outlive its machine, so what the page draws is kept in the repo as those rows:
+``--rows-out`` writes DB's own conversion rows (teacher, rate choices, curves) to JSON, and DB
+``-`` starts from an empty store, so that the page is made from the kept JSON alone."""
 
 import argparse
 import json
@@ -31,22 +35,36 @@ from qkvlab.studies.qkv.render.convert import (
     rate_blocks,
 )
 
+MEASURES = ("convert_teacher", "convert_lr", "convert")  # what the page reads of a store
 BEGIN, END = "<!-- convert-report: begin -->", "<!-- convert-report: end -->"
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-p.add_argument("db", nargs="?", default="results/qkvlab.db")
+p.add_argument("db", nargs="?", default="results/qkvlab.db",
+               help="the store to read; '-' for none (only the --add rows)")
 p.add_argument("figures", nargs="?", default="docs/figures")
 p.add_argument("--add", action="append", default=[], metavar="JSON",
                help="measure rows kept as JSON ({'rows': [...]}) to add to the copy")
 p.add_argument("--bench", action="append", default=[], metavar="JSON",
                help="a `qkvlab bench --only convert --out` JSON whose table goes on the page")
 p.add_argument("--doc", default=None, help="the page whose generated part is replaced")
+p.add_argument("--rows-out", default=None, metavar="JSON",
+               help="write DB's own conversion measure rows here (for docs/convert/)")
+p.add_argument("--what", default="", help="with --rows-out: what the rows are, in words")
 args = p.parse_args()
+if args.rows_out and args.db == "-":
+    sys.exit("--rows-out: name the store (DB) whose rows to write")
 out = Path(args.figures)
 copy = Path(tempfile.mkdtemp()) / "copy.db"
-src, dst = sqlite3.connect(f"file:{args.db}?mode=ro", uri=True), sqlite3.connect(copy)
-src.backup(dst)
-dst.close()
+if args.db != "-":
+    if not Path(args.db).is_file():
+        sys.exit(f"{args.db}: no store there (give '-' to draw only the --add rows)")
+    src, dst = sqlite3.connect(f"file:{args.db}?mode=ro", uri=True), sqlite3.connect(copy)
+    src.backup(dst)
+    dst.close()
 with Store(copy) as store:
+    if args.rows_out:
+        rows = [r for name in MEASURES for r in store.measure_rows(name)]
+        Path(args.rows_out).write_text(json.dumps({"what": args.what, "rows": rows}) + "\n")
+        print(f"wrote {len(rows)} rows to {args.rows_out}")
     for path in args.add:
         add_measure_rows(store, json.loads(Path(path).read_text())["rows"])
     data = results.load(store, get_profile("convert"))

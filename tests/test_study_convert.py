@@ -310,3 +310,37 @@ def test_q2_words_the_conversions_to_q_eq_k_and_q3_the_rest(monkeypatch):
     assert all(t in every for t in ("converted to Q=K ", "converted to K=V ", "MQA"))
     monkeypatch.setattr(rc, "curves", lambda data: df[df.tie != "qk"])
     assert convert_sentence(None, "q2") == ""
+
+
+def test_the_page_is_made_again_from_the_rows_kept_as_json(stored):
+    """scripts/convert-report.py: a store's rows written out with --rows-out and drawn from an
+    empty store give the page the store itself gives, and a missing store is one line."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _, raw, tmp = stored
+    script = Path(__file__).resolve().parents[1] / "scripts" / "convert-report.py"
+
+    def page(*args):
+        out = subprocess.run([sys.executable, str(script), *args], capture_output=True,
+                             text=True, check=False)
+        return out.returncode, out.stdout, out.stderr
+
+    rc, from_db, err = page(str(tmp / "r.db"), str(tmp / "figs"), "--rows-out",
+                            str(tmp / "rows.json"), "--what", "the test's runs")
+    assert rc == 0, err
+    kept = json.loads((tmp / "rows.json").read_text())
+    assert kept["what"] == "the test's runs"
+    assert sorted(r["name"] for r in kept["rows"]) == ["convert"] * 3 + ["convert_teacher"]
+    assert {r["spec"]["start"]: r["records"] for r in kept["rows"]
+            if r["name"] == "convert"} == raw
+    csv = (tmp / "figs" / "q3_convert.csv").read_text()
+    rc, from_json, err = page("-", str(tmp / "figs"), "--add", str(tmp / "rows.json"))
+    assert rc == 0, err
+    assert from_json == from_db.split("\n", 1)[1]  # the first line says where the rows went
+    assert (tmp / "figs" / "q3_convert.csv").read_text() == csv
+    rc, _, err = page(str(tmp / "nothing.db"), str(tmp / "c"))
+    assert rc == 1 and err.strip() == (f"{tmp / 'nothing.db'}: no store there (give '-' to "
+                                       "draw only the --add rows)")
