@@ -231,7 +231,8 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
     if lr_grid:
         from qkvlab.hf.rate import choose_lr
         lr = choose_lr(store, source, cfg, tuple(lr_grid), setup=setup, device=device,
-                       tokens=lr_tokens, corpus=pysource.fingerprint(root), root=root, log=log)
+                       tokens=lr_tokens, corpus=pysource.fingerprint(root), root=root, log=log,
+                       progress=progress)
         cfg = dataclasses.replace(cfg, uptrain=(u := dataclasses.replace(u, lr=lr)))
     spec = cfg.spec(source, corpus)
     if not any(r["spec"] == spec for r in store.measure_rows("convert")):

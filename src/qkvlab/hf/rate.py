@@ -62,17 +62,18 @@ def val_rows(tokenizer, n_tokens: int, seq_len: int, root: str | None = None) ->
 
 def choose_lr(store, source: str, cfg, grid: tuple[float, ...], *, setup, device: str,
               corpus: str, tokens: int | None = None, val_tokens: int | None = None,
-              root=None, log=print) -> float:
+              root=None, log=print, progress: bool = False) -> float:
     """The rate of ``grid`` (extended past a chosen edge) whose student, uptrained for
     ``tokens`` tokens from ``cfg``'s tie and start, reads the val files best (``setup()``: the
     conversion's loaded model, tokenizer and calibration ids). Computed once per spec and
-    stored.
+    stored. ``progress``: a bar per candidate's uptraining (minutes each on a CPU).
 
     Raises:
         ValueError: an empty or non-positive grid, or every rate diverged.
     """
     from qkvlab.env import environment
     from qkvlab.hf.convert import make_student, token_rows
+    from qkvlab.progress import bar as make_bar
     from qkvlab.train.precision import autocast, resolve_precision
 
     grid = tuple(sorted({float(x) for x in grid}))
@@ -104,7 +105,9 @@ def choose_lr(store, source: str, cfg, grid: tuple[float, ...], *, setup, device
                 trainer = Uptrainer(student, teacher, train, dataclasses.replace(u, lr=lr), tmp,
                                     lambda: autocast(precision, device))
                 try:
-                    trainer.run_to(steps)
+                    with make_bar(total=steps * u.tokens_per_step, unit="tok",
+                                  desc=f"convert rate {lr:g}", disable=not progress) as bar:
+                        trainer.run_to(steps, bar)
                     nll = sum(sequence_nll(student, val)) / n
                 except FloatingPointError:
                     nll = math.inf
