@@ -36,11 +36,10 @@ p.add_argument("--freeze", default=None, metavar="NAME",
 p.add_argument("--fit-stats", action="store_true")
 p.add_argument("--threads", type=int, default=None)
 args = p.parse_args()
-if args.threads:
-    torch.set_num_threads(args.threads)
+torch.set_num_threads(args.threads or torch.get_num_threads())
 t0 = time.time()
 teacher, tok = load_lm(args.model)
-teacher.eval()
+teacher.requires_grad_(False).eval()
 up = UptrainConfig(lr=args.lr, precision=args.precision)
 cfg = ConvertConfig(tie=args.tie, start=args.start, tokens=args.steps * up.tokens_per_step,
                     uptrain=up)
