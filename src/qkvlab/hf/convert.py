@@ -317,8 +317,7 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
 
 
 def _teacher(c: dict) -> dict:
-    seq = sequence_nll(c["model"], c["test"])
-    n = c["test"][:, 1:].numel()
+    seq, n = sequence_nll(c["model"], c["test"]), c["test"][:, 1:].numel()
     return {"nll_seq": seq, "nll": sum(seq) / n, "ppl": math.exp(sum(seq) / n), "eval_tokens": n}
 
 
