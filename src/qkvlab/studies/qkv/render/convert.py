@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from qkvlab.hf.convert import gap_text
 from qkvlab.report.blocks import Block, Figure, Para, Table
@@ -31,7 +31,6 @@ TIES = {"kv": "K=V", "qk": "Q=K", "qkv": "Q=K=V", "mqa": "MQA", "none": "untied"
 VAL_TEXT = {2: "first files", 3: "spread over the split"}
 ZERO_X = 2 ** 9  # where the zero-shot point is drawn on the log token axis (labelled "0")
 Y_TICKS = (0.7, 0.8, 0.9, 1, 1.1, 1.5, 2, 3, 5, 10, 100, 1e3, 1e4, 1e5, 1e6)  # ratios
-DECADES = (1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7)  # where the curves span more than ×1,000
 START_COLORS = {"fitted": "#d95f02", "avg": "#1b9e77", "keep_k": "#7570b3", "keep_v": "#e7298a",
                 "mean_pool": "#66a61e", "none": "#777777"}
 # the other ties' curves, in colours none of K=V's starts uses
@@ -121,10 +120,12 @@ def _draw_convert(ax, g, model: str, zoom: bool) -> None:
         lambda v, _: "0" if v <= ZERO_X else f"{v / 1e9:g}B" if v >= 1e9
         else f"{v / 1e6:g}M" if v >= 1e6 else f"{v / 1e3:g}k"))
     wide = (1 + g.gap_hi).max() > 1e3 and not zoom
-    ax.yaxis.set_major_locator(FixedLocator(DECADES if wide else Y_TICKS))
+    # where the curves span more than ×1,000: decades, every one labelled however far they reach
+    ax.yaxis.set_major_locator(LogLocator(base=10, numticks=10) if wide else FixedLocator(Y_TICKS))
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.yaxis.set_major_formatter(FuncFormatter(
-        lambda v, _: f"{100 * (v - 1):+.0f}%" if v < 2 else f"×{v:,.0f}"))
+        lambda v, _: f"{100 * (v - 1):+.0f}%" if v < 2 else f"×{v:,.0f}" if v < 1e7
+        else f"×1e{math.log10(v):.0f}"))
     if zoom:
         ax.set_ylim(0.6, 3)
     ax.set_xlabel("uptraining tokens (0 = the tie as imposed)")
