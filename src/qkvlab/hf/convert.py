@@ -29,14 +29,15 @@ import math
 import resource
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from qkvlab.data import pysource
+from qkvlab.hf.basis import check as check_basis, untie_output_basis
+from qkvlab.hf.converted import load_converted, save_converted  # noqa: F401 (the API)
 from qkvlab.hf.cost import footprint
-from qkvlab.hf.tie import STARTS, TieError, calibrate, check, decoder_layers, tie
+from qkvlab.hf.tie import STARTS, TieError, calibrate, check, tie
 from qkvlab.hf.uptrain import UptrainConfig, Uptrainer, sequence_nll
 
 VERSION = 1
@@ -61,7 +62,7 @@ class ConvertConfig:
             raise ValueError(f"start: {start!r} is not a start of tie {self.tie!r}; "
                              f"choose from {list(starts)}")
         object.__setattr__(self, "start", start)
-        u = self.uptrain
+        check_basis(kind, start, (u := self.uptrain).o_basis)
         if self.tokens < u.tokens_per_step:
             raise ValueError(f"tokens: {self.tokens} is less than one batch "
                              f"({u.batch} × {u.seq_len} = {u.tokens_per_step} tokens)")
@@ -176,13 +177,15 @@ def gap_ci(nll_seq: list[float], base_seq: list[float], tokens_per_seq: int,
 
 # ---- the conversion ------------------------------------------------------------------------------
 def make_student(teacher, cfg: ConvertConfig, calib_ids: torch.Tensor | None):
-    """A copy of ``teacher`` with the tie imposed from ``cfg.start``."""
+    """A copy of ``teacher`` with the tie imposed from ``cfg.start`` (and its W_O trained in the
+    untied basis where ``cfg.uptrain.o_basis`` says so, :mod:`qkvlab.hf.basis`)."""
     kind, kv_heads = parse_tie(cfg.tie)
     student = copy.deepcopy(teacher)
     if kind == "none":
         return student
     cal = calibrate(student, calib_ids) if cfg.start == "fitted" else None
-    return tie(student, kind, calibration=cal, kv_heads=kv_heads, start=cfg.start)
+    student = tie(student, kind, calibration=cal, kv_heads=kv_heads, start=cfg.start)
+    return untie_output_basis(student, teacher, cal) if cfg.uptrain.o_basis == "untied" else student
 
 
 def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out: str | None = None,
@@ -340,60 +343,6 @@ def _export_stored(store, spec, source, cfg, out, setup, log) -> None:
                                  strict=True)
     save_converted(student, c["tok"], out, {"source": source, "tie": cfg.tie, "start": cfg.start})
     log(f"convert: wrote {out} from the stored run's checkpoint")
-
-
-# ---- a converted model on disk ------------------------------------------------------------------
-META = "qkvlab_convert.json"
-
-
-def save_converted(model, tokenizer, out: str | Path, meta: dict) -> Path:
-    """Write config, weights (shared Parameters once), tokenizer and ``qkvlab_convert.json``."""
-    import safetensors.torch
-
-    from qkvlab.fileio import atomic_write, atomic_write_text
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.config.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    atomic_write(out / "model.safetensors",
-                 lambda p: safetensors.torch.save_model(model, str(p)))
-    atomic_write_text(out / META, json.dumps(meta, indent=1))
-    return out
-
-
-def load_converted(folder: str | Path):
-    """(model, tokenizer) of a folder written by :func:`save_converted`, its Parameters shared
-    again as the tie shares them (a K=V layer's v_proj *is* its k_proj)."""
-    import safetensors.torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from qkvlab.hf.tie import SharedQuery
-    folder = Path(folder)
-    if not (folder / META).is_file():
-        raise FileNotFoundError(f"{folder}: no {META}; not a folder written by qkvlab convert")
-    from qkvlab.analysis._files import check_hf_folder
-    check_hf_folder(folder)  # no code from the folder: refuse auto_map before transformers reads
-    meta = json.loads((folder / META).read_text())
-    kind, _ = parse_tie(meta["tie"])
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
-    model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
-    for layer in decoder_layers(model):
-        a = layer.self_attn
-        if kind in ("qk", "qkv"):
-            n_rep = a.q_proj.out_features // a.k_proj.out_features
-            if n_rep == 1:
-                a.q_proj.weight = a.k_proj.weight
-                if a.q_proj.bias is not None:
-                    a.q_proj.bias = a.k_proj.bias
-            else:
-                a.q_proj = SharedQuery(a.k_proj, n_rep, a.head_dim)
-        if kind in ("kv", "qkv"):
-            a.v_proj.weight = a.k_proj.weight
-            if a.v_proj.bias is not None:
-                a.v_proj.bias = a.k_proj.bias
-    safetensors.torch.load_model(model, folder / "model.safetensors", strict=True)
-    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-    return model.eval(), tok
 
 
 __all__ = ["ConvertConfig", "TieError", "budgets", "convert", "gap_ci", "gap_text",

@@ -76,6 +76,10 @@ def configure_convert(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head", choices=("fp32", "bf16"), default=u.head,
                         help="the output layer's matmuls while training (default fp32; bf16 "
                              "runs them at the body's rate, its logits in fp32; scoring is fp32)")
+    parser.add_argument("--o-basis", choices=("tied", "untied"), default=u.o_basis,
+                        help="K=V from the fitted start: train W_O' = W_O·Mᵀ as itself (tied, "
+                             "default) or as the untied W_O with the fit's M fixed (untied: "
+                             "Adam's steps sized as for the untied model; hf.basis)")
     parser.add_argument("--eval-tokens", type=_positive, default=32768,
                         help="held-out test tokens scored at each budget (default 32768)")
     parser.add_argument("--more-text", default=None, metavar="DIR",
@@ -103,7 +107,7 @@ def run_convert(args) -> int:
                         eval_tokens=args.eval_tokens,
                         uptrain=UptrainConfig(lr=args.lr, batch=args.batch, seq_len=args.seq_len,
                                               train=args.train, precision=args.precision,
-                                              head=args.head))
+                                              head=args.head, o_basis=args.o_basis))
     if args.device != "cpu" and not args.device.startswith("cuda"):
         raise ValueError(f"--device: {args.device!r} is not 'cpu' or 'cuda[:N]'")
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -56,6 +56,9 @@ class UptrainConfig:
     # "bf16" (inputs and weight in bf16, fp32 logits: 6x the fp32 GEMM rate on an AMX Xeon,
     # where the fp32 layer took about a third of a step); scoring is fp32 either way
     head: str = "fp32"
+    # a fitted K=V tie's W_O' = W_O·Mᵀ trained as W_O with M fixed ("untied", hf.basis), or as
+    # the folded matrix itself ("tied"); only the optimizer's geometry differs
+    o_basis: str = "tied"
 
     def __post_init__(self):
         for name in ("batch", "seq_len", "chunk"):
@@ -73,17 +76,20 @@ class UptrainConfig:
             raise ValueError(f"train: {self.train!r} is not 'all' or 'attention'")
         if self.head not in ("fp32", "bf16"):
             raise ValueError(f"head: {self.head!r} is not 'fp32' or 'bf16'")
+        if self.o_basis not in ("tied", "untied"):
+            raise ValueError(f"o_basis: {self.o_basis!r} is not 'tied' or 'untied'")
 
     @property
     def tokens_per_step(self) -> int:
         return self.batch * self.seq_len
 
     def to_dict(self) -> dict:
-        """Every field; ``head`` only when not "fp32", so records made before it keep their
-        ids."""
+        """Every field; ``head`` and ``o_basis`` only when not at their defaults, so records
+        made before them keep their ids."""
         d = asdict(self)
-        if d["head"] == "fp32":
-            del d["head"]
+        for name, default in (("head", "fp32"), ("o_basis", "tied")):
+            if d[name] == default:
+                del d[name]
         return d
 
 
