@@ -32,10 +32,14 @@ CONFIGS = tuple(ConvertConfig(tie=t, start=s, tokens=512, eval_tokens=256, calib
 
 @pytest.fixture
 def stored(tmp_path, monkeypatch):
+    return _run(tmp_path, monkeypatch, CONFIGS)
+
+
+def _run(tmp_path, monkeypatch, configs):
     root = make_root(tmp_path / "src" if (tmp_path / "src").mkdir() is None else None)
     monkeypatch.setenv("QKVLAB_PYSOURCE", root)
     tok = make_tok()
-    p = dataclasses.replace(get_profile("smoke"), convert=CONFIGS, convert_models=("tiny",))
+    p = dataclasses.replace(get_profile("smoke"), convert=configs, convert_models=("tiny",))
     monkeypatch.setattr(study, "get_profile", lambda name: p)
     loads = []
 
@@ -185,6 +189,23 @@ def test_a_run_at_another_rate_is_its_own_curve(stored):
     (table,) = convert_blocks(data)
     assert "rate" in table.headers and {r[table.headers.index("rate")] for r in table.rows} \
         == {f"{UP.lr:.2g}"}
+
+
+def test_w_o_in_the_untied_basis_is_its_own_curve_paired_with_the_untied_run(tmp_path,
+                                                                           monkeypatch):
+    """The fitted start uptrained with W_O in the untied basis (hf.basis) beside the fitted
+    start as folded: two curves from one zero-shot model, each paired with the untied run, and
+    compared as two starts are."""
+    wo = dataclasses.replace(CONFIGS[0], uptrain=dataclasses.replace(UP, o_basis="untied"))
+    data, _, _ = _run(tmp_path, monkeypatch, CONFIGS + (wo,))
+    df = curves(data)
+    f, w = (df[df.start == s].set_index("tokens") for s in ("fitted", "fitted_wo"))
+    assert list(f.index) == list(w.index) == [0, 512]
+    assert w.gap[0] == pytest.approx(f.gap[0], rel=1e-4)  # one model, to fp32 rounding
+    assert w.gap[512] != f.gap[512]  # another uptraining
+    assert not math.isnan(w.vs_untied[512]) and not math.isnan(f.vs_untied[512])
+    found = start_findings(df)  # every other start against the best one
+    assert {x.worse for x in found} | {found[0].better} == {"fitted", "fitted_wo", "avg"}
 
 
 def test_the_rate_table_shows_each_rate_tried_on_val_and_the_choice():

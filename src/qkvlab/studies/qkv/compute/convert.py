@@ -7,6 +7,8 @@ Findings (render words them, it decides nothing):
   bootstrap CI (from the record) and, where the untied model was uptrained on the same tokens the
   same way (tie "none", same uptraining, evaluation and text), the paired gap to it
   (``vs_untied``, CI ``vs_lo``/``vs_hi``): the tie's own cost with the text's effect removed.
+  A fitted K=V start uptrained with W_O in the untied basis (``hf.basis``) is the start
+  ``fitted_wo``: its own curve, compared with the others as a start is.
 - ``start_findings``: per model and tie, each start's zero-shot and last gap, and the tokens
   the better start needed to reach the gap the other start ends at (log-linear between measured
   budgets, never extrapolated), so "tokens saved" is read off measured points only.
@@ -39,6 +41,8 @@ def curves(data: StudyData) -> pd.DataFrame:
     df = df[df["spec.version"] == VERSION].copy()
     if df.empty:
         return df
+    if "spec.uptrain.o_basis" in df:  # W_O uptrained in the untied basis (hf.basis): its own
+        df.loc[df["spec.uptrain.o_basis"] == "untied", "start"] = "fitted_wo"  # curve
     df["model"] = df["spec.model"]
     df["batch"] = df["spec.uptrain.batch"]
     df["corpus"] = df["spec.corpus"]

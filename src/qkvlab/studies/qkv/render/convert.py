@@ -23,16 +23,17 @@ from qkvlab.studies.qkv.render.ties import ppl_text
 
 START_LABELS = {"fitted": "fitted (qkvlab: V = K·M least squares, M folded into W_O)",
                 "avg": "avg: (W_K + W_V)/2", "keep_k": "keep W_K", "keep_v": "keep W_V",
-                "mean_pool": "kv heads mean-pooled", "none": "untied, uptrained the same way"}
+                "mean_pool": "kv heads mean-pooled", "none": "untied, uptrained the same way",
+                "fitted_wo": "fitted, its W_O uptrained in the untied basis (M fixed; hf.basis)"}
 SHORT = {"fitted": "fitted", "avg": "avg", "keep_k": "keep W_K", "keep_v": "keep W_V",
-         "mean_pool": "mean-pooled", "none": "untied"}
+         "mean_pool": "mean-pooled", "none": "untied", "fitted_wo": "fitted (W_O untied basis)"}
 TIES = {"kv": "K=V", "qk": "Q=K", "qkv": "Q=K=V", "mqa": "MQA", "none": "untied"}
 # which val rows each version of ``hf.rate``'s choice scored (1 did not extend its grid: left out)
 VAL_TEXT = {2: "first files", 3: "spread over the split"}
 ZERO_X = 2 ** 9  # where the zero-shot point is drawn on the log token axis (labelled "0")
 Y_TICKS = (0.7, 0.8, 0.9, 1, 1.1, 1.5, 2, 3, 5, 10, 100, 1e3, 1e4, 1e5, 1e6)  # ratios
 START_COLORS = {"fitted": "#d95f02", "avg": "#1b9e77", "keep_k": "#7570b3", "keep_v": "#e7298a",
-                "mean_pool": "#66a61e", "none": "#777777"}
+                "mean_pool": "#66a61e", "none": "#777777", "fitted_wo": "#b2182b"}
 # the other ties' curves, in colours none of K=V's starts uses
 TIE_COLORS = {("qk", "fitted"): "#1f78b4", ("qkv", "fitted"): "#6a3d9a",
               ("mqa", "fitted"): "#a6761d", ("mqa", "mean_pool"): "#e6ab02"}
