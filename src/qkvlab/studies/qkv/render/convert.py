@@ -199,8 +199,9 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
                      f"reached after {f.tokens_worse:,.0f} tokens: it needed no uptraining to "
                      "get there")
         elif f.saved is not None:
-            said += (f"; the {SHORT[f.better]} start reached {SHORT[f.worse]}'s final gap "
-                     f"after about {f.tokens_better:,.0f} tokens, {f.saved:.3g}× fewer")
+            said += (f"; the {SHORT[f.better]} start reached {SHORT[f.worse]}'s gap at "
+                     f"{f.tokens_worse:,.0f} tokens after about {f.tokens_better:,.0f}, "
+                     f"{f.saved:.3g}× fewer")
         parts.append(said)
     told = {(f.model, f.tie, f.batch, f.lr) for f in found}  # curves the starts' words cover
     ends = [e for e in curve_ends(df)
