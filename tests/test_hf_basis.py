@@ -146,3 +146,56 @@ def test_folded_output_is_w_o_times_m_transposed_per_head():
     want = torch.cat([W[:, 3 * h:3 * h + 3] @ M[h].T for h in range(2)], dim=1)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
+
+
+def test_the_basis_is_chosen_with_the_rate_on_val_each_basis_its_own_grid(text, tmp_path,
+                                                                          monkeypatch):
+    import qkvlab.hf.rate as rate
+    monkeypatch.setattr(rate, "TOKENS", 256)
+    monkeypatch.setattr(rate, "VAL_TOKENS", 128)
+    tok, root = text
+    kw = {"loaded": (tiny_qwen(tok), tok), "root": root, "log": lambda s: None,
+          "progress": False}
+    with Store(tmp_path / "a.db") as st:
+        recs = convert(st, "tiny", small("kv", "fitted", tokens=256), lr_grid=(1e-5, 3e-3),
+                       o_bases=("tied", "untied"), **kw)
+        rows = {r["spec"]["uptrain"].get("o_basis", "tied"): r["records"]
+                for r in st.measure_rows("convert_lr")}
+        run = st.measure_rows("convert")[-1]["spec"]
+        # each basis's choice is the stored choice a single-basis grid makes
+        for basis, got in rows.items():
+            with Store(tmp_path / f"{basis}.db") as one:
+                convert(one, "tiny", small("kv", "fitted", tokens=256, o_basis=basis),
+                        lr_grid=(1e-5, 3e-3), **kw)
+                assert one.measure_rows("convert_lr")[0]["records"] == got
+    assert set(rows) == {"tied", "untied"}
+    best = {b: min(r["val_nll"] for r in recs_ if not r["diverged"]) for b, recs_ in rows.items()}
+    basis = min(best, key=best.get)
+    lr = next(r["lr"] for r in rows[basis] if r["chosen"])
+    assert run["uptrain"].get("o_basis", "tied") == basis and run["uptrain"]["lr"] == lr
+    assert all(r["lr"] == lr for r in recs)
+
+
+def test_a_basis_list_is_refused_without_a_grid_or_where_the_tie_folds_nothing(text, tmp_path,
+                                                                               capsys):
+    tok, root = text
+    kw = {"loaded": (tiny(tok), tok), "root": root, "log": lambda s: None, "progress": False}
+    with Store(tmp_path / "a.db") as st:
+        with pytest.raises(ValueError, match="o_bases: the basis is chosen with the rate"):
+            convert(st, "tiny", small("kv", "fitted", tokens=256), o_bases=("tied", "untied"),
+                    **kw)
+        with pytest.raises(ValueError, match="o_basis: 'untied' trains the W_O"):
+            convert(st, "tiny", small("kv", "avg", tokens=256), lr_grid=(1e-5,),
+                    o_bases=("tied", "untied"), **kw)
+        assert st.measure_names() == []  # refused before any candidate trained
+    from qkvlab.cli import main
+    db = ["--db", str(tmp_path / "s.db")]
+    assert main(["convert", "nosuchmodel", *db, "--o-basis", "tied,untied"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--o-basis: a list is a choice made on val with the rate, so it " \
+                              "needs --lr-grid" in err[0], err
+    with pytest.raises(SystemExit) as e:  # argparse's own refusal, also one line and exit 2
+        main(["convert", "nosuchmodel", *db, "--o-basis", "tied,sideways"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "name one or more of tied, untied" in err[0]
+    assert not (tmp_path / "s.db").exists()

@@ -291,6 +291,40 @@ def test_a_profile_grid_chooses_one_rate_on_val_and_every_arm_trains_at_it(tmp_p
         assert {x["lr"] for x in r["records"]} == {chosen}
 
 
+def test_a_profile_chooses_w_os_basis_with_the_rate_and_the_rate_table_names_it(tmp_path,
+                                                                               monkeypatch):
+    import qkvlab.hf.rate as rate
+    from qkvlab.studies.qkv.render.convert import rate_blocks
+    monkeypatch.setattr(rate, "TOKENS", 256)
+    monkeypatch.setattr(rate, "VAL_TOKENS", 128)
+    root = make_root(tmp_path / "src" if (tmp_path / "src").mkdir() is None else None)
+    monkeypatch.setenv("QKVLAB_PYSOURCE", root)
+    tok = make_tok()
+    p = dataclasses.replace(get_profile("smoke"), convert=CONFIGS, convert_models=("tiny",),
+                            convert_lr_grid=(1e-5, 1e-3), convert_o_bases=("tied", "untied"))
+    monkeypatch.setattr(study, "get_profile", lambda name: p)
+    monkeypatch.setattr(cost, "load_lm", lambda source: (tiny(tok), tok))
+    cfg = study.StudyConfig(profile="smoke", db=str(tmp_path / "r.db"), pretrained=(),
+                            log=lambda s: None, progress=False)
+    with Store(cfg.db) as store:
+        study.run_convert(rec := study.Recorder(store, "smoke"), cfg)
+        assert rec.notes == []
+        grids = {g["spec"]["uptrain"].get("o_basis", "tied"): g["records"]
+                 for g in store.measure_rows("convert_lr")}
+        rows = store.measure_rows("convert")
+        data = results.load(store, p)
+    best = {b: min(r["val_nll"] for r in g if not r["diverged"]) for b, g in grids.items()}
+    basis = min(best, key=best.get)
+    lr = next(r["lr"] for r in grids[basis] if r["chosen"])
+    fitted = next(r for r in rows if r["spec"]["start"] == "fitted")
+    assert fitted["spec"]["uptrain"].get("o_basis", "tied") == basis
+    for r in rows:  # every arm at the chosen basis's rate; only the fitted start in its basis
+        assert r["spec"]["uptrain"]["lr"] == lr
+        assert r is fitted or "o_basis" not in r["spec"]["uptrain"]
+    (table,) = rate_blocks(data)
+    assert {r[2] for r in table.rows} == {"fitted", "fitted (W_O untied basis)"}
+
+
 def test_a_profile_whose_rate_cannot_be_chosen_runs_no_other_arm(tmp_path, monkeypatch):
     p = dataclasses.replace(get_profile("smoke"), convert=CONFIGS, convert_models=("absent",),
                             convert_lr_grid=(1e-5, 3e-3))

@@ -191,7 +191,8 @@ def make_student(teacher, cfg: ConvertConfig, calib_ids: torch.Tensor | None):
 def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out: str | None = None,
             log=print, progress: bool = True, root: str | None = None, loaded=None,
             more_text: str | None = None, time_limit: float | None = None,
-            lr_grid: tuple[float, ...] | None = None, lr_tokens: int | None = None) -> list[dict]:
+            lr_grid: tuple[float, ...] | None = None, lr_tokens: int | None = None,
+            o_bases: tuple[str, ...] = ()) -> list[dict]:
     """The records of ``cfg`` on ``source`` (computed, or read back from ``store``); see module.
 
     ``loaded``: a (model, tokenizer), or a function giving one when first needed (conversions of
@@ -205,6 +206,7 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
     ``lr_grid``: choose the rate among these on the val files first (:mod:`qkvlab.hf.rate`);
     the conversion then runs at the chosen rate as if it had been given. ``lr_tokens``: the
     budget each candidate uptrains for before it is scored (default ``hf.rate.TOKENS``).
+    ``o_bases``: with ``lr_grid``, choose W_O's basis among these too (``hf.rate.choose``).
     """
     from qkvlab.env import environment
     from qkvlab.hf.cost import load_lm
@@ -231,12 +233,17 @@ def convert(store, source: str, cfg: ConvertConfig, *, device: str = "cpu", out:
                 f"({time.perf_counter() - t0:.0f} s)")
         return cache
 
+    if o_bases and not lr_grid:
+        raise ValueError("o_bases: the basis is chosen with the rate, so it needs lr_grid")
+    for b in o_bases:  # refused before any candidate trains
+        check_basis(parse_tie(cfg.tie)[0], cfg.start, b)
     if lr_grid:
-        from qkvlab.hf.rate import choose_lr
-        lr = choose_lr(store, source, cfg, tuple(lr_grid), setup=setup, device=device,
-                       tokens=lr_tokens, corpus=pysource.fingerprint(root), root=root, log=log,
-                       progress=progress)
-        cfg = dataclasses.replace(cfg, uptrain=(u := dataclasses.replace(u, lr=lr)))
+        from qkvlab.hf.rate import choose
+        lr, basis = choose(store, source, cfg, tuple(lr_grid), tuple(o_bases), setup=setup,
+                           device=device, tokens=lr_tokens, corpus=pysource.fingerprint(root),
+                           root=root, log=log, progress=progress)
+        cfg = dataclasses.replace(cfg, uptrain=(u := dataclasses.replace(u, lr=lr,
+                                                                         o_basis=basis)))
     spec = cfg.spec(source, corpus)
     if not any(r["spec"] == spec for r in store.measure_rows("convert")):
         c = setup()  # check the tie and the text before anything is stored

@@ -37,6 +37,13 @@ def _rates(text: str) -> tuple[float, ...]:
     return tuple(_rate(x) for x in text.split(","))
 
 
+def _bases(text: str) -> tuple[str, ...]:
+    from qkvlab.hf.basis import O_BASES
+    bases = tuple(dict.fromkeys(x.strip() for x in text.split(",")))
+    if not bases or any(b not in O_BASES for b in bases):
+        raise argparse.ArgumentTypeError(f"{text!r}: name one or more of {', '.join(O_BASES)}")
+    return bases
+
 
 
 def configure_convert(parser: argparse.ArgumentParser) -> None:
@@ -76,10 +83,11 @@ def configure_convert(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head", choices=("fp32", "bf16"), default=u.head,
                         help="the output layer's matmuls while training (default fp32; bf16 "
                              "runs them at the body's rate, its logits in fp32; scoring is fp32)")
-    parser.add_argument("--o-basis", choices=("tied", "untied"), default=u.o_basis,
+    parser.add_argument("--o-basis", type=_bases, default=(u.o_basis,), metavar="BASIS",
                         help="K=V from the fitted start: train W_O' = W_O·Mᵀ as itself (tied, "
                              "default) or as the untied W_O with the fit's M fixed (untied: "
-                             "Adam's steps sized as for the untied model; hf.basis)")
+                             "Adam's steps sized as for the untied model; hf.basis); with "
+                             "--lr-grid, 'tied,untied' chooses the basis with the rate on val")
     parser.add_argument("--eval-tokens", type=_positive, default=32768,
                         help="held-out test tokens scored at each budget (default 32768)")
     parser.add_argument("--more-text", default=None, metavar="DIR",
@@ -107,13 +115,16 @@ def run_convert(args) -> int:
                         eval_tokens=args.eval_tokens,
                         uptrain=UptrainConfig(lr=args.lr, batch=args.batch, seq_len=args.seq_len,
                                               train=args.train, precision=args.precision,
-                                              head=args.head, o_basis=args.o_basis))
+                                              head=args.head, o_basis=args.o_basis[0]))
     if args.device != "cpu" and not args.device.startswith("cuda"):
         raise ValueError(f"--device: {args.device!r} is not 'cpu' or 'cuda[:N]'")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device: {args.device} asked for, but no CUDA device is available")
     if args.lr_tokens is not None and not args.lr_grid:
         raise ValueError("--lr-tokens: the budget a rate is chosen at, so it needs --lr-grid")
+    if len(args.o_basis) > 1 and not args.lr_grid:
+        raise ValueError("--o-basis: a list is a choice made on val with the rate, so it needs "
+                         "--lr-grid")
     if args.more_text is not None and not Path(args.more_text).is_dir():
         raise ValueError(f"--more-text: {args.more_text} is not a folder")
     if args.threads:
@@ -123,6 +134,7 @@ def run_convert(args) -> int:
         recs = convert(store, args.source, cfg, device=args.device, out=args.out,
                        more_text=args.more_text, time_limit=args.time_limit,
                        lr_grid=args.lr_grid, lr_tokens=args.lr_tokens,
+                       o_bases=args.o_basis if len(args.o_basis) > 1 else (),
                        log=lambda s: print(s, file=sys.stderr, flush=True))
     print(markdown_table(
         [f"{args.source} {cfg.tie}/{cfg.start}", "tokens", "ppl", "teacher ppl",

@@ -20,6 +20,10 @@ which the K=V student trained at 9e-6 read ×35–47 its teacher's perplexity an
 (ordinary files: 9e-6 better everywhere). So the first files chose 9e-6 and the whole split
 1e-4 (version 2 and 3 of the choice).
 
+K=V's fitted start can choose W_O's basis with the rate (:func:`choose`, ``--o-basis
+tied,untied``): each basis's grid is a choice of its own (the spec's ``uptrain`` names a basis
+other than the folded one), and the basis whose best rate read val best wins.
+
 Stored as measure ``convert_lr``: one record per rate (lr, val_nll per token, diverged, chosen).
 """
 
@@ -60,9 +64,38 @@ def val_rows(tokenizer, n_tokens: int, seq_len: int, root: str | None = None) ->
     return whole[torch.linspace(0, rows - 1, want).round().long()]
 
 
-def choose_lr(store, source: str, cfg, grid: tuple[float, ...], *, setup, device: str,
-              corpus: str, tokens: int | None = None, val_tokens: int | None = None,
-              root=None, log=print, progress: bool = False) -> float:
+def _ppl(nll: float) -> str:
+    """A val score for the log: perplexity, or the nll where its exp overflows a float."""
+    return f"ppl {math.exp(nll):.3f}" if nll < 700 else f"nll {nll:.1f} per token"
+
+
+def choose(store, source: str, cfg, grid: tuple[float, ...], bases: tuple[str, ...] = (),
+           **kw) -> tuple[float, str]:
+    """(rate, W_O basis): :func:`choose_lr` on each basis of ``bases`` (``hf.basis.O_BASES``;
+    empty: ``cfg``'s own), each basis's grid its own stored choice, and of the bases the one
+    whose chosen rate read val best. A tie falls to the first basis listed.
+
+    Why the basis with the rate: the step a rate takes on W_O depends on the basis (the folded
+    W_O' of K=V's fitted start reads keys 10-1,500 times the values' size on Qwen2.5-Coder, so
+    one Adam step there at its untied model's rate diverged; docs/convert.md), so the two are
+    one choice, made on val like the rate.
+
+    Raises:
+        ValueError: as :func:`choose_lr`; or a basis ``cfg``'s tie and start cannot take.
+    """
+    best = None
+    for basis in bases or (cfg.uptrain.o_basis,):
+        c = dataclasses.replace(cfg, uptrain=dataclasses.replace(cfg.uptrain, o_basis=basis))
+        rec = next(r for r in _choice(store, source, c, grid, **kw) if r["chosen"])
+        if best is None or rec["val_nll"] < best[0]:
+            best = (rec["val_nll"], rec["lr"], basis)
+    if len(bases) > 1:
+        kw.get("log", print)(f"convert: W_O basis {best[2]!r} chosen (val {_ppl(best[0])} at "
+                             f"rate {best[1]:g}) among {list(bases)}")
+    return best[1], best[2]
+
+
+def choose_lr(store, source: str, cfg, grid: tuple[float, ...], **kw) -> float:
     """The rate of ``grid`` (extended past a chosen edge) whose student, uptrained for
     ``tokens`` tokens from ``cfg``'s tie and start, reads the val files best (``setup()``: the
     conversion's loaded model, tokenizer and calibration ids). Computed once per spec and
@@ -71,6 +104,13 @@ def choose_lr(store, source: str, cfg, grid: tuple[float, ...], *, setup, device
     Raises:
         ValueError: an empty or non-positive grid, or every rate diverged.
     """
+    return next(r["lr"] for r in _choice(store, source, cfg, grid, **kw) if r["chosen"])
+
+
+def _choice(store, source: str, cfg, grid: tuple[float, ...], *, setup, device: str,
+            corpus: str, tokens: int | None = None, val_tokens: int | None = None,
+            root=None, log=print, progress: bool = False) -> list[dict]:
+    """choose_lr's stored records: one per rate tried (lr, val_nll, diverged, chosen)."""
     from qkvlab.env import environment
     from qkvlab.hf.convert import make_student, token_rows
     from qkvlab.progress import bar as make_bar
@@ -114,7 +154,7 @@ def choose_lr(store, source: str, cfg, grid: tuple[float, ...], *, setup, device
             diverged = not math.isfinite(nll)
             out.append({"lr": lr, "val_nll": None if diverged else nll, "diverged": diverged})
             log(f"convert: rate {lr:g} for {steps * u.tokens_per_step} tokens: val "
-                + ("diverged" if diverged else f"ppl {math.exp(nll):.3f}"))
+                + ("diverged" if diverged else _ppl(nll)))
             del student, trainer
             ok = [r for r in out if not r["diverged"]]
             if not todo and ok and len(out) < len(grid) + EXTEND:  # a choice on the edge
@@ -133,5 +173,6 @@ def choose_lr(store, source: str, cfg, grid: tuple[float, ...], *, setup, device
     recs = store.measure("convert_lr", spec, compute, env=environment())
     lr = next(r["lr"] for r in recs if r["chosen"])
     log(f"convert: rate {lr:g} chosen on {val_tokens} val tokens among "
-        f"{sorted(r['lr'] for r in recs)}")
-    return lr
+        f"{sorted(r['lr'] for r in recs)}"
+        + (f" (W_O basis {u.o_basis!r})" if u.o_basis != "tied" else ""))
+    return recs

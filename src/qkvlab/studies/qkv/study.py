@@ -298,9 +298,9 @@ def run_convert(rec: Recorder, cfg: StudyConfig) -> None:
     """The profile's pretrained decoders converted to each tie and uptrained
     (``qkvlab.hf.convert``; measures ``convert`` and ``convert_teacher``, shared with
     ``qkvlab convert``, so a curve stored by the command is not trained again). With the
-    profile's ``convert_lr_grid`` the first config chooses its rate on val (``--lr-grid``)
-    and every other config of that model trains at the chosen rate: the starts are compared,
-    and the untied baseline uptrained, the same way."""
+    profile's ``convert_lr_grid`` the first config chooses its rate on val (``--lr-grid``;
+    with ``convert_o_bases`` its W_O basis too) and every other config of that model trains at
+    the chosen rate: the starts are compared, and the untied baseline uptrained, the same way."""
     p = get_profile(cfg.profile)
     assert isinstance(p, QKVProfile)
     if not p.convert:
@@ -318,7 +318,8 @@ def run_convert(rec: Recorder, cfg: StudyConfig) -> None:
                 c = dataclasses.replace(c, uptrain=dataclasses.replace(c.uptrain, lr=rate))
             try:
                 recs = convert(rec.store, name, c, log=cfg.log, progress=cfg.progress,
-                               loaded=load, lr_grid=p.convert_lr_grid if i == 0 else None)
+                               loaded=load, lr_grid=p.convert_lr_grid if i == 0 else None,
+                               o_bases=p.convert_o_bases if i == 0 else ())
             except ValueError as e:  # not fetched, a tie the model refuses, a text too short
                 rec.notes.append(f"convert ({name} {c.tie}/{c.start}): {e}")
                 if i == 0 and p.convert_lr_grid:  # no rate chosen: the others cannot run at it

@@ -108,6 +108,9 @@ class QKVProfile(Profile):
     # config of ``convert``; every other config of that model trains at it (empty: each
     # config's own ``uptrain.lr``)
     convert_lr_grid: tuple[float, ...] = ()
+    # and with it W_O's basis among these (``hf.rate.choose``; K=V's fitted start only; empty:
+    # the config's own)
+    convert_o_bases: tuple[str, ...] = ()
     # The controlled conversion (``plan.uptrain``): the standard lm converted to tied K=V and
     # trained these fractions of its steps more (empty: not run), at the rate chosen from
     # uptrain_lr_grid (× the parent's rate) on lr_seeds where the profile tunes rates
@@ -305,8 +308,9 @@ PROFILES = {p.name: register_profile(p) for p in (
     # Only pretrained decoders converted to a tie and uptrained by distillation (qkvlab.hf.convert):
     # K=V from the fitted start and from Kayyam et al.'s naive ones, against the untied model
     # uptrained the same way; GQA/MQA from Ainslie et al.'s mean-pooling; Q=K and Q=K=V at the
-    # small budgets; every arm at the rate chosen on val for K=V's fitted start. Estimated
-    # ~2.7 h on 2 idle cores (docs/study-profiles.md, "convert").
+    # small budgets; every arm at the rate chosen on val for K=V's fitted start (which chooses
+    # its W_O basis there too). Estimated ~2.9 h on 2 idle cores (docs/study-profiles.md,
+    # "convert").
     QKVProfile("convert", seeds=(), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=1000, lr=3e-3, eval_batches=16, task_options=SCALING_LM,
                convert=(*(ConvertConfig(tie=t, start=s, tokens=262144)
@@ -314,7 +318,10 @@ PROFILES = {p.name: register_profile(p) for p in (
                         *(ConvertConfig(tie=t, start=s, tokens=16384)
                           for t, s in (("kv", "keep_k"), ("mqa", None), ("qk", None),
                                        ("qkv", None)))),
-               convert_models=("smollm2",), convert_lr_grid=(3e-5, 1e-4, 3e-4)),
+               convert_models=("smollm2",), convert_lr_grid=(3e-5, 1e-4, 3e-4),
+               # W_O's basis chosen with the rate (hf.rate.choose): the folded W_O' took a
+               # step that diverged Qwen2.5-Coder at its untied model's rate (docs/convert.md)
+               convert_o_bases=("tied", "untied")),
     QKVProfile("scaling", seeds=(), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=1000, lr=6e-3, eval_batches=16, task_options=SCALING_LM,
                scaling_budgets=(375, 750, 1500, 3000), scaling_seeds=tuple(range(6)),

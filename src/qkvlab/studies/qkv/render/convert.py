@@ -231,6 +231,11 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
             "draws both).")
 
 
+def _val_ppl(nll: float) -> str:
+    """A perplexity, or e^nll where it overflows a float (a rate that blew up but stayed finite)."""
+    return ppl_text(math.exp(nll)) if nll < 700 else f"e^{nll:,.0f}"
+
+
 def rate_blocks(data: StudyData) -> list[Block]:
     """The rates ``qkvlab convert --lr-grid`` tried, each uptraining a fresh student for the
     first budget (or ``--lr-tokens``) and scored on the stdlib's val files, and the one chosen,
@@ -239,13 +244,16 @@ def rate_blocks(data: StudyData) -> list[Block]:
     df = data.measure("convert_lr")
     if df.empty or "spec.version" not in df:
         return []
-    df = df[df["spec.version"].isin(VAL_TEXT)].sort_values(
+    df = df[df["spec.version"].isin(VAL_TEXT)].copy()
+    if "spec.uptrain.o_basis" in df:  # a grid in W_O's untied basis: its own start, as curves
+        df.loc[df["spec.uptrain.o_basis"] == "untied", "spec.start"] = "fitted_wo"
+    df = df.sort_values(
         ["spec.model", "spec.tie", "spec.start", "spec.version", "spec.tokens", "lr"],
         ascending=[True, True, True, True, True, False], kind="stable")
     rows = tuple((_title(r["spec.model"]), tie_label(r["spec.tie"]),
                   SHORT.get(r["spec.start"], r["spec.start"]), f"{r['spec.tokens']:,}",
                   VAL_TEXT[r["spec.version"]], f"{r['lr']:.2g}",
-                  "diverged" if r["diverged"] else ppl_text(math.exp(r["val_nll"])),
+                  "diverged" if r["diverged"] else _val_ppl(r["val_nll"]),
                   "chosen" if r["chosen"] else "") for r in df.to_dict("records"))
     return [Table("The uptraining rate, chosen on validation text: each rate of the grid (and "
                   "past a chosen edge) uptrains a fresh student from the start for the tokens "
