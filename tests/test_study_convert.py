@@ -129,12 +129,18 @@ def test_a_start_run_to_fewer_tokens_does_not_cut_the_others_comparison_short():
                        "tokens": [0, 16384, 65536] * 2 + [0, 16384],
                        "gap": [19.7, 9.0, 4.9, 3.9e5, 585.0, 524.0, 3.9e5, 1631.0]})
     df = df.assign(gap_lo=df.gap * 0.9, gap_hi=df.gap * 1.1)
-    found = {f.worse: f for f in start_findings(df)}
-    assert set(found) == {"avg", "keep_k"} and {f.better for f in found.values()} == {"fitted"}
-    assert found["avg"].last == {"fitted": (65536, 4.9, 4.9 * 0.9, 4.9 * 1.1),
-                               "avg": (65536, 524.0, 524.0 * 0.9, 524.0 * 1.1)}
-    assert found["avg"].tokens_worse == 65536 and found["keep_k"].tokens_worse == 16384
-    assert found["keep_k"].last["keep_k"][:2] == (16384, 1631.0)
+    found = {(f.better, f.worse): f for f in start_findings(df)}
+    # every pair, the best start's first; each read at the budget the two share
+    assert list(found) == [("fitted", "avg"), ("fitted", "keep_k"), ("avg", "keep_k")]
+    assert found["fitted", "avg"].last == {"fitted": (65536, 4.9, 4.9 * 0.9, 4.9 * 1.1),
+                                           "avg": (65536, 524.0, 524.0 * 0.9, 524.0 * 1.1)}
+    assert found["fitted", "avg"].tokens_worse == 65536
+    assert found["fitted", "keep_k"].tokens_worse == 16384
+    assert found["fitted", "keep_k"].last["keep_k"][:2] == (16384, 1631.0)
+    assert found["avg", "keep_k"].last == {"avg": (16384, 585.0, 585.0 * 0.9, 585.0 * 1.1),
+                                           "keep_k": (16384, 1631.0, 1631.0 * 0.9,
+                                                      1631.0 * 1.1)}
+    assert found["avg", "keep_k"].separated  # 643.5 < 1467.9
 
 
 def test_the_answers_open_with_the_conversion_where_nothing_else_ran(stored):
@@ -204,8 +210,9 @@ def test_w_o_in_the_untied_basis_is_its_own_curve_paired_with_the_untied_run(tmp
     assert w.gap[0] == pytest.approx(f.gap[0], rel=1e-4)  # one model, to fp32 rounding
     assert w.gap[512] != f.gap[512]  # another uptraining
     assert not math.isnan(w.vs_untied[512]) and not math.isnan(f.vs_untied[512])
-    found = start_findings(df)  # every other start against the best one
-    assert {x.worse for x in found} | {found[0].better} == {"fitted", "fitted_wo", "avg"}
+    found = start_findings(df)  # every pair of the three starts
+    assert sorted(tuple(sorted((x.better, x.worse))) for x in found) == [
+        ("avg", "fitted"), ("avg", "fitted_wo"), ("fitted", "fitted_wo")]
 
 
 def test_the_rate_table_shows_each_rate_tried_on_val_and_the_choice():

@@ -16,6 +16,7 @@ Findings (render words them, it decides nothing):
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -110,10 +111,12 @@ class StartFinding:
 
 def start_findings(df: pd.DataFrame) -> list[StartFinding]:
     """For each model and tie with two or more starts uptrained alike (the same batch, text and
-    rate: a GPU curve at another batch, or a run at another rate, is another experiment): each
-    other start against the best one (the lowest at the largest budget every start reached),
-    each pair read at the largest budget the two share, so a start run to fewer tokens does not
-    cut the others' comparison short."""
+    rate: a GPU curve at another batch, or a run at another rate, is another experiment): every
+    pair of starts, the best one's pairs first (the lowest at the largest budget every start
+    reached), each pair read at the largest budget the two share, so a start run to fewer tokens
+    does not cut the others' comparison short. Every pair, not only the best against each: with
+    the fitted start in two W_O bases, the folded fit against Kayyam's average is the question
+    the untied basis would otherwise hide."""
     out = []
     if df.empty:
         return out
@@ -127,14 +130,13 @@ def start_findings(df: pd.DataFrame) -> list[StartFinding]:
         if not common:
             continue
         every = max(common)
-        best = min(starts, key=lambda s: g[(g.start == s) & (g.tokens == every)].gap.iloc[0])
+        starts.sort(key=lambda s: g[(g.start == s) & (g.tokens == every)].gap.iloc[0])
         zero = {s: float(g[(g.start == s) & (g.tokens == 0)].gap.iloc[0])
                 if (g[(g.start == s)].tokens == 0).any() else math.nan for s in starts}
-        for s in starts:
-            if s == best:
-                continue
-            top = max(set(g[g.start == best].tokens) & set(g[g.start == s].tokens))
-            at = {x: g[(g.start == x) & (g.tokens == top)].iloc[0] for x in (best, s)}
+        for one, other in itertools.combinations(starts, 2):
+            top = max(set(g[g.start == one].tokens) & set(g[g.start == other].tokens))
+            at = {x: g[(g.start == x) & (g.tokens == top)].iloc[0] for x in (one, other)}
+            best, s = sorted((one, other), key=lambda x: at[x].gap)  # the better one there
             b, w = at[best], at[s]
             reach = tokens_to_reach(g[g.start == best], float(w.gap))
             out.append(StartFinding(
