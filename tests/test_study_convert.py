@@ -330,6 +330,10 @@ def test_a_profile_chooses_w_os_basis_with_the_rate_and_the_rate_table_names_it(
         assert r is fitted or "o_basis" not in r["spec"]["uptrain"]
     (table,) = rate_blocks(data)
     assert {r[2] for r in table.rows} == {"fitted", "fitted (W_O untied basis)"}
+    marks = {r[2]: r[7] for r in table.rows if r[7]}  # each grid's rate; the winner's basis
+    won = "fitted" if basis == "tied" else "fitted (W_O untied basis)"
+    assert marks == {s: "chosen, basis too" if s == won else "chosen in its basis"
+                     for s in ("fitted", "fitted (W_O untied basis)")}
 
 
 def test_a_profile_whose_rate_cannot_be_chosen_runs_no_other_arm(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from qkvlab.hf.convert import gap_text
@@ -249,15 +250,24 @@ def rate_blocks(data: StudyData) -> list[Block]:
         df.loc[df["spec.uptrain.o_basis"] == "untied", "spec.start"] = "fitted_wo"
     df = df.sort_values(
         ["spec.model", "spec.tie", "spec.start", "spec.version", "spec.tokens", "lr"],
-        ascending=[True, True, True, True, True, False], kind="stable")
+        ascending=[True, True, True, True, True, False], kind="stable").reset_index(drop=True)
+    df["mark"] = np.where(df["chosen"].astype(bool), "chosen", "")
+    # where both W_O bases chose a rate on the same val text (hf.rate.choose), the one that
+    # read val better is the basis chosen too
+    both = df[df["chosen"].astype(bool) & df["spec.start"].isin(["fitted", "fitted_wo"])]
+    for _, g in both.groupby(["spec.model", "spec.tie", "spec.version", "spec.tokens"]):
+        if g["spec.start"].nunique() == 2:
+            df.loc[g.index, "mark"] = "chosen in its basis"
+            df.loc[g["val_nll"].astype(float).idxmin(), "mark"] = "chosen, basis too"
     rows = tuple((_title(r["spec.model"]), tie_label(r["spec.tie"]),
                   SHORT.get(r["spec.start"], r["spec.start"]), f"{r['spec.tokens']:,}",
                   VAL_TEXT[r["spec.version"]], f"{r['lr']:.2g}",
                   "diverged" if r["diverged"] else _val_ppl(r["val_nll"]),
-                  "chosen" if r["chosen"] else "") for r in df.to_dict("records"))
+                  r["mark"]) for r in df.to_dict("records"))
     return [Table("The uptraining rate, chosen on validation text: each rate of the grid (and "
                   "past a chosen edge) uptrains a fresh student from the start for the tokens "
                   "shown; per-token perplexity on the stdlib's val files (the test files are "
-                  "never read for it)",
+                  "never read for it); where the fitted start ran a grid in each W_O basis, the "
+                  "basis whose chosen rate read val better is chosen too",
                   ("model", "tie", "start", "tokens", "val rows", "rate", "val perplexity", ""),
                   rows)] if rows else []
