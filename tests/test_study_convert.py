@@ -263,7 +263,9 @@ def test_val_rows_spread_over_the_whole_split(tmp_path, monkeypatch):
         val_rows(tok, (n + 1) * 16, 16, root=root)
 
 
-def test_a_profile_grid_chooses_one_rate_on_val_and_every_arm_trains_at_it(tmp_path, monkeypatch):
+def _grid_profile(tmp_path, monkeypatch, **kw):
+    """(profile, study config): smoke converting the tiny stand-in with CONFIGS, its rate
+    chosen on val from (1e-5, 1e-3) with short candidates; ``kw`` more profile fields."""
     import qkvlab.hf.rate as rate
     monkeypatch.setattr(rate, "TOKENS", 256)
     monkeypatch.setattr(rate, "VAL_TOKENS", 128)
@@ -271,11 +273,15 @@ def test_a_profile_grid_chooses_one_rate_on_val_and_every_arm_trains_at_it(tmp_p
     monkeypatch.setenv("QKVLAB_PYSOURCE", root)
     tok = make_tok()
     p = dataclasses.replace(get_profile("smoke"), convert=CONFIGS, convert_models=("tiny",),
-                            convert_lr_grid=(1e-5, 1e-3))
+                            convert_lr_grid=(1e-5, 1e-3), **kw)
     monkeypatch.setattr(study, "get_profile", lambda name: p)
     monkeypatch.setattr(cost, "load_lm", lambda source: (tiny(tok), tok))
-    cfg = study.StudyConfig(profile="smoke", db=str(tmp_path / "r.db"), pretrained=(),
-                            log=lambda s: None, progress=False)
+    return p, study.StudyConfig(profile="smoke", db=str(tmp_path / "r.db"), pretrained=(),
+                                log=lambda s: None, progress=False)
+
+
+def test_a_profile_grid_chooses_one_rate_on_val_and_every_arm_trains_at_it(tmp_path, monkeypatch):
+    p, cfg = _grid_profile(tmp_path, monkeypatch)
     with Store(cfg.db) as store:
         study.run_convert(study.Recorder(store, "smoke"), cfg)
         (grid,) = store.measure_rows("convert_lr")
@@ -300,19 +306,8 @@ def test_a_profile_grid_chooses_one_rate_on_val_and_every_arm_trains_at_it(tmp_p
 
 def test_a_profile_chooses_w_os_basis_with_the_rate_and_the_rate_table_names_it(tmp_path,
                                                                                monkeypatch):
-    import qkvlab.hf.rate as rate
     from qkvlab.studies.qkv.render.convert import rate_blocks
-    monkeypatch.setattr(rate, "TOKENS", 256)
-    monkeypatch.setattr(rate, "VAL_TOKENS", 128)
-    root = make_root(tmp_path / "src" if (tmp_path / "src").mkdir() is None else None)
-    monkeypatch.setenv("QKVLAB_PYSOURCE", root)
-    tok = make_tok()
-    p = dataclasses.replace(get_profile("smoke"), convert=CONFIGS, convert_models=("tiny",),
-                            convert_lr_grid=(1e-5, 1e-3), convert_o_bases=("tied", "untied"))
-    monkeypatch.setattr(study, "get_profile", lambda name: p)
-    monkeypatch.setattr(cost, "load_lm", lambda source: (tiny(tok), tok))
-    cfg = study.StudyConfig(profile="smoke", db=str(tmp_path / "r.db"), pretrained=(),
-                            log=lambda s: None, progress=False)
+    p, cfg = _grid_profile(tmp_path, monkeypatch, convert_o_bases=("tied", "untied"))
     with Store(cfg.db) as store:
         study.run_convert(rec := study.Recorder(store, "smoke"), cfg)
         assert rec.notes == []
