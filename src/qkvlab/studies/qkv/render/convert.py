@@ -185,10 +185,13 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
     (``compute.convert.start_findings``) and each curve's gap over the untied baseline."""
     df = curves(data)
     found = [f for f in start_findings(df) if in_question(f.tie, question)]
+    rates = df.groupby("model").lr.nunique() if "lr" in df else {}
     parts = []
     for f in found:
         t = f.last[f.better][0]
-        said = (f"{_title(f.model)} converted to {tie_label(f.tie)}: from the {SHORT[f.better]} "
+        said = (f"{_title(f.model)} converted to {tie_label(f.tie)}"
+                + (f" at rate {f.lr:.2g}" if rates.get(f.model, 1) > 1 else "")
+                + f": from the {SHORT[f.better]} "
                 f"start the perplexity begins at {pct(f.zero_shot[f.better])} over the teacher "
                 f"against {pct(f.zero_shot[f.worse])} from {SHORT[f.worse]}; after {t:,} tokens "
                 f"of uptraining {ci(*f.last[f.better][1:])} against "
@@ -204,11 +207,13 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
                      f"{f.tokens_worse:,.0f} tokens after about {f.tokens_better:,.0f}, "
                      f"{f.saved:.3g}× fewer")
         parts.append(said)
-    told = {(f.model, f.tie, f.batch, f.lr) for f in found}  # curves the starts' words cover
+    # curves the starts' words cover to their last budget (a pair read earlier leaves the end)
+    told = {(f.model, f.tie, f.batch, f.lr, x, f.last[x][0]) for f in found
+            for x in (f.better, f.worse)}
     ends = [e for e in curve_ends(df)
-            if e.paired is not None and (e.model, e.tie, e.batch, e.lr) not in told
+            if e.paired is not None
+            and (e.model, e.tie, e.batch, e.lr, e.start, e.last[0]) not in told
             and in_question(e.tie, question)]
-    rates = df.groupby("model").lr.nunique() if "lr" in df else {}
     for e in ends:
         t, g, lo, hi, v, vlo, vhi = e.paired
         said = (f"{_title(e.model)} converted to {tie_label(e.tie)} from the {SHORT[e.start]} "
