@@ -407,14 +407,19 @@ def test_the_page_is_made_again_from_the_rows_kept_as_json(stored):
                                        "draw only the --add rows)")
 
 
+def _sentence_curves(**cols) -> pd.DataFrame:
+    """compute.convert.curves' frame for model m's K=V curves at batch 4: ``cols`` (start,
+    tokens, gap, lr, vs_untied), each interval ±10%."""
+    df = pd.DataFrame({"model": "m", "tie": "kv", "batch": 4, "corpus": "c", **cols})
+    return df.assign(gap_lo=df.gap * 0.9, gap_hi=df.gap * 1.1, vs_lo=df.vs_untied * 0.9,
+                     vs_hi=df.vs_untied * 1.1)
+
+
 def test_a_pair_of_starts_says_its_rate_where_the_model_ran_at_two(monkeypatch):
     import qkvlab.studies.qkv.render.convert as rc
-    df = pd.DataFrame({"model": "m", "tie": "kv", "start": ["fitted", "fitted", "avg", "avg"] * 2,
-                       "tokens": [0, 16384] * 4, "gap": [19.7, 9.0, 3.9e5, 585.0] * 2,
-                       "batch": 4, "corpus": "c", "lr": [1e-4] * 4 + [3e-4] * 4,
-                       "vs_untied": [19.7, 10.0, 3.9e5, 600.0] * 2})
-    df = df.assign(gap_lo=df.gap * 0.9, gap_hi=df.gap * 1.1, vs_lo=df.vs_untied * 0.9,
-                   vs_hi=df.vs_untied * 1.1)
+    df = _sentence_curves(start=["fitted", "fitted", "avg", "avg"] * 2, tokens=[0, 16384] * 4,
+                          gap=[19.7, 9.0, 3.9e5, 585.0] * 2, lr=[1e-4] * 4 + [3e-4] * 4,
+                          vs_untied=[19.7, 10.0, 3.9e5, 600.0] * 2)
     monkeypatch.setattr(rc, "curves", lambda data: df)
     said = convert_sentence(None)
     assert "converted to K=V at rate 0.0001: from the fitted start" in said
@@ -427,12 +432,9 @@ def test_a_curve_whose_pair_was_read_before_its_end_still_says_its_end(monkeypat
     """fitted ran to 65,536 tokens, avg to 16,384: the pair is read at 16,384, and fitted's
     own end (with its untied baseline) is said too; a curve told to its end is not said twice."""
     import qkvlab.studies.qkv.render.convert as rc
-    df = pd.DataFrame({"model": "m", "tie": "kv", "start": ["fitted"] * 3 + ["avg"] * 2,
-                       "tokens": [0, 16384, 65536, 0, 16384],
-                       "gap": [19.7, 9.0, 2.5, 3.9e5, 585.0], "batch": 4, "corpus": "c",
-                       "lr": 1e-4, "vs_untied": [19.7, 10.0, 2.4, 3.9e5, 600.0]})
-    df = df.assign(gap_lo=df.gap * 0.9, gap_hi=df.gap * 1.1, vs_lo=df.vs_untied * 0.9,
-                   vs_hi=df.vs_untied * 1.1)
+    df = _sentence_curves(start=["fitted"] * 3 + ["avg"] * 2, tokens=[0, 16384, 65536, 0, 16384],
+                          gap=[19.7, 9.0, 2.5, 3.9e5, 585.0], lr=1e-4,
+                          vs_untied=[19.7, 10.0, 2.4, 3.9e5, 600.0])
     monkeypatch.setattr(rc, "curves", lambda data: df)
     said = convert_sentence(None)
     assert "after 16,384 tokens of uptraining" in said
