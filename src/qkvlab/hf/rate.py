@@ -71,7 +71,7 @@ def _ppl(nll: float) -> str:
 
 def choose(store, source: str, cfg, grid: tuple[float, ...], bases: tuple[str, ...] = (),
            **kw) -> tuple[float, str]:
-    """(rate, W_O basis): :func:`choose_lr` on each basis of ``bases`` (``hf.basis.O_BASES``;
+    """(rate, W_O basis): :func:`grid_choice` on each basis of ``bases`` (``hf.basis.O_BASES``;
     empty: ``cfg``'s own), each basis's grid its own stored choice, and of the bases the one
     whose chosen rate read val best. A tie falls to the first basis listed.
 
@@ -81,12 +81,12 @@ def choose(store, source: str, cfg, grid: tuple[float, ...], bases: tuple[str, .
     one choice, made on val like the rate.
 
     Raises:
-        ValueError: as :func:`choose_lr`; or a basis ``cfg``'s tie and start cannot take.
+        ValueError: as :func:`grid_choice`; or a basis ``cfg``'s tie and start cannot take.
     """
     best = None
     for basis in bases or (cfg.uptrain.o_basis,):
         c = dataclasses.replace(cfg, uptrain=dataclasses.replace(cfg.uptrain, o_basis=basis))
-        rec = next(r for r in _choice(store, source, c, grid, **kw) if r["chosen"])
+        rec = next(r for r in grid_choice(store, source, c, grid, **kw) if r["chosen"])
         if best is None or rec["val_nll"] < best[0]:
             best = (rec["val_nll"], rec["lr"], basis)
     if len(bases) > 1:
@@ -95,8 +95,11 @@ def choose(store, source: str, cfg, grid: tuple[float, ...], bases: tuple[str, .
     return best[1], best[2]
 
 
-def choose_lr(store, source: str, cfg, grid: tuple[float, ...], **kw) -> float:
-    """The rate of ``grid`` (extended past a chosen edge) whose student, uptrained for
+def grid_choice(store, source: str, cfg, grid: tuple[float, ...], *, setup, device: str,
+                corpus: str, tokens: int | None = None, val_tokens: int | None = None,
+                root=None, log=print, progress: bool = False) -> list[dict]:
+    """The stored records (lr, val_nll, diverged, chosen), one per rate tried, of the
+    choice of the rate of ``grid`` (extended past a chosen edge) whose student, uptrained for
     ``tokens`` tokens from ``cfg``'s tie and start, reads the val files best (``setup()``: the
     conversion's loaded model, tokenizer and calibration ids). Computed once per spec and
     stored. ``progress``: a bar per candidate's uptraining (minutes each on a CPU).
@@ -104,13 +107,6 @@ def choose_lr(store, source: str, cfg, grid: tuple[float, ...], **kw) -> float:
     Raises:
         ValueError: an empty or non-positive grid, or every rate diverged.
     """
-    return next(r["lr"] for r in _choice(store, source, cfg, grid, **kw) if r["chosen"])
-
-
-def _choice(store, source: str, cfg, grid: tuple[float, ...], *, setup, device: str,
-            corpus: str, tokens: int | None = None, val_tokens: int | None = None,
-            root=None, log=print, progress: bool = False) -> list[dict]:
-    """choose_lr's stored records: one per rate tried (lr, val_nll, diverged, chosen)."""
     from qkvlab.env import environment
     from qkvlab.hf.convert import make_student, token_rows
     from qkvlab.progress import bar as make_bar
