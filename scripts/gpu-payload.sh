@@ -12,5 +12,7 @@ head -c 46000000 "$gguf" > .gpu/a/smollm2.part-a
 tail -c +46000001 "$gguf" > .gpu/b/smollm2.part-b
 (cd /usr/lib/python3.11 && find . -name '*.py' -not -path '*/test/*' -not -path '*/tests/*' \
   -not -path '*/idle_test/*' -not -path '*/site-packages/*' -not -path '*/dist-packages/*' \
-  -not -path '*/__pycache__/*' | tar -cJf - -T -) > .gpu/a/pystdlib.tar.xz
+  -not -path '*/__pycache__/*' | tar -chJf - -T -) > .gpu/a/pystdlib.tar.xz
+# -h: Debian's sitecustomize.py is a link into /etc, which the device lacks; its text is what
+# the corpus fingerprint read here
 du -sh .gpu/a .gpu/b

@@ -441,3 +441,31 @@ def test_a_curve_whose_pair_was_read_before_its_end_still_says_its_end(monkeypat
     assert "from the fitted start, uptrained at batch 4: after 65,536 tokens" in said
     monkeypatch.setattr(rc, "curves", lambda data: df[df.tokens < 65536])
     assert "uptrained at batch 4:" not in convert_sentence(None)
+
+
+def test_a_pair_says_each_starts_gap_over_the_untied_run_and_its_batch_where_there_are_two(
+        monkeypatch):
+    """Two K=V starts at batch 4 and two at batch 32: each pair names its batch and states both
+    starts' gaps over the untied baseline, so no curve's end is said again; without a baseline
+    for one start the pair says none, and that start's end is said on its own."""
+    import qkvlab.studies.qkv.render.convert as rc
+    df = _sentence_curves(start=["fitted", "fitted", "avg", "avg"] * 2, tokens=[0, 16384] * 4,
+                          gap=[19.7, 9.0, 3.9e5, 585.0] * 2, lr=1e-4,
+                          vs_untied=[19.7, 10.0, 3.9e5, 600.0] * 2)
+    df.loc[4:, "batch"] = 32
+    monkeypatch.setattr(rc, "curves", lambda data: df)
+    said = convert_sentence(None)
+    for batch in (4, 32):
+        assert (f"converted to K=V at batch {batch}: from the fitted start" in said)
+    assert said.count("(the intervals do not overlap), and over the untied model uptrained on "
+                      "the same tokens the same way ×11 (×10 to ×12) against ×601 (×541 to "
+                      "×661)") == 2
+    assert "uptrained at batch" not in said  # every end was said by its pair
+    one = df[df.batch == 4].assign(vs_untied=[19.7, 10.0, None, None],
+                                   vs_lo=[17.7, 9.0, None, None], vs_hi=[21.7, 11.0, None, None])
+    monkeypatch.setattr(rc, "curves", lambda data: one)
+    said = convert_sentence(None)
+    assert "at batch" not in said.split(";")[0]  # one batch: not named
+    assert "against ×601" not in said
+    assert ("from the fitted start, uptrained at batch 4: after 16,384 tokens ×10 (×9.1 to "
+            "×10.9) over the teacher and ×11 (×10 to ×12) over the untied model") in said

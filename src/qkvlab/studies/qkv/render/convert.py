@@ -10,11 +10,12 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from qkvlab.hf.convert import gap_text
 from qkvlab.report.blocks import Block, Figure, Para, Table
-from qkvlab.studies.qkv.compute.convert import curve_ends, curves, start_findings
+from qkvlab.studies.qkv.compute.convert import StartFinding, curve_ends, curves, start_findings
 from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.compute.zoo import manifest
 from qkvlab.studies.qkv.plan.references import (KAYYAM_CONVERT, KAYYAM_CONVERT_CITE,
@@ -186,11 +187,14 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
     df = curves(data)
     found = [f for f in start_findings(df) if in_question(f.tie, question)]
     rates = df.groupby("model").lr.nunique() if "lr" in df else {}
-    parts = []
+    batches = df.groupby("model").batch.nunique() if "batch" in df else {}
+    parts, told = [], set()
     for f in found:
         t = f.last[f.better][0]
+        at = ([f"batch {f.batch}"] if batches.get(f.model, 1) > 1 else []) + (
+            [f"rate {f.lr:.2g}"] if rates.get(f.model, 1) > 1 else [])
         said = (f"{_title(f.model)} converted to {tie_label(f.tie)}"
-                + (f" at rate {f.lr:.2g}" if rates.get(f.model, 1) > 1 else "")
+                + (f" at {' and '.join(at)}" if at else "")
                 + f": from the {SHORT[f.better]} "
                 f"start the perplexity begins at {pct(f.zero_shot[f.better])} over the teacher "
                 f"against {pct(f.zero_shot[f.worse])} from {SHORT[f.worse]}; after {t:,} tokens "
@@ -198,6 +202,11 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
                 f"{ci(*f.last[f.worse][1:])}")
         said += (" (the intervals do not overlap)" if f.separated
                  else " (the intervals overlap: not separated at this budget)")
+        vs = {x: _over_untied(df, f, x, t) for x in (f.better, f.worse)}
+        if all(vs.values()):  # the tie's own cost, each curve's end said once (below)
+            said += (f", and over the untied model uptrained on the same tokens the same way "
+                     f"{ci(*vs[f.better])} against {ci(*vs[f.worse])}")
+            told |= {(f.model, f.tie, f.batch, f.lr, x, t) for x in vs}
         if f.began_below:
             said += (f"; the {SHORT[f.better]} start began below the gap {SHORT[f.worse]} "
                      f"reached after {f.tokens_worse:,.0f} tokens: it needed no uptraining to "
@@ -207,9 +216,8 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
                      f"{f.tokens_worse:,.0f} tokens after about {f.tokens_better:,.0f}, "
                      f"{f.saved:.3g}× fewer")
         parts.append(said)
-    # curves the starts' words cover to their last budget (a pair read earlier leaves the end)
-    told = {(f.model, f.tie, f.batch, f.lr, x, f.last[x][0]) for f in found
-            for x in (f.better, f.worse)}
+    # a curve whose pair said its gap over the untied baseline at its last budget is not said
+    # again; one read earlier, or without that baseline, says its end below
     ends = [e for e in curve_ends(df)
             if e.paired is not None
             and (e.model, e.tie, e.batch, e.lr, e.start, e.last[0]) not in told
@@ -235,6 +243,16 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
     return (f"{said} Kayyam et al.'s averaged start is {gap:+.1f}% over its teacher after "
             f"{tokens / 1e6:g}M tokens on their 300M model (another model and text; the figure "
             "draws both).")
+
+
+def _over_untied(df: pd.DataFrame, f: StartFinding, start: str, tokens: int) -> tuple | None:
+    """``start``'s gap over the untied baseline (value, lo, hi) at ``tokens`` in pair ``f``'s
+    runs (its batch and rate), or None where no single such measurement exists."""
+    m = df[(df.model == f.model) & (df.tie == f.tie) & (df.start == start)
+           & (df.batch == f.batch) & (df.tokens == tokens) & df.vs_untied.notna()]
+    if "lr" in m:
+        m = m[m.lr == f.lr]
+    return tuple(m.iloc[0][["vs_untied", "vs_lo", "vs_hi"]]) if len(m) == 1 else None
 
 
 def _val_ppl(nll: float) -> str:
