@@ -250,6 +250,27 @@ def test_numba_kernel_reads_the_cache_in_place_and_only_float32_on_the_cpu():
     assert not kattend._fused_runs(q, k.double(), k.double())
 
 
+def test_numba_kernel_reads_a_kv_cache_given_as_two_views_as_one_cache(monkeypatch):
+    """A K=V cache reaches the kernel as two views (``KVCache.keys()`` and ``values()``, each a
+    ``narrow``): it runs as one cache, bit for bit what the same tensor passed twice gives,
+    reading the rows once (one storage, not two), and equals the float64 reference."""
+    torch.manual_seed(0)
+    q = torch.randn(3, 4, 1, 16) * 3
+    buf = torch.randn(3, 4, 80, 16)
+    k = buf.narrow(2, 0, 61)
+    read = []
+    real = numba_decode._rows
+    monkeypatch.setattr(numba_decode, "_rows", lambda x: read.append(x) or real(x))
+    same = numba_decode.decode(q, k, k, 0.25)
+    views = numba_decode.decode(q, buf.narrow(2, 0, 61), buf.narrow(2, 0, 61), 0.25)
+    assert len(read) == 2  # one storage read per call
+    assert torch.equal(views, same)
+    assert_close(views.double(), reference(q, k, k, 0.25), **FP32)
+    apart = numba_decode.decode(q, k, k.clone(), 0.25)  # equal values in other memory
+    assert len(read) == 4  # two storages: keys and values read apart
+    assert_close(apart.double(), reference(q, k, k, 0.25), **FP32)
+
+
 def test_numba_kernel_compiles_uncached_where_no_cache_folder_is_writable(monkeypatch):
     """Numba refuses ``cache=True`` at decoration where it finds no writable cache folder (a
     read-only install and no home): the kernel then compiles without a cache, and runs."""

@@ -31,6 +31,8 @@ import torch
 from numba import njit
 from torch import Tensor
 
+from qkvlab.kernels.attend import shares_storage
+
 __all__ = ["decode"]
 
 # Reassociation (the sums vectorize in any order) and contraction to FMA; not "no infinities":
@@ -177,8 +179,10 @@ def decode(q: Tensor, k: Tensor, v: Tensor, scale: float,
     B, H, _, d = q.shape
     G, T, dv = k.shape[1], k.shape[2], v.shape[-1]
     qs = (q.detach().reshape(B * G, H // G, d) * scale).contiguous().numpy()
+    # K=V: the cache's keys() and values() are two views of one tensor, so not ``v is k``
+    shared = v is k or shares_storage(k, v)
     kf, koff, ks = _rows(k)
-    vf, voff, vs = (kf, koff, ks) if v is k else _rows(v)
+    vf, voff, vs = (kf, koff, ks) if shared else _rows(v)
     if rope is None:
         c = s = np.empty((0, d // 2), dtype=np.float32)
     else:  # compact copies of the first halves: every row rereads them, and at half the bytes
@@ -192,7 +196,7 @@ def decode(q: Tensor, k: Tensor, v: Tensor, scale: float,
     # (one query head, separate values) ran token by token faster: 91-134 against 121-173 ms
     # at 32k x 16, where K=V took 67-71 against 77-96 and MQA 40-51 against 50-64 (one thread,
     # three interleaved runs, AMD EPYC, 2026-11-28)
-    quads = v is k or H // G > 1
+    quads = shared or H // G > 1
     args = (qs, kf, koff, ks, vf, voff, vs, c, s, rope is not None, quads, T, out)
     parts = min(N, torch.get_num_threads())
     bounds = [N * i // parts for i in range(parts + 1)]
