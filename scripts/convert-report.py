@@ -1,10 +1,13 @@
 """Regenerate docs/convert.md's conversion table, sentence and figure from a store's convert
 records: `python scripts/convert-report.py [DB|-] [FIGURE_DIR] [--add JSON ...] [--bench JSON ...]
-[--doc docs/convert.md] [--rows-out JSON --what TEXT]` (defaults results/qkvlab.db, docs/figures).
+[--doc docs/convert.md] [--readme README.md] [--rows-out JSON --what TEXT]` (defaults
+results/qkvlab.db, docs/figures).
 
 With ``--doc`` the generated part (table, sentence, figure, the bench's tables) replaces what
 lies between the page's two ``convert-report`` markers, so no number on it is typed by hand;
-without it the part is printed.
+without it the part is printed. With ``--readme`` the README's line on the conversions (each
+model's K=V curve measured furthest against its untied baseline) replaces what lies between
+its two ``convert`` markers.
 
 Reads a copy of the store (a live sweep may be writing it); trains nothing. ``--add`` puts the
 measure rows a device machine's store gave (kept as JSON in docs/convert/) into that copy
@@ -30,6 +33,7 @@ from qkvlab.experiments.transfer import add_measure_rows
 from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.render.convert import (
     convert_blocks,
+    convert_headline,
     convert_sentence,
     fig_q3_convert,
     rate_blocks,
@@ -37,6 +41,7 @@ from qkvlab.studies.qkv.render.convert import (
 
 MEASURES = ("convert_teacher", "convert_lr", "convert")  # what the page reads of a store
 BEGIN, END = "<!-- convert-report: begin -->", "<!-- convert-report: end -->"
+README_MARKS = "<!-- convert: begin -->", "<!-- convert: end -->"
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 p.add_argument("db", nargs="?", default="results/qkvlab.db",
                help="the store to read; '-' for none (only the --add rows)")
@@ -46,6 +51,7 @@ p.add_argument("--add", action="append", default=[], metavar="JSON",
 p.add_argument("--bench", action="append", default=[], metavar="JSON",
                help="a `qkvlab bench --only convert --out` JSON whose table goes on the page")
 p.add_argument("--doc", default=None, help="the page whose generated part is replaced")
+p.add_argument("--readme", default=None, help="the README whose conversion line is replaced")
 p.add_argument("--rows-out", default=None, metavar="JSON",
                help="write DB's own conversion measure rows here (for docs/convert/)")
 p.add_argument("--what", default="", help="with --rows-out: what the rows are, in words")
@@ -80,13 +86,23 @@ for path in args.bench:
     part.append(f"Speed, `qkvlab bench --only convert` ({res['cpu_model']}, {res['device']}; "
                 f"`{path}`):\n\n" + convert_table(res["convert"]))
 text = "\n\n".join(part)
-if args.doc:
-    page = Path(args.doc).read_text()
-    head, sep, rest = page.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
+
+
+def write_between(path: str, marks: tuple[str, str], body: str) -> None:
+    """Replace what lies between ``path``'s two markers with ``body``."""
+    page = Path(path).read_text()
+    head, sep, rest = page.partition(marks[0])
+    _, sep2, tail = rest.partition(marks[1])
     if not (sep and sep2):
-        sys.exit(f"{args.doc}: no '{BEGIN}' ... '{END}' markers to write between")
-    Path(args.doc).write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+        sys.exit(f"{path}: no '{marks[0]}' ... '{marks[1]}' markers to write between")
+    Path(path).write_text(f"{head}{marks[0]}\n{body}\n{marks[1]}{tail}")
+
+
+if args.readme:
+    write_between(args.readme, README_MARKS, convert_headline(data))
+    print(f"wrote {args.readme}'s conversion line")
+if args.doc:
+    write_between(args.doc, (BEGIN, END), text)
     print(f"wrote {args.doc} and {out / fig.png if fig else 'no figure'}")
-else:
+elif not args.readme:
     print(text)

@@ -20,8 +20,8 @@ from qkvlab.studies.qkv import study  # noqa: E402
 from qkvlab.studies.qkv.compute import results  # noqa: E402
 from qkvlab.studies.qkv.compute.convert import (curve_ends, curves, start_findings,  # noqa: E402
                                                 tokens_to_reach)
-from qkvlab.studies.qkv.render.convert import (convert_blocks, convert_sentence,  # noqa: E402
-                                               fig_q3_convert)
+from qkvlab.studies.qkv.render.convert import (convert_blocks, convert_headline,  # noqa: E402
+                                               convert_sentence, fig_q3_convert)
 from test_hf_convert import make_root, make_tok, tiny  # noqa: E402
 
 UP = UptrainConfig(batch=2, seq_len=64, precision="fp32", warmup=1, lr=3e-3, chunk=64)
@@ -402,6 +402,17 @@ def test_the_page_is_made_again_from_the_rows_kept_as_json(stored):
     assert rc == 0, err
     assert from_json == from_db.split("\n", 1)[1]  # the first line says where the rows went
     assert (tmp / "figs" / "q3_convert.csv").read_text() == csv
+    readme = tmp / "README.md"
+    readme.write_text("top\n<!-- convert: begin -->\nold\n<!-- convert: end -->\nbottom\n")
+    rc, said, err = page("-", str(tmp / "figs"), "--add", str(tmp / "rows.json"), "--readme",
+                         str(readme))
+    assert rc == 0, err
+    assert readme.read_text() == ("top\n<!-- convert: begin -->\n"
+                                  f"{convert_headline(stored[0])}\n<!-- convert: end -->\nbottom\n")
+    readme.write_text("no markers\n")
+    rc, _, err = page("-", str(tmp / "figs"), "--add", str(tmp / "rows.json"), "--readme",
+                      str(readme))
+    assert rc == 1 and "no '<!-- convert: begin -->'" in err
     rc, _, err = page(str(tmp / "nothing.db"), str(tmp / "c"))
     assert rc == 1 and err.strip() == (f"{tmp / 'nothing.db'}: no store there (give '-' to "
                                        "draw only the --add rows)")
@@ -469,3 +480,30 @@ def test_a_pair_says_each_starts_gap_over_the_untied_run_and_its_batch_where_the
     assert "against ×601" not in said
     assert ("from the fitted start, uptrained at batch 4: after 16,384 tokens ×10 (×9.1 to "
             "×10.9) over the teacher and ×11 (×10 to ×12) over the untied model") in said
+
+
+def test_the_headline_is_each_models_k_eq_v_curve_measured_furthest_against_its_baseline(
+        monkeypatch):
+    """Per model, the K=V curve whose gap over the untied run was read at the largest budget
+    (a longer curve without a baseline there, or another tie, is not it), at equal budgets the
+    lower gap; models furthest first; nothing where no K=V curve has a baseline."""
+    import qkvlab.studies.qkv.render.convert as rc
+    df = _sentence_curves(start=["fitted"] * 3 + ["avg"] * 3, tokens=[0, 16384, 65536] * 2,
+                          gap=[19.7, 9.0, 2.5, 3.9e5, 585.0, 500.0], lr=1e-4,
+                          vs_untied=[19.7, 10.0, 2.4, 3.9e5, 600.0, None])
+    mqa = _sentence_curves(start=["fitted"] * 2, tokens=[0, 262144], gap=[60.0, 1.0], lr=1e-4,
+                           vs_untied=[60.0, 1.2]).assign(tie="mqa")
+    other = _sentence_curves(start=["fitted"] * 2, tokens=[0, 1024], gap=[5.0, 0.5], lr=1e-4,
+                             vs_untied=[5.0, 0.6]).assign(model="n", batch=32)
+    monkeypatch.setattr(rc, "curves", lambda data: pd.concat([df, mqa, other]))
+    said = convert_headline(None)
+    assert said.index("m from the fitted start, after 65,536 tokens at batch 4: ×3.4 (×3.16 "
+                      "to ×3.64) over the untied model") < said.index("n from the fitted start, "
+                                                                     "after 1,024 tokens at batch 32")
+    assert "262,144" not in said and "avg" not in said.split("Kayyam")[0]
+    same = df.assign(vs_untied=[19.7, 10.0, 2.4, 3.9e5, 600.0, 1.5],
+                     vs_lo=lambda d: d.vs_untied * 0.9, vs_hi=lambda d: d.vs_untied * 1.1)
+    monkeypatch.setattr(rc, "curves", lambda data: same)  # both at 65,536: avg's lower gap
+    assert "m from the avg start, after 65,536 tokens" in convert_headline(None)
+    monkeypatch.setattr(rc, "curves", lambda data: mqa)
+    assert convert_headline(None) == ""

@@ -15,7 +15,8 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullForma
 
 from qkvlab.hf.convert import gap_text
 from qkvlab.report.blocks import Block, Figure, Para, Table
-from qkvlab.studies.qkv.compute.convert import StartFinding, curve_ends, curves, start_findings
+from qkvlab.studies.qkv.compute.convert import (CurveEnd, StartFinding, curve_ends, curves,
+                                                 start_findings)
 from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.compute.zoo import manifest
 from qkvlab.studies.qkv.plan.references import (KAYYAM_CONVERT, KAYYAM_CONVERT_CITE,
@@ -243,6 +244,35 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
     return (f"{said} Kayyam et al.'s averaged start is {gap:+.1f}% over its teacher after "
             f"{tokens / 1e6:g}M tokens on their 300M model (another model and text; the figure "
             "draws both).")
+
+
+def convert_headline(data: StudyData) -> str:
+    """How far each model's K=V conversion has been measured against its untied baseline: per
+    model the curve paired with that baseline at the largest budget (at equal budgets, the
+    lowest gap over it), in one sentence, Kayyam et al.'s last published point beside them;
+    "" where no K=V curve has a baseline. The README's line under the answers
+    (``scripts/convert-report.py --readme``)."""
+    best: dict[str, CurveEnd] = {}
+    for e in curve_ends(curves(data)):
+        if e.tie == "kv" and e.paired is not None and (
+                e.model not in best or (e.paired[0], -e.paired[4])
+                > (best[e.model].paired[0], -best[e.model].paired[4])):
+            best[e.model] = e
+    if not best:
+        return ""
+    parts = []
+    for e in sorted(best.values(), key=lambda e: -e.paired[0]):
+        t, g, lo, hi, v, vlo, vhi = e.paired
+        parts.append(f"{_title(e.model)} from the {SHORT.get(e.start, e.start)} start, after "
+                     f"{t:,} tokens at batch {e.batch}"
+                     + (" on the stdlib and more Python source" if e.more_text else "")
+                     + f": {ci(v, vlo, vhi)} over the untied model uptrained on the same tokens "
+                     f"the same way, {ci(g, lo, hi)} over its teacher")
+    tokens, gap = KAYYAM_CONVERT["avg"][-1]
+    return ("**Converted to K=V, then uptrained by distillation** (per-token perplexity on "
+            "held-out Python source, 95% CIs; [docs/convert.md](docs/convert.md)): "
+            + "; ".join(parts) + f". Kayyam et al. report {gap:+.1f}% over their teacher after "
+            f"{tokens / 1e6:g}M tokens (their 300M model from the averaged start, another text).")
 
 
 def _over_untied(df: pd.DataFrame, f: StartFinding, start: str, tokens: int) -> tuple | None:
