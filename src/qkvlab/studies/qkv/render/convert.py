@@ -252,12 +252,10 @@ def convert_headline(data: StudyData) -> str:
     lowest gap over it), in one sentence, Kayyam et al.'s last published point beside them;
     "" where no K=V curve has a baseline. The README's line under the answers
     (``scripts/convert-report.py --readme``)."""
+    kv = [e for e in curve_ends(curves(data)) if e.tie == "kv" and e.paired is not None]
     best: dict[str, CurveEnd] = {}
-    for e in curve_ends(curves(data)):
-        if e.tie == "kv" and e.paired is not None and (
-                e.model not in best or (e.paired[0], -e.paired[4])
-                > (best[e.model].paired[0], -best[e.model].paired[4])):
-            best[e.model] = e
+    for e in sorted(kv, key=lambda e: (e.paired[0], -e.paired[4])):
+        best[e.model] = e  # each model's last: its largest paired budget, then its lowest gap
     if not best:
         return ""
     parts = []
