@@ -280,6 +280,7 @@ def test_kv_decode_rows_hold_every_layout_with_consistent_bytes_and_bounds(tmp_p
             assert r["bound_tokens_per_s"] == pytest.approx(
                 B * r["copy_gb_s"] * 1e9 / (r["cache_bytes"] + r["weight_bytes"]))
             assert 0 < r["attention_cache_gb_s"] < math.inf
+            assert 0 < r["cache_read_gb_s"] < math.inf  # a plain sum of the same tensors
             assert "products_gb_s" not in r  # neither kernel has GEMMs of its own
         # one head per kv head (standard, K=V) without rotary keys: the kernel is SDPA itself
         # only where Numba does not import (then it is not measured); else it is measured too
@@ -298,6 +299,7 @@ def test_kv_decode_rows_hold_every_layout_with_consistent_bytes_and_bounds(tmp_p
     assert [t["target"] for t in targets][:4] == [1.8, 3.0, 4.0, 1.6]
     text = bench_tables({"kv_decode": {"rows": rows, "targets": targets}})
     assert "When does K = V pay?" in text and "| memory bound | bounded by |" in text
+    assert "| attention GB/s | read GB/s |" in text
     assert "products" not in text
     assert kv.kv_figure(rows, tmp_path / "kv.png").stat().st_size > 0
 
@@ -358,6 +360,17 @@ def test_kv_targets_are_read_where_the_cache_dominates():
     level = kv._target("x", rows[0], 1.8, 1.2, 1.99, None, {**kv_row, "attention_cache_gb_s":
                                                             15.0}, std)
     assert level["bounded_by"] == "memory; bound above the target: the rest of the step"
+    # slower than its baseline, but as fast as a plain sum of its own tensors reads them (one
+    # stream against standard's two): memory at that read rate, not its arithmetic
+    streams = kv._target("x", rows[0], 1.8, 1.2, 1.99, None,
+                         {**kv_row, "cache_read_gb_s": 10.5}, {**std, "cache_read_gb_s": 17.0})
+    assert streams["bounded_by"] == ("memory at its cache's own read rate: its attention reads "
+                                     "it at 10.0 GB/s, a plain sum at 10.5; standard's "
+                                     "attention at 16.0, its sum at 17.0")
+    # a plain sum well ahead of its attention (below SLOWER_READ of it): the arithmetic again
+    work = kv._target("x", rows[0], 1.8, 1.2, 1.99, None, {**kv_row, "cache_read_gb_s": 16.0},
+                      std)
+    assert work["bounded_by"] == capped["bounded_by"]
 
 
 def test_the_study_reads_the_newest_kv_bench_of_its_own_cpu(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ are the bench's grids, the targets of the issue it answers, and the figure.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from qkvlab.models.speed import kv_decode_speed
@@ -120,8 +121,11 @@ def _target(what: str, at: dict, want: float, measured: float, bound: float,
     """One target's row; ``bounded_by`` names what stops it where it is not met, "" where met:
     "BLAS products (X GB/s vs copy Y GB/s)" where a record's products floor is below the memory
     bound; else, where the layout's attention alone reads its cache slower than its
-    ``base``line's (below ``SLOWER_READ`` of it), the attention's work per token, with both
-    reads (the step's bytes would allow more, its arithmetic does not); else "memory"."""
+    ``base``line's (below ``SLOWER_READ`` of it): where it reads as fast as a plain sum of the
+    same tensors does (``cache_read_gb_s``, at least ``SLOWER_READ`` of it), memory, at that
+    layout's own read rate (one stream of a K=V cache can read slower than standard's two;
+    the arithmetic is then not what stops it), else the attention's work per token, with
+    both reads (the step's bytes would allow more, its arithmetic does not); else "memory"."""
     met = measured >= want
     by = ""
     if not met:
@@ -131,6 +135,13 @@ def _target(what: str, at: dict, want: float, measured: float, bound: float,
         if products:
             by = (f"BLAS products ({row['products_gb_s']:.1f} GB/s vs copy "
                   f"{row['copy_gb_s']:.1f} GB/s)")
+        elif slower and row.get("cache_read_gb_s", math.inf) * SLOWER_READ <= \
+                row["attention_cache_gb_s"]:  # as fast as its tensors stream: their read
+            by = (f"memory at its cache's own read rate: its attention reads it at "
+                  f"{row['attention_cache_gb_s']:.1f} GB/s, a plain sum at "
+                  f"{row['cache_read_gb_s']:.1f}; {base['design']}'s attention at "
+                  f"{base['attention_cache_gb_s']:.1f}, its sum at "
+                  f"{base.get('cache_read_gb_s', math.nan):.1f}")
         elif slower:  # the bytes would allow more; the arithmetic does not
             by = (f"the attention's work per token: its cache read at "
                   f"{row['attention_cache_gb_s']:.1f} GB/s, {base['design']}'s at "

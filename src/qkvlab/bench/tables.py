@@ -164,11 +164,12 @@ def _kv_tables(kv: dict) -> str:
     taken before the decode kernel became packed SDPA (2026-11-26) also hold its BLAS
     products' floor, shown in two more columns."""
     prods = any("products_gb_s" in r for r in kv["rows"])
+    reads = any("cache_read_gb_s" in r for r in kv["rows"])
     rows = [[r["context"], r["batch"], r["design"], int(r["tokens_per_s"]),
              int(r["tokens_per_s_sdpa"]), r.get("own_sdpa", ""), r["ratio"],
              f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}",
              r["cache_bytes"] / 1e6, f"{r['cache_share']:.0%}", int(r["bound_tokens_per_s"]),
-             r["attention_cache_gb_s"]]
+             r["attention_cache_gb_s"]] + ([r.get("cache_read_gb_s", "")] if reads else [])
             + ([r.get("products_gb_s", ""), int(r["products_bound_tokens_per_s"])
                 if "products_bound_tokens_per_s" in r else ""] if prods else [])
             + [r["kernel"]] for r in kv["rows"]]
@@ -180,12 +181,15 @@ def _kv_tables(kv: dict) -> str:
             "SDPA, paired by round (where it chose SDPA: "
             f"the measurement's noise); bound = batch x copy bandwidth ({copy:.1f} GB/s) / "
             "(cache + weight bytes); attention GB/s = cache bytes / the attention alone"
+            + ("; read GB/s = cache bytes / a plain sum of the same cache tensors" if reads
+               else "")
             + ("; products GB/s = cache bytes / the blocked kernel's two products alone "
                "(scores, weighted sum), products bound = batch / their time per step"
                if prods else "") + "\n\n"
             + markdown_table(["context", "batch", "design", "tokens/s", "tokens/s, SDPA",
                               "on kernel / on SDPA", "ratio", "spread", "cache MB",
                               "cache share", "bound tokens/s", "attention GB/s"]
+                             + (["read GB/s"] if reads else [])
                              + (["products GB/s", "products bound tokens/s"] if prods else [])
                              + ["decode attention"], rows))
     if kv.get("targets"):

@@ -141,7 +141,10 @@ def kv_decode_speed(contexts, batches, *, d_model: int = 512, n_heads: int = 8,
     faster for its place in a round, ``timing.interleaved_rounds``), each also pinned to SDPA
     (``tokens_per_s_sdpa``; ``own_sdpa``: the geometric mean over rounds of the paired ratio of
     the step on its chosen kernel to the step on SDPA, the choice's gain) and its attention
-    alone (``attention_cache_gb_s``: its cache bytes / that time). One row per layout and
+    alone (``attention_cache_gb_s``: its cache bytes / that time) and a plain read of the same
+    cache tensors (``cache_read_gb_s``: the bytes / the time ``torch.sum`` takes over them, the
+    rate this machine streams that layout's tensors at, one tensor for K=V and two for
+    standard, which a single copy bandwidth does not tell apart). One row per layout and
     (T, B): ``ratio`` (median per-round ratio to ``baseline``: standard, or rotary standard
     for a rotary layout, :func:`kv_baseline`), ``cache_bytes``, ``weight_bytes``,
     ``cache_share`` (cache / both), ``bound_tokens_per_s`` (B · copy bandwidth / bytes a step
@@ -202,9 +205,14 @@ def _kv_point(models: dict, T: int, B: int, rounds: int, bw: float, device) -> l
                 attend(q, k, v, mask=None, is_causal=False, scale=scale, dropout_p=0.0,
                        need_weights=False, key_rope=rope)
 
+        def read(ts=(k,) if cs[0].shared else (k, v)):  # the same bytes, summed
+            for t in ts:
+                t.sum()
+
         fns[label] = rate(run, work=B, device=device)
         fns[label + ":sdpa"] = rate(lambda run=run: run(kind="sdpa"), work=B, device=device)
         fns[label + ":attn"] = rate(alone, device=device)
+        fns[label + ":read"] = rate(read, device=device)
     raw = interleaved_rounds(fns, rounds + rounds % 2, alternate=True)  # both orders alike
     rows = []
     for label, model in models.items():
@@ -223,5 +231,6 @@ def _kv_point(models: dict, T: int, B: int, rounds: int, bw: float, device) -> l
             "ratio_max": max(ratios), "cache_bytes": cache, "weight_bytes": w,
             "cache_share": cache / (cache + w), "bound_tokens_per_s": B * bw / (cache + w),
             "attention_cache_gb_s": layer_cache * statistics.median(raw[label + ":attn"]) / 1e9,
+            "cache_read_gb_s": layer_cache * statistics.median(raw[label + ":read"]) / 1e9,
             "copy_gb_s": bw / 1e9})
     return rows
