@@ -13,7 +13,8 @@ as a DataFrame. Columns per measure (besides the tags of the run a measure reads
     kv_decode         context, batch, design (a cache layout: standard, tied_kv, tied_qkv,
                       gqa_G with G kv heads, mqa), kernel, tokens_per_s, tokens_per_s_sdpa,
                       ratio (to standard), ratio_min, ratio_max, cache_bytes, weight_bytes,
-                      cache_share, bound_tokens_per_s, attention_cache_gb_s, copy_gb_s
+                      cache_share, bound_tokens_per_s, attention_cache_gb_s, cache_read_gb_s,
+                      copy_gb_s
     pretrained        level (summary | layer), role, measure, and mean, std, null_mean,
                       null_std, null_lo, null_hi, share_above_null, n_heads (summary) or
                       layer, value (layer)
