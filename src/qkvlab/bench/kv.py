@@ -123,9 +123,10 @@ def _target(what: str, at: dict, want: float, measured: float, bound: float,
     bound; else, where the layout's attention alone reads its cache slower than its
     ``base``line's (below ``SLOWER_READ`` of it): where it reads as fast as a plain sum of the
     same tensors does (``cache_read_gb_s``, at least ``SLOWER_READ`` of it), memory, at that
-    layout's own read rate (one stream of a K=V cache can read slower than standard's two;
-    the arithmetic is then not what stops it), else the attention's work per token, with
-    both reads (the step's bytes would allow more, its arithmetic does not); else "memory"."""
+    layout's own read rate (a K=V cache is one tensor where standard's is two, and a machine
+    may stream them at different rates; the arithmetic is then not what stops it), else the
+    attention's work per token, with both reads (the step's bytes would allow more, its
+    arithmetic does not); else "memory"."""
     met = measured >= want
     by = ""
     if not met:
