@@ -23,7 +23,11 @@ GRIDS = {  # (contexts, batches, rounds): the default bench's part stays near a 
 TARGETS = {"tied_kv": 1.8, "gqa_4": 1.8, "gqa_2": 3.0, "mqa": 4.0, "rotary_tied_kv": 1.6}
 GPU_TARGETS = {**TARGETS, "mqa": 5.0}
 CACHE_SHARE = 0.8  # targets apply where the cache is >= 80% of the bytes a step reads
-BANDWIDTH_TARGET = 0.7  # standard's attention reads its cache at >= 70% of copy bandwidth
+# standard's attention reads its cache at >= this share of copy bandwidth: on a GPU the issue's
+# (#40: 60% on the H100), on the CPU ours (the issue sets none there; the Numba kernel reads 0.81
+# at one thread on the EPYC, docs/bench-history.md)
+BANDWIDTH_TARGET = 0.7
+GPU_BANDWIDTH_TARGET = 0.6
 OWN_SDPA = 0.95  # no layout's step on its chosen kernel below this x the same step on SDPA
 # a layout whose attention reads its cache below this share of its baseline's read is bound by
 # its attention's arithmetic, not by its bytes
@@ -84,8 +88,9 @@ def targets(rows: list[dict], device: str = "cpu") -> list[dict]:
                                prod, r, base))
     read = at["attention_cache_gb_s"] / at["copy_gb_s"]
     prod = at["products_gb_s"] / at["copy_gb_s"] if "products_gb_s" in at else None
-    out.append(_target("standard attention cache read / copy bandwidth", at, BANDWIDTH_TARGET,
-                       read, 1.0, prod, at))
+    want = GPU_BANDWIDTH_TARGET if str(device).startswith("cuda") else BANDWIDTH_TARGET
+    out.append(_target("standard attention cache read / copy bandwidth", at, want, read, 1.0,
+                       prod, at))
     return out + [own_sdpa(rows)]
 
 
