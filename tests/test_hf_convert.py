@@ -257,6 +257,14 @@ def test_cli_refuses_bad_arguments_in_one_line_before_loading(argv, msg, capsys,
     assert not (tmp_path / "s.db").exists()  # nothing written
 
 
+def test_cli_refuses_a_model_that_names_nothing_before_the_store_opens(capsys, tmp_path):
+    from qkvlab.cli import main
+    assert main(["convert", str(tmp_path / "nope"), "--db", str(tmp_path / "s.db")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a built-in name" in err[0] and "nope" in err[0]
+    assert not (tmp_path / "s.db").exists()  # nothing written
+
+
 def test_cli_refuses_an_out_that_is_a_file(capsys, tmp_path):
     from qkvlab.cli import main
     (tmp_path / "f").write_text("x")

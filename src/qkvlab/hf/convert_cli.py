@@ -110,6 +110,7 @@ def run_convert(args) -> int:
     from qkvlab.experiments.store import Store
     from qkvlab.hf.convert import ConvertConfig, convert
     from qkvlab.hf.convert import gap_text as _gap
+    from qkvlab.hf.cost import lm_path
 
     cfg = ConvertConfig(tie=args.tie, start=args.start, tokens=args.tokens,
                         eval_tokens=args.eval_tokens,
@@ -129,6 +130,7 @@ def run_convert(args) -> int:
         raise ValueError(f"--more-text: {args.more_text} is not a folder")
     if args.threads:
         torch.set_num_threads(args.threads)
+    lm_path(args.source)  # a name or path that names nothing: refused before the store opens
     Path(args.db).parent.mkdir(parents=True, exist_ok=True)
     with Store(args.db) as store:
         recs = convert(store, args.source, cfg, device=args.device, out=args.out,

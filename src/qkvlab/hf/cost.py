@@ -65,6 +65,21 @@ class CostConfig:
 
 
 # ---- model and text ---------------------------------------------------------------------------
+def lm_path(source: str) -> Path:
+    """The file or folder ``source`` names: a built-in name's installed file, else the path,
+    which must exist (``InputFileError`` naming both readings, before anything is loaded)."""
+    from qkvlab.analysis.sources import BUILTINS, builtin_path
+    from qkvlab.inputs import InputFileError
+
+    if source in BUILTINS:
+        return builtin_path(source)
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise InputFileError(f"model: {source} is not a built-in name ({sorted(BUILTINS)}) "
+                             f"or an existing .gguf file / HF folder", source)
+    return path
+
+
 def load_lm(source: str):
     """(model, tokenizer) of a built-in GGUF name (``smollm2``), a ``.gguf`` file or an HF folder.
 
@@ -77,16 +92,9 @@ def load_lm(source: str):
     from transformers import AutoModelForCausalLM
 
     from qkvlab.analysis._files import check_hf_folder
-    from qkvlab.analysis.sources import BUILTINS, builtin_path
     from qkvlab.hf.loading import load_checked, load_tokenizer
 
-    if source in BUILTINS:
-        path = builtin_path(source)
-    else:
-        path = Path(source).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"model: {source} is not a built-in name ({sorted(BUILTINS)}) "
-                                    f"or an existing .gguf file / HF folder")
+    path = lm_path(source)
     folder = str(check_hf_folder(path))  # before transformers reads anything
     kw = {"local_files_only": True, "trust_remote_code": False,
           **({"gguf_file": path.name} if path.is_file() else {})}
