@@ -413,3 +413,46 @@ def test_the_study_reads_the_newest_kv_bench_of_its_own_cpu(tmp_path, monkeypatc
     kv_rows.loc[kv_rows["spec.cpu_model"].notna(), "spec.cpu_model"] = "C"  # a third CPU
     assert set(kv_payoff(data).source) == {"study"}
     assert list(kv_payoff(data).tokens_per_s) == [100.0, 150.0]
+
+
+def test_the_payoff_caption_says_how_far_the_study_and_the_bench_it_draws_agree(tmp_path,
+                                                                                 monkeypatch):
+    """Where the curve is the bench's, the study's own ratios to standard are set beside it at
+    every point both measured (#40: within 15%), and the figure's caption says so."""
+    from qkvlab.bench import kv
+    from qkvlab.experiments.store import Store
+    from qkvlab.studies.qkv.compute import results
+    from qkvlab.studies.qkv.compute.frames import kv_agreement
+    from qkvlab.studies.qkv.render.figures_q import fig_q3_kv_payoff
+
+    def rows(ratios, contexts):
+        return [{"context": T, "batch": 8, "design": d, "kernel": k, "tokens_per_s": 100.0 * r,
+                 "tokens_per_s_sdpa": 100.0, "ratio": r, "cache_bytes": 1, "cache_share": 0.5,
+                 "bound_tokens_per_s": 900.0}
+                for T in contexts for d, r, k in (("standard", 1.0, "sdpa"),
+                                                  ("tied_kv", ratios[0], "blocked"),
+                                                  ("mqa", ratios[1], "blocked"))]
+
+    db = tmp_path / "r.db"
+    with Store(db) as s:
+        s.measure("kv_decode", {"profile": "smoke", "cpu_model": "A", "version": 0},
+                  lambda: rows((1.6, 2.0), (512, 2048)))
+    monkeypatch.setattr("qkvlab.env.cpu_model", lambda: "A")
+    kv.record_kv_bench(db, {"grid": "full", "rows": rows((1.7, 2.5), (2048, 8192))}, "cpu")
+    monkeypatch.setattr(results, "current", lambda df, name: df.index == df.index)
+    with Store(db, readonly=True) as s:
+        data = results.StudyData(profile=None, runs=None, comparisons=None, probe=None,
+                                 measures=results.measures(s, results.pd.DataFrame(), "smoke"))
+    got = kv_agreement(data)  # the one context both hold, standard left out
+    assert list(zip(got.context, got.design)) == [(2048, "mqa"), (2048, "tied_kv")]
+    np.testing.assert_allclose(got.rel, [2.5 / 2.0 - 1, 1.7 / 1.6 - 1], rtol=1e-12)
+    assert list(got.within) == [False, True]
+    fig = fig_q3_kv_payoff(data, tmp_path)
+    assert ("where both measured (2 layout points besides standard), the study's own ratios "
+            "to standard are within 15% of the bench's at 1 (largest difference +25%: mqa at "
+            "2,048 × 8)") in fig.caption
+    assert "(here blocked and sdpa)" in fig.caption
+    kv_rows = data.measures["kv_decode"]
+    kv_rows["spec.cpu_model"] = "C"  # the study's own curve: nothing to set it beside
+    assert kv_agreement(data).empty
+    assert "within 15%" not in fig_q3_kv_payoff(data, tmp_path).caption

@@ -21,8 +21,8 @@ import pandas as pd
 from matplotlib.ticker import NullFormatter
 
 from qkvlab.report.blocks import Figure
-from qkvlab.studies.qkv.compute.frames import (ci_rows, concat, decode_ratios, diffs, kv_payoff,
-                                                q3_lm)
+from qkvlab.studies.qkv.compute.frames import (KV_AGREE, ci_rows, concat, decode_ratios, diffs,
+                                                kv_agreement, kv_payoff, q3_lm)
 from qkvlab.studies.qkv.compute.effects import effect
 from qkvlab.studies.qkv.compute.results import StudyData, select
 from qkvlab.studies.qkv.plan.experiments import WIDTH_ACCURACY
@@ -380,12 +380,28 @@ def fig_q3_kv_payoff(data: StudyData, out: Path) -> Figure | None:
     src = kv.iloc[0]
     where = (f"Measured by `qkvlab bench --only kv` on this CPU ({src.taken}, "
              f"{int(src.threads)} thread{'s' * (int(src.threads) != 1)}), read in place of the "
-             "study's own shorter measurement"
+             f"study's own shorter measurement{_kv_agreement_text(data)}"
              if src.source == "bench" else "One interleaved measurement by the study")
+    kernels = sorted(set(kv.kernel))
     return save(fig, kv, out, "q3_kv_payoff", "Where K = V pays, and by how much",
                 "One decode step of a one-layer decoder (d_model 512, 8 heads of 64) whose cache "
                 "holds `context` tokens, per cache layout (gqa_G: G kv heads); dashed: the "
-                f"memory bound, batch × copy bandwidth / (cache + weight bytes). {where}; the "
-                "decode attention is SDPA, and where a kv head serves several query heads, "
-                "qkvlab's kernel (the group's heads as the rows of one SDPA call, each cached "
-                "byte read once) where its probe measured it faster.")
+                f"memory bound, batch × copy bandwidth / (cache + weight bytes). {where}. Each "
+                "layout's decode attention is the kernel its probe measured faster on the "
+                "layer's shapes, SDPA or qkvlab's own (`blocked`: on the CPU in float32 a "
+                "Numba kernel that walks each cache row once, a K=V row serving as key and "
+                f"value), named per point in the table's kernel column (here "
+                f"{' and '.join(kernels)}).")
+
+
+def _kv_agreement_text(data: StudyData) -> str:
+    """The payoff caption's check that the bench it draws agrees with the study's own
+    measurement (``frames.kv_agreement``), or "" where they share no point."""
+    agree = kv_agreement(data)
+    if agree.empty:
+        return ""
+    worst = agree.loc[agree.rel.abs().idxmax()]
+    return (f"; where both measured ({len(agree)} layout points besides standard), the study's "
+            f"own ratios to standard are within {KV_AGREE:.0%} of the bench's at "
+            f"{int(agree.within.sum())} (largest difference {worst.rel:+.0%}: "
+            f"{worst.design} at {int(worst.context):,} × {int(worst.batch)})")
