@@ -382,7 +382,7 @@ def test_the_study_reads_the_newest_kv_bench_of_its_own_cpu(tmp_path, monkeypatc
     from qkvlab.bench import kv
     from qkvlab.experiments.store import Store
     from qkvlab.studies.qkv.compute import results
-    from qkvlab.studies.qkv.compute.frames import kv_payoff
+    from qkvlab.studies.qkv.compute.payoff import kv_payoff
 
     def rows(tokens, rotary=False):  # the bench's grid also holds the rotary pair
         return [{"context": 512, "batch": 1, "design": d, "kernel": "sdpa",
@@ -422,8 +422,8 @@ def test_the_payoff_caption_says_how_far_the_study_and_the_bench_it_draws_agree(
     from qkvlab.bench import kv
     from qkvlab.experiments.store import Store
     from qkvlab.studies.qkv.compute import results
-    from qkvlab.studies.qkv.compute.frames import kv_agreement
-    from qkvlab.studies.qkv.render.figures_q import fig_q3_kv_payoff
+    from qkvlab.studies.qkv.compute.payoff import kv_agreement
+    from qkvlab.studies.qkv.render.payoff import fig_q3_kv_payoff
 
     def rows(ratios, contexts):
         return [{"context": T, "batch": 8, "design": d, "kernel": k, "tokens_per_s": 100.0 * r,

@@ -47,7 +47,7 @@ def record_kv_bench(db, kv: dict, device: str) -> dict:
     """Record a ``bench_kv`` result in the results store at ``db`` as one ``kv_bench`` measure:
     its rows, under a spec naming the grid, device, CPU model, threads, PyTorch and when it was
     taken (each bench run is a record of its own). The study's Q3 payoff curve reads the newest
-    one taken on the CPU its own measurement ran on (``compute.frames.kv_payoff``). Returns
+    one taken on the CPU its own measurement ran on (``compute.payoff.kv_payoff``). Returns
     the spec."""
     import time
 

@@ -46,7 +46,6 @@ from qkvlab.studies.qkv.render.figures_q import (
     fig_q1_convex,
     fig_q1_loss,
     fig_q1_scale,
-    fig_q3_kv_payoff,
     fig_q2_emergence,
     fig_q2_own,
     fig_q2_pretrained,
@@ -57,6 +56,7 @@ from qkvlab.studies.qkv.render.figures_q import (
 from qkvlab.studies.qkv.render import figures_scaling
 from qkvlab.studies.qkv.render.convert import fig_q3_convert
 from qkvlab.studies.qkv.render.headwidth import fig_q3_head_width
+from qkvlab.studies.qkv.render.payoff import fig_q3_kv_payoff
 from qkvlab.studies.qkv.render.uptrain import fig_q3_uptrain
 from qkvlab.studies.qkv.render.figures_zoo import fig_q2_zoo, fig_q3_tie_layers
 from qkvlab.studies.qkv.render.scale import fig_q1_scale_train

@@ -15,12 +15,12 @@ from qkvlab.report.blocks import Verdict
 from qkvlab.studies.qkv.compute.effects import Status, effect
 from qkvlab.studies.qkv.compute.findings import fold
 from qkvlab.studies.qkv.compute.frames import (
-    kv_pays,
     pick,
     records,
     rows_of,
     task_effects,
 )
+from qkvlab.studies.qkv.compute.payoff import kv_pays
 from qkvlab.studies.qkv.compute.results import StudyData, chance
 from qkvlab.studies.qkv.compute.zoo import zoo_table
 from qkvlab.studies.qkv.plan.references import (
