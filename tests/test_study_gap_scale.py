@@ -12,6 +12,7 @@ import pytest
 from qkvlab.experiments.registry import get_profile, runs_of
 from qkvlab.experiments.store import run_id
 from qkvlab.stats import holm
+from qkvlab.studies.qkv.compute import backtest as BT
 from qkvlab.studies.qkv.compute import scaling as S
 from qkvlab.studies.qkv.compute.results import StudyData
 from qkvlab.studies.qkv.plan import scaling as P
@@ -162,16 +163,20 @@ def test_comparison_reads_only_the_stored_prediction(tmp_path):
     assert not any("Predicted" in getattr(b, "caption", "") for b in R.tables(
         study_data(runs, {})))
     stored = pd.DataFrame(S.prediction_records(runs))
-    stored.loc[(stored.design == "tied_kv") & (stored.target == 3e8),
+    # the published table reads the back-test's record: here as if the line had passed it
+    passed = stored.assign(kind="prediction", form="line")
+    passed.loc[(passed.design == "tied_kv") & (passed.target == 3e8),
                ["gap_pct", "lo", "hi"]] = [3.0, 2.0, 4.0]  # what the store says wins
     data = study_data(runs, {S.PREDICTION: stored})
+    assert not any("Predicted" in b.caption for b in R.tables(data))  # no back-test: none
+    data = study_data(runs, {S.PREDICTION: stored, BT.MEASURE: passed})
     fig = R.fig_size(data, tmp_path)
     h, w = mpimg.imread(tmp_path / fig.png).shape[:2]
     assert h > 200 and 500 < w < 1500  # legible, and not wider than a laptop screen
     table = [b for b in R.tables(data) if "Predicted" in b.caption][0]
-    kv = [r for r in table.rows if r[0] == "tied K=V" and r[1] == "300M"][0]
-    assert kv[2:] == ("+3.0 (+2.0 to +4.0)", "+3.1", "yes", "-0.1")
-    cmp = S.compare_published(stored)  # five designs at 300M and tied K=V at 1.2B
+    kv = [r for r in table.rows if r[0] == "tied K=V" and r[2] == "300M"][0]
+    assert kv[1:] == ("line", "300M", "+3.0 (+2.0 to +4.0)", "+3.1", "yes", "-0.1")
+    cmp = S.compare_published(passed)  # five designs at 300M and tied K=V at 1.2B
     assert list(zip(cmp.design, cmp.target)) == [
         ("tied_kv", 3e8), ("tied_kv", 1.2e9), ("tied_qk", 3e8), ("tied_qkv", 3e8),
         ("gqa_half", 3e8), ("mqa", 3e8)]

@@ -12,8 +12,10 @@ from conftest import scored
 from qkvlab.experiments.registry import get_profile, runs_of
 from qkvlab.experiments.store import Store
 from qkvlab.studies.qkv.compute import results
+from qkvlab.studies.qkv.compute import backtest as BT
 from qkvlab.studies.qkv.compute import scaling as S
 from qkvlab.studies.qkv.plan import scaling as P
+from qkvlab.studies.qkv.render import figures_scaling as R
 from qkvlab.studies.qkv.render import page
 from qkvlab.studies.qkv.study import Recorder, StudyConfig, run_measures
 
@@ -30,7 +32,8 @@ def _loss(tags: dict) -> float:
     return base + OFFSET[tags["design"]] + off + noise
 
 
-def test_a_scaling_only_store_runs_its_stages_and_writes_a_report(tmp_path):
+def test_a_scaling_only_store_runs_its_stages_and_writes_a_report(tmp_path, monkeypatch):
+    monkeypatch.setattr(BT, "BOOT", 100)  # the back-test's resamples: enough to run its path
     p = get_profile("scaling")
     db = tmp_path / "r.db"
     with Store(db) as store:
@@ -52,9 +55,12 @@ def test_a_scaling_only_store_runs_its_stages_and_writes_a_report(tmp_path):
     assert not data.runs.empty and data.runs.arm.isna().all()
     pred = data.measure(S.PREDICTION)
     assert set(zip(pred.design, pred.target)) == {(d, t) for d in P.DESIGNS for t in S.TARGETS}
+    bt = data.measure(BT.MEASURE)  # the size trend's back-test, stored before the report
+    assert not bt.empty and set(bt.kind) <= {"heldout", "prediction", "untested"}
     index = page.write_report(data, tmp_path / "report")
     html = index.read_text()
     assert "Predicted" in html and "gap" in html
+    assert R.backtest_text(data).split(':')[0] in html  # its outcome, in the size figure
     verdicts = json.loads((tmp_path / "report" / "verdicts.json").read_text())
     assert verdicts  # the answers on top are generated from the stored decisions
     md = (tmp_path / "report" / "report.md").read_text()

@@ -39,6 +39,7 @@ from qkvlab.studies.qkv.compute import measures as M
 from qkvlab.studies.qkv.compute.measures import MEASURE_VERSION
 from qkvlab.studies.qkv.compute import results
 from qkvlab.studies.qkv.compute import scaling as S
+from qkvlab.studies.qkv.compute import backtest as BT
 from qkvlab.studies.qkv.plan.experiments import ORDER
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
 from qkvlab.studies.qkv.plan.questions import QUESTIONS, tuned_designs
@@ -253,9 +254,11 @@ def run_measures(rec: Recorder, cfg: StudyConfig) -> None:
 
 
 def record_prediction(rec: Recorder, cfg: StudyConfig, runs: dict[str, pd.DataFrame]) -> None:
-    """Store the size fit's prediction at the published sizes (``compute.scaling``) before the
-    report is drawn: the comparison with the published numbers reads only this record. Its spec
-    names every size run it read, with its status, so new runs make a new record."""
+    """Store the size fit's prediction at the published sizes (``compute.scaling``) and the size
+    trend's back-test (``compute.backtest``) before the report is drawn: the comparison with the
+    published numbers reads only the back-test's record, the predictions of the forms that
+    passed it. Each spec names every size run it read, with its status, so new runs make a new
+    record."""
     size = runs.get(S.RUN_EXPERIMENTS["size"], pd.DataFrame())
     if size.empty:
         return
@@ -264,6 +267,9 @@ def record_prediction(rec: Recorder, cfg: StudyConfig, runs: dict[str, pd.DataFr
     read = sorted(f"{r.run_id}:{r.status}" for r in size.drop_duplicates("run_id").itertuples())
     rec(S.PREDICTION, {"runs": read, "chance": chance},
         lambda: S.prediction_records(both, chance))
+    # the trend's back-test (``compute.backtest``): only a form that passes is extrapolated
+    rec(BT.MEASURE, {"runs": read, "chance": chance, "boot": BT.BOOT, "holdout": BT.HOLDOUT},
+        lambda: BT.backtest(both, chance))
 
 
 def run_pretrained(rec: Recorder, cfg: StudyConfig) -> None:

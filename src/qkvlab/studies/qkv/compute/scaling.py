@@ -312,10 +312,11 @@ def prediction_records(runs: pd.DataFrame, chance: float | None = None) -> list[
 
 
 def compare_published(pred: pd.DataFrame) -> pd.DataFrame:
-    """The stored prediction (``PREDICTION``'s records) beside each published gap of the same
+    """Stored predictions (``PREDICTION``'s records, or ``backtest``'s of the forms that passed,
+    with their ``form``; the line where none is named) beside each published gap of the same
     design and size: ``published`` (% per-token perplexity), ``inside`` (the published value
     lies in the interval; None without one) and ``miss`` (predicted − published)."""
-    cols = ["design", "target", "gap_pct", "lo", "hi", "published", "inside", "miss"]
+    cols = ["design", "form", "target", "gap_pct", "lo", "hi", "published", "inside", "miss"]
     if pred.empty:
         return pd.DataFrame(columns=cols)
     rows = []
@@ -325,7 +326,8 @@ def compare_published(pred: pd.DataFrame) -> pd.DataFrame:
             continue
         lo, hi = _f(r["lo"]), _f(r["hi"])
         ok = None if not (math.isfinite(lo) and math.isfinite(hi)) else bool(lo <= pub <= hi)
-        rows.append({"design": r["design"], "target": float(r["target"]),
+        rows.append({"design": r["design"], "form": r.get("form", "line"),
+                     "target": float(r["target"]),
                      "gap_pct": _f(r["gap_pct"]), "lo": lo, "hi": hi, "published": pub,
                      "inside": ok, "miss": _f(r["gap_pct"]) - pub})
     return pd.DataFrame(rows, columns=cols)

@@ -1,10 +1,11 @@
 """The gap against training budget and size (``compute.scaling``): two figures, the budget
 verdicts, the predicted-vs-published table and the sentence the plain answers quote.
 
-The size figure and the table draw the fit and the prediction only from the stored
-``scaling_prediction`` records (the study stores them before the report is drawn); the
-measured points come from the runs. Published numbers are drawn as labelled references, in
-their unit (% perplexity per subword token), never as measurements.
+The size figure draws the descriptive fit from the stored ``scaling_prediction`` records, and
+the predictions at the published sizes only from the stored back-test (``scaling_backtest``,
+``compute.backtest``): only a form that passed it is extrapolated (the study stores both before
+the report is drawn); the measured points come from the runs. Published numbers are drawn as
+labelled references, in their unit (% perplexity per subword token), never as measurements.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from qkvlab.report.blocks import Block, Figure, Para, Table
+from qkvlab.studies.qkv.compute import backtest as BT
 from qkvlab.studies.qkv.compute import scaling as S
 from qkvlab.studies.qkv.compute.results import StudyData, chance
 from qkvlab.studies.qkv.plan.references import REF_KV_CITE
@@ -89,6 +91,38 @@ def _stored(data: StudyData) -> pd.DataFrame:
     return data.measure(S.PREDICTION)
 
 
+def _passed(data: StudyData) -> pd.DataFrame:
+    """The back-test's predictions: the forms that passed it, per design (none stored: none)."""
+    return BT.kind(data.measure(BT.MEASURE), "prediction")
+
+
+FORM_TEXT = {"line": "gap% = a + b·log10 N",
+             "multiplier": "effective-parameter multiplier on standard's L(N) = E + A·N^-α"}
+
+
+def backtest_text(data: StudyData) -> str:
+    """What the back-test found, in words: which forms passed for which designs, that none
+    did, or why none could be tested; "" where the store holds no back-test."""
+    bt = data.measure(BT.MEASURE)
+    why = BT.kind(bt, "untested")
+    if not why.empty:
+        return f"not back-tested: {why.reason.iloc[0]}, so nothing is extrapolated"
+    held = BT.kind(bt, "heldout")
+    if held.empty:
+        return ""
+    ok = {f: [label(d) for d in dict.fromkeys(g.design)]
+          for f, g in BT.kind(bt, "prediction").groupby("form", sort=False)}
+    n = held.held_params.max()
+    head = (f"back-tested on a cell of {n:,.0f} parameters held out, ≥ {BT.HOLDOUT:g}× the "
+            f"{int(held.fit_cells.iloc[0])} cells fitted")
+    if not ok:
+        return f"{head}: no form's {BT.LEVEL:.0%} prediction interval held the measured gap, so " \
+               f"nothing is extrapolated"
+    return f"{head}: " + "; ".join(f"the {FORM_TEXT[f]} passed for {', '.join(ds)}"
+                                   for f, ds in ok.items()) + \
+        " (only these are extrapolated)"
+
+
 def fig_size(data: StudyData, out: Path) -> Figure | None:
     """One panel per design: measured gaps per size, the stored fit with its band extended to
     1.2B, the stored prediction at 300M and 1.2B and the published points."""
@@ -111,15 +145,20 @@ def fig_size(data: StudyData, out: Path) -> Figure | None:
             out_ = s[[not k for k in fit_in]]  # attention not used there: outside the fit
             ax.plot(out_.cell_params, out_["mean"], m, color=color(d), mfc="white", ms=4)
         f = pred[pred.design == d].iloc[0].to_dict()
-        xs = [10 ** (math.log10(f["n_min"]) + i * (math.log10(1.2e9 / f["n_min"])) / 40)
+        xs = [10 ** (math.log10(f["n_min"]) + i * (math.log10(f["n_max"] / f["n_min"])) / 40)
               for i in range(41)]
         ys = [S.line(f, x) for x in xs]
         ax.plot(xs, [y for y, _ in ys], "-", color=color(d), lw=1)
         ax.fill_between(xs, [y - h for y, h in ys], [y + h for y, h in ys], color=color(d),
                         alpha=0.15, lw=0)
-        pts = pred[pred.design == d]
-        ax.errorbar(pts.target, pts.gap_pct, yerr=[pts.gap_pct - pts.lo, pts.hi - pts.gap_pct],
-                    fmt="s", mfc="white", color=color(d), capsize=3, label="predicted")
+        ok = _passed(data)
+        for form, m in (("line", "s"), ("multiplier", "^")):
+            pts = ok[(ok.design == d) & (ok.form == form)] if not ok.empty else ok
+            if not pts.empty:
+                ax.errorbar(pts.target, pts.gap_pct,
+                            yerr=[pts.gap_pct - pts.lo, pts.hi - pts.gap_pct], fmt=m,
+                            mfc="white", color=color(d), capsize=3,
+                            label=f"predicted ({form})")
         pub = [(n, v) for (dd, n), v in S.PUBLISHED.items() if dd == d]
         ax.plot([n for n, _ in pub], [v for _, v in pub], "D", color="#555555", mfc="#555555",
                 ms=4, label="published")
@@ -133,13 +172,13 @@ def fig_size(data: StudyData, out: Path) -> Figure | None:
                 f"Each design's paired per-token perplexity gap to standard at each size "
                 f"(tokens = {data.profile.tokens_per_param:g} × non-embedding parameters, own "
                 f"tuned rate, test split, ± 95% CI over seeds); line and band: the stored fit "
-                f"gap% = a + b·log10 N and its 95% CI, extended to 1.2B; open squares: the "
-                f"stored prediction at 300M and 1.2B; hollow points: sizes where standard "
-                f"does not beat the attention-free control by more than the margin, left out "
-                f"of the fit; grey diamonds: published ({REF_KV_CITE}), "
-                f"not measured here. The band says how well the line is pinned down over the "
-                f"sizes measured, not whether it holds three orders of magnitude further."
-                + _lost(sz))
+                f"gap% = a + b·log10 N and its 95% CI over the sizes measured; open markers at "
+                f"300M and 1.2B: the prediction of each form that passed its back-test, with its "
+                f"95% bootstrap interval (the size trend is "
+                f"{backtest_text(data) or 'not back-tested'}); "
+                f"hollow points: sizes where standard does not beat the attention-free control "
+                f"by more than the margin, left out of the fit; grey diamonds: published "
+                f"({REF_KV_CITE}), not measured here." + _lost(sz))
 
 
 def figures(data: StudyData, out: Path) -> list[Figure]:
@@ -206,14 +245,31 @@ _trend_rows(share)))
                    else f"{r.mean:+.1f}",
                    "yes" if r.used else "no: left out of the fit")
                   for r in by_size.itertuples())))
-    cmp = S.compare_published(_stored(data))
+    held = BT.kind(data.measure(BT.MEASURE), "heldout")
+    if not held.empty:
+        out.append(Table(
+            f"The size trend's back-test: each form fitted on the sizes ≤ 1/{BT.HOLDOUT:g} of a "
+            f"held-out cell, its {BT.LEVEL:.0%} prediction interval for that cell's mean gap "
+            "(seeds resampled within each fitted cell, plus the held-out mean's own scatter) "
+            "beside the gap measured there, % perplexity per token; only a form whose "
+            "interval holds it is extrapolated (written down before the held-out runs)",
+            ("form", "design", "fitted sizes", "held out", "predicted (interval)",
+             "measured ± 95% CI", "passes"),
+            tuple((r.form, label(r.design), f"{int(r.fit_cells)}: {r.fit_min:,.0f}–"
+                   f"{r.fit_max:,.0f}", f"{r.held_params:,.0f} ({int(r.n_held)} seeds)",
+                   f"{r.predicted:+.1f} ({r.lo:+.1f} to {r.hi:+.1f})",
+                   f"{r.measured:+.1f} ± {r.measured_half:.1f}"
+                   if r.measured_half is not None and math.isfinite(r.measured_half)
+                   else f"{r.measured:+.1f}", "yes" if r.covered else "no")
+                  for r in held.itertuples())))
+    cmp = S.compare_published(_passed(data))
     if not cmp.empty:
         out.append(Table(
-            "Predicted (stored before this table was drawn) vs published, % perplexity per "
-            f"subword token; published: {REF_KV_CITE}",
-            ("design", "parameters", "predicted (95% CI)", "published", "published inside?",
-             "predicted − published"),
-            tuple((label(r.design), f"{r.target / 1e6:,.0f}M",
+            "Predicted by the forms that passed their back-test (stored before this table was "
+            f"drawn) vs published, % perplexity per subword token; published: {REF_KV_CITE}",
+            ("design", "form", "parameters", "predicted (95% CI)", "published",
+             "published inside?", "predicted − published"),
+            tuple((label(r.design), r.form, f"{r.target / 1e6:,.0f}M",
                    f"{r.gap_pct:+.1f} ({r.lo:+.1f} to {r.hi:+.1f})" if r.inside is not None
                    else f"{r.gap_pct:+.1f} (no interval: too few sizes)",
                    f"+{r.published:g}",
@@ -227,7 +283,7 @@ def answer_sentence(data: StudyData) -> str | None:
     """The plain answers' sentence on scale, when the store holds these results."""
     g, summ = frames(data)
     t = S.budget_trend(g, S.used_budgets(summ))
-    cmp = S.compare_published(_stored(data))
+    cmp = S.compare_published(_passed(data))
     parts = []
     if not t.empty:
         used = S.attention_by_budget(frames(data)[1])
@@ -256,11 +312,14 @@ def answer_sentence(data: StudyData) -> str | None:
         else:
             parts.append(f"extrapolated to {sizes} parameters, a prediction without an "
                          f"interval (too few sizes), so not set against the published gaps")
+    elif backtest_text(data):
+        parts.append(f"against size, {backtest_text(data)} to the published sizes")
     if not parts:
         return None
     return ("At scale: each tie's per-token gap to standard " + "; ".join(parts) +
-            "; the extrapolation spans three orders of magnitude from models trained "
-            "here on at most ~3,000 steps, and carries little weight (figures in Q3).")
+            ("; the extrapolation spans three orders of magnitude from models trained "
+             "here on at most ~3,000 steps, and carries little weight" if not cmp.empty
+             else "") + " (figures in Q3).")
 
 
 def q_blocks(data: StudyData, figs: list[Figure]) -> list[Block]:

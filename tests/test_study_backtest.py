@@ -1,0 +1,120 @@
+"""The size trend's back-test (``compute.backtest``, issue 39 item 4): the split of the size
+cells, each form's prediction of a held-out cell against what it measured, and that only a form
+that passes is extrapolated, in the table, the figure and the answers' sentence."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from qkvlab.studies.qkv.compute import backtest as BT
+from qkvlab.studies.qkv.compute import scaling as S
+from qkvlab.studies.qkv.plan import scaling as P
+from qkvlab.studies.qkv.plan.vocab import label
+from qkvlab.studies.qkv.render import figures_scaling as R
+from test_study_gap_scale import run_row, size_runs, study_data
+
+E, A, ALPHA = 3.0, 2.0, 0.3
+# each design worth this share of standard's parameters: tied Q=K=V far less than the rest
+SHARE = dict(zip(P.DESIGNS, (0.5, 0.6, 0.1, 0.95, 0.8)))
+CELLS = ((1e4, 32, 1), (2e4, 40, 1), (3e4, 48, 1), (4e4, 56, 1), (1.5e5, 96, 2))
+
+
+def curve(n: float) -> float:
+    return E + A * (n / 1e5) ** -ALPHA
+
+
+def multiplier_runs(cells=CELLS) -> pd.DataFrame:
+    """Size cells whose losses follow one curve for standard and L(m·N) for each design; the
+    seeds scatter every design of a seed alike (-0.01, 0, +0.01), so each cell's mean and each
+    seed's gap are exact."""
+    rows = []
+    for n, width, depth in cells:
+        for seed, off in enumerate((-0.01, 0.0, 0.01)):
+            rows.append(run_row("scaling_size", "size", 10, n, "standard", seed,
+                                curve(n) + off, width=width, depth=depth))
+            rows += [run_row("scaling_size", "size", 10, n, d, seed, curve(m * n) + off,
+                             width=width, depth=depth) for d, m in SHARE.items()]
+    return pd.DataFrame(rows)
+
+
+def exact_gap(design: str, n: float) -> float:
+    return 100.0 * math.expm1(curve(SHARE[design] * n) - curve(n))
+
+
+@pytest.fixture(autouse=True)
+def fewer_resamples(monkeypatch):
+    monkeypatch.setattr(BT, "BOOT", 200)
+
+
+def test_the_fit_reads_sizes_a_third_of_the_held_out_cell_or_less():
+    assert BT.split([1, 2, 3, 4, 12]) == ([1, 2, 3, 4], [12])
+    assert BT.split([1, 2, 3, 4, 11]) == ([1, 2, 3], [11])  # 4 is not 3x below 11
+    assert BT.split([4, 12, 30, 40]) == ([4, 12], [40])  # 30 < 3 x 12: neither
+    assert BT.split([1, 2]) == ([], []) and BT.split([]) == ([], [])
+
+
+def test_the_multiplier_form_recovers_its_own_curve_and_the_line_misses_it():
+    recs = pd.DataFrame(BT.backtest(multiplier_runs()))
+    held = BT.kind(recs, "heldout").set_index(["form", "design"])
+    assert set(held.held_params) == {1.5e5} and set(held.fit_cells) == {4}
+    for d in P.DESIGNS:
+        want = exact_gap(d, 1.5e5)
+        assert held.loc[("multiplier", d), "measured"] == pytest.approx(want, rel=1e-9)
+        assert held.loc[("multiplier", d), "predicted"] == pytest.approx(want, rel=1e-4)
+        assert held.loc[("multiplier", d), "covered"]
+    # the line through log N cannot follow Q=K=V's curve 3.75x beyond its last size
+    assert not held.loc[("line", "tied_qkv"), "covered"]
+    pred = BT.kind(recs, "prediction")
+    multi = pred[pred.form == "multiplier"].set_index(["design", "target"])
+    assert set(multi.index) == {(d, t) for d in P.DESIGNS for t in S.TARGETS}
+    got = np.array([multi.loc[(d, t), "gap_pct"] for d in P.DESIGNS for t in S.TARGETS])
+    want = np.array([exact_gap(d, t) for d in P.DESIGNS for t in S.TARGETS])
+    np.testing.assert_allclose(got, want, rtol=1e-3)
+    assert (multi.lo <= multi.gap_pct).all() and (multi.gap_pct <= multi.hi).all()
+    # only the designs a form passed for are extrapolated by it
+    line_ok = set(held.loc["line"].index[held.loc["line"].covered])
+    assert set(pred[pred.form == "line"].design) == line_ok
+
+
+def test_sizes_too_close_together_are_not_back_tested_and_nothing_is_extrapolated(tmp_path):
+    runs = size_runs(12.0, -2.0)  # 1e4 .. 4e5: only 3 cells at a third of the largest
+    recs = pd.DataFrame(BT.backtest(runs))
+    assert list(recs.kind) == ["untested"]
+    assert "hold 3 cell(s) at ≤ 1/3 of the largest, and a back-test needs 4" in \
+        recs.reason.iloc[0]
+    data = study_data(runs, {S.PREDICTION: pd.DataFrame(S.prediction_records(runs)),
+                             BT.MEASURE: recs})
+    assert R.backtest_text(data).startswith("not back-tested: the sizes where standard uses "
+                                            "attention (10,000 to 400,000 parameters, 40.0×)")
+    assert not any("published" in getattr(b, "caption", "") for b in R.tables(data))
+    assert "nothing is extrapolated to the published sizes" in R.answer_sentence(data)
+    assert "carries little weight" not in R.answer_sentence(data)
+    assert "not back-tested" in R.fig_size(data, tmp_path).caption
+
+
+def test_the_report_extrapolates_only_the_forms_that_passed(tmp_path):
+    runs = multiplier_runs()
+    recs = pd.DataFrame(BT.backtest(runs))
+    data = study_data(runs, {S.PREDICTION: pd.DataFrame(S.prediction_records(runs)),
+                             BT.MEASURE: recs})
+    tables = {b.caption.split(":")[0]: b for b in R.tables(data)}
+    back = tables["The size trend's back-test"]
+    assert len(back.rows) == 2 * len(P.DESIGNS)
+    qkv = [r for r in back.rows if r[:2] == ("multiplier", label("tied_qkv"))][0]
+    assert qkv[2] == "4: 10,000–40,000" and qkv[3] == "150,000 (3 seeds)" and qkv[6] == "yes"
+    # the line misses every design here (its interval is the seeds' zero scatter), so the
+    # published table holds the multiplier's predictions alone, each design at 300M, K=V at 1.2B
+    assert {r[6] for r in back.rows if r[0] == "line"} == {"no"}
+    cmp = [b for b in R.tables(data) if b.caption.startswith("Predicted by the forms")][0]
+    assert [(r[0], r[1], r[2]) for r in cmp.rows] == [
+        *((label(d), "multiplier", "300M") for d in P.DESIGNS),
+        (label("tied_kv"), "multiplier", "1,200M")]
+    text = R.backtest_text(data)
+    assert text.startswith("back-tested on a cell of 150,000 parameters held out, ≥ 3× the 4 "
+                           "cells fitted: ")
+    assert text.endswith("the effective-parameter multiplier on standard's L(N) = E + A·N^-α "
+                         "passed for " + ", ".join(map(label, P.DESIGNS)) +
+                         " (only these are extrapolated)")
+    assert "carries little weight" in R.answer_sentence(data)
