@@ -2,15 +2,19 @@
 cells, each form's prediction of a held-out cell against what it measured, and that only a form
 that passes is extrapolated, in the table, the figure and the answers' sentence."""
 
+import dataclasses
 import math
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from qkvlab.experiments.registry import get_profile
+from qkvlab.experiments.store import run_id
 from qkvlab.studies.qkv.compute import backtest as BT
 from qkvlab.studies.qkv.compute import scaling as S
 from qkvlab.studies.qkv.plan import scaling as P
+from qkvlab.studies.qkv.plan.profiles import Rates
 from qkvlab.studies.qkv.plan.vocab import label
 from qkvlab.studies.qkv.render import figures_scaling as R
 from test_study_gap_scale import run_row, size_runs, study_data
@@ -118,3 +122,31 @@ def test_the_report_extrapolates_only_the_forms_that_passed(tmp_path):
                          "passed for " + ", ".join(map(label, P.DESIGNS)) +
                          " (only these are extrapolated)")
     assert "carries little weight" in R.answer_sentence(data)
+
+
+def test_the_held_out_cell_is_never_tuned_and_trains_at_its_donors_rates():
+    p = get_profile("scaling")
+    size = [c for c in P.cells(p) if c.kind == "size"]
+    held = [c for c in size if c.held]
+    assert [(c.d_model, c.n_layers, c.n_heads) for c in held] == [(112, 2, 7)]
+    assert P.donor(p, held[0]).d_model == 80 and P.donor(p, held[0]).n_layers == 2
+    # the back-test holds it out: >= 3x every size up to 64 x 2, the fit's four where
+    # attention was used in the first run (50k and up)
+    assert BT.split([c.n_params for c in size if c.n_params > 45_000]) == (
+        [50112.0, 56640.0, 78000.0, 100096.0], [float(held[0].n_params)])
+    assert not [r for r in P.grid_runs(p) if r[1]["d_model"] == 112]  # never tuned
+    grid = P.lr_grid(p)
+
+    def loss(tags):  # 80 x 2 prefers the grid's lowest rate, every other cell its middle one
+        want = grid[0] if (tags["d_model"], tags["n_layers"]) == (80, 2) else grid[1]
+        return 1.0 if tags["lr"] == want else 2.0
+
+    status = {run_id(s.to_dict()): ("done", loss(t)) for s, t in P.grid_runs(p)}
+    p = dataclasses.replace(p, rates=Rates(scaling_tuned=status))
+    status |= {run_id(s.to_dict()): ("done", 3.0) for s, t in P.edge_runs(p)}  # edges worse
+    p = dataclasses.replace(p, rates=Rates(scaling_tuned=status))
+    runs = P.main_runs(p, "size", p.size_seeds)
+    rates = {(t["d_model"], t["n_layers"], t["design"]): t["lr"] for _, t in runs}
+    assert {v for (w, _, _), v in rates.items() if w == 112} == {grid[0]}
+    assert {v for (w, d, _), v in rates.items() if (w, d) == (64, 2)} == {grid[1]}
+    assert len({d for (w, _, d) in rates if w == 112}) == 7  # every design and the control

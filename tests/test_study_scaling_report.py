@@ -47,7 +47,8 @@ def test_a_scaling_only_store_runs_its_stages_and_writes_a_report(tmp_path, monk
                     store.finish(rid, "done", 1, scored({"val_loss": v}) if "seed" in t
                                  and t["seed"] < 100 else {"val_loss": v}, {"n_params": 1})
         assert counts["scaling_tune_edge"] == 0  # the middle rate wins everywhere
-        assert counts["scaling_budget"] == 4 * 7 * 6 and counts["scaling_size"] == 8 * 7 * 3
+        # 8 tuned sizes and the back-test's held-out one, 7 designs, 3 seeds
+        assert counts["scaling_budget"] == 4 * 7 * 6 and counts["scaling_size"] == 9 * 7 * 3
         rec = Recorder(store, p.name)
         run_measures(rec, StudyConfig(profile=p.name, db=str(db), progress=False))
         assert rec.notes == []

@@ -129,6 +129,10 @@ class QKVProfile(Profile):
     size_depths: tuple[int, ...] = ()
     tokens_per_param: float = 20.0
     size_seeds: tuple[int, ...] = ()
+    # (width, depth) size cells held out of the tuning for the size trend's back-test
+    # (``compute.backtest``): trained like the other size cells on ``size_seeds``, each design
+    # at the rate chosen in the largest tuned size cell of the same depth (never tuned itself)
+    size_holdout: tuple[tuple[int, int], ...] = ()
     scaling_lr_grid: tuple[float, ...] = ()
     scaling_lr_seeds: tuple[int, ...] = ()
     # what the store holds of the tuning experiments, read before the runs that depend on them
@@ -230,6 +234,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                scale_train_d_heads=(8, 16), scale_train_seeds=(0,),
                kv_contexts=(64, 256), kv_batches=(1, 2), task_arms=CHAR_ARMS,
                scaling_budgets=(4, 8), scaling_seeds=(0, 1), size_widths=(16, 32),
+               size_holdout=((64, 1),),
                size_depths=(1,), tokens_per_param=0.02, size_seeds=(0,),
                scaling_lr_grid=(1.0, 3.0), scaling_lr_seeds=(100,), uptrain_fractions=(0.5,)),
     # 15 minutes on 2 cores (docs/study-profiles.md): at quick's budgets standard does not
@@ -326,5 +331,9 @@ PROFILES = {p.name: register_profile(p) for p in (
                steps=1000, lr=6e-3, eval_batches=16, task_options=SCALING_LM,
                scaling_budgets=(375, 750, 1500, 3000), scaling_seeds=tuple(range(6)),
                size_widths=(32, 48, 64, 80), size_depths=(1, 2), tokens_per_param=20.0,
+               # the back-test's held-out cell: 112 × 2 (7 heads, ~302k parameters) is >= 3x
+               # every cell up to 64 × 2 (~99k), the fit's four sizes where attention is used
+               # (docs/study-profiles.md, "scaling")
+               size_holdout=((112, 2),),
                size_seeds=(0, 1, 2), scaling_lr_grid=(0.5, 1.0, 2.0), scaling_lr_seeds=(100,)),
 )}

@@ -80,6 +80,7 @@ class Cell:
     n_heads: int
     steps: int
     n_params: int
+    held: bool = False  # a size cell held out of the tuning (``size_holdout``)
 
     def tags(self) -> dict[str, Any]:
         return {"cell": self.kind, "d_model": self.d_model, "n_layers": self.n_layers,
@@ -121,12 +122,22 @@ def cells(p: QKVProfile) -> list[Cell]:
                 for s in p.scaling_budgets]
     d_head = p.d_model // p.n_heads
     if p.size_seeds:
-        for depth in p.size_depths:
-            for width in p.size_widths:
-                heads = max(1, width // d_head)
-                m = non_embedding(width, depth, heads)
-                out.append(Cell("size", width, depth, heads, size_steps(p, m), m))
+        for width, depth, held in [(w, d, False) for d in p.size_depths for w in p.size_widths] \
+                + [(w, d, True) for w, d in p.size_holdout]:
+            heads = max(1, width // d_head)
+            m = non_embedding(width, depth, heads)
+            out.append(Cell("size", width, depth, heads, size_steps(p, m), m, held))
     return out
+
+
+def donor(p: QKVProfile, cell: Cell) -> Cell:
+    """The tuned cell whose rates a held-out cell trains at: the largest tuned size cell of its
+    depth, else the largest tuned size cell (``cell`` itself where it is tuned)."""
+    if not cell.held:
+        return cell
+    tuned = [c for c in cells(p) if c.kind == "size" and not c.held]
+    same = [c for c in tuned if c.n_layers == cell.n_layers] or tuned
+    return max(same, key=lambda c: c.n_params)
 
 
 def lr_grid(p: QKVProfile) -> list[float]:
@@ -175,10 +186,12 @@ def _scores(p: QKVProfile, runs: list[Run]) -> dict[tuple, dict[float, list[floa
     return out
 
 
-def _cell_design(p: QKVProfile):
+def _cell_design(p: QKVProfile, held: bool = False):
+    """Every (cell, design) the tuning covers; with ``held`` the held-out cells too."""
     for cell in cells(p):
-        for design in (BASELINE, *DESIGNS, *GATED):
-            yield cell, design
+        if held or not cell.held:
+            for design in (BASELINE, *DESIGNS, *GATED):
+                yield cell, design
 
 
 def grid_runs(p: QKVProfile) -> list[Run]:
@@ -225,14 +238,15 @@ def chosen(p: QKVProfile) -> dict[tuple, float | None]:
 def main_runs(p: QKVProfile, kind: str, seeds: tuple[int, ...]) -> list[Run]:
     """Standard and every design in each ``kind`` cell on ``seeds``, each at its chosen rate
     (the task's rate where the profile tunes none, or where every tuned rate diverged: then at
-    the grid's smallest)."""
-    todo = [(c, d) for c, d in _cell_design(p) if c.kind == kind]
+    the grid's smallest); a held-out size cell at its ``donor``'s."""
+    todo = [(c, d) for c, d in _cell_design(p, held=True) if c.kind == kind]
     if not todo:
         return []
     rates = chosen(p)
     out = []
     for c, d in todo:
-        key = (c.kind, c.d_model, c.n_layers, c.steps, d)
+        t = donor(p, c)  # a held-out cell: the rate its donor chose
+        key = (t.kind, t.d_model, t.n_layers, t.steps, d)
         lr = rates.get(key) or (lr_grid(p)[0] if p.scaling_lr_grid else lr_of(TASK, 1.0, p))
         for seed in seeds:
             out.append(make_run(TASK, model_of(c, d, p), p, seed,
