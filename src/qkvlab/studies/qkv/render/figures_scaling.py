@@ -124,8 +124,9 @@ def backtest_text(data: StudyData) -> str:
 
 
 def fig_size(data: StudyData, out: Path) -> Figure | None:
-    """One panel per design: measured gaps per size, the stored fit with its band extended to
-    1.2B, the stored prediction at 300M and 1.2B and the published points."""
+    """One panel per design: measured gaps per size, the stored fit with its band over the
+    sizes it read, the predictions at 300M and 1.2B of the forms that passed the back-test and
+    the published points."""
     _, summ = frames(data)
     sz = summ[summ.cell == "size"]
     pred = _stored(data)
