@@ -165,6 +165,44 @@ def test_kernel_choice_is_measured_per_layer_batch_and_context_or_pinned(kernel,
         kernel("fast")
 
 
+def test_on_cuda_the_triton_kernel_is_measured_against_sdpa_not_assumed(kernel, monkeypatch):
+    """A CUDA layer (its weight's device and dtype, as a model on a GPU holds them) is probed
+    there, in its own dtype, and keeps SDPA where the Triton kernel does not measure faster;
+    where Triton does not import, or the dtype is not one it computes, SDPA unmeasured."""
+    import types
+
+    from qkvlab.kernels import triton_decode
+
+    def layer(dtype):
+        w = types.SimpleNamespace(device=torch.device("cuda", 0), dtype=dtype)
+        cfg = types.SimpleNamespace(n_heads=8, n_kv_heads=8, d_head=64)
+        return types.SimpleNamespace(cfg=cfg, W_in=w, kv_shared=True)
+
+    calls = []
+    monkeypatch.setattr(triton_decode, "available", lambda: True)
+    monkeypatch.setattr(kattend, "attention_probe",
+                        lambda *a, **k: calls.append((a, k)) or ratio)
+    ratio = 0.8  # Triton slower (the H200's short contexts): SDPA
+    one = layer(torch.bfloat16)
+    assert kattend.decode_attention_kernel(one, 16, 4096, rotary=True) == "sdpa"
+    (args, kw), = calls
+    assert args == (16, 8, 8, 4096, 64, True)
+    assert kw == {"rotary": True, "device": torch.device("cuda", 0), "dtype": torch.bfloat16}
+    ratio = 1.5  # kept per (device, threads, batch, context): a new context is measured again
+    assert kattend.decode_attention_kernel(one, 16, 4096, rotary=True) == "sdpa"
+    assert kattend.decode_attention_kernel(one, 16, 32768, rotary=True) == "blocked"
+    assert len(calls) == 2
+    monkeypatch.setattr(kattend, "attention_probe", lambda *a, **k: pytest.fail("measured"))
+    assert kattend.decode_attention_kernel(layer(torch.float64), 16, 4096) == "sdpa"
+    monkeypatch.setattr(triton_decode, "available", lambda: False)
+    assert kattend.decode_attention_kernel(layer(torch.bfloat16), 16, 4096) == "sdpa"
+
+
+def test_the_probe_times_the_step_in_the_dtype_it_is_given():
+    assert kattend.attention_probe(1, 4, 2, 64, 8, shared=False, reps=1,
+                                   dtype=torch.bfloat16) > 0
+
+
 @pytest.mark.parametrize("step,rounds", [(1e-3, kattend.PROBE_MAX_REPS), (0.02, 5), (0.5, 3)])
 def test_probe_takes_more_rounds_of_shorter_steps(step, rounds, monkeypatch):
     """Without ``reps`` the probe times each contender once and fits its rounds in about

@@ -204,24 +204,25 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
 
 def attention_probe(batch: int, n_heads: int, n_kv_heads: int, context: int, d_head: int,
                     shared: bool, reps: int | None = None, device="cpu",
-                    rotary: bool = False) -> float:
+                    rotary: bool = False, dtype: torch.dtype = torch.float32) -> float:
     """Measured time(SDPA) / time(:func:`decode_attention`) of one decode step's attention at
-    these sizes (fp32, random cache, a shared K=V buffer where ``shared``); > 1: the blocked
-    kernel is faster. Alternating after a warm-up, median of ``reps`` rounds; ``None``: as many
-    as fit in about ``PROBE_SECONDS`` (3 to ``PROBE_MAX_REPS``), so short steps, whose single
-    rounds spread most, get many rounds and long ones few (three rounds misread a 512 x 16
-    step at two threads, choosing a kernel that ran it at 0.67x SDPA; 2026-11-28). ``rotary``
+    these sizes (random cache in ``dtype``, a shared K=V buffer where ``shared``); > 1: the
+    blocked kernel is faster (on a CUDA device, the Triton kernel). Alternating after a
+    warm-up, median of ``reps`` rounds; ``None``: as many as fit in about ``PROBE_SECONDS`` (3
+    to ``PROBE_MAX_REPS``), so short steps, whose single rounds spread most, get many rounds and
+    long ones few (three rounds misread a 512 x 16 step at two threads, choosing a kernel that
+    ran it at 0.67x SDPA; 2026-11-28). ``rotary``
     (with ``shared``): the cache holds pre-rotary keys, so SDPA's step is the rotation of the
     whole cache and then SDPA (``Attention.forward``'s path), the kernel's the rotation as it
     reads."""
     g = torch.Generator(device="cpu").manual_seed(0)
-    q = torch.randn(batch, n_heads, 1, d_head, generator=g).to(device)
-    k = torch.empty(batch, n_kv_heads, context, d_head, device=device).uniform_(-1, 1)
+    q = torch.randn(batch, n_heads, 1, d_head, generator=g).to(device, dtype)
+    k = torch.empty(batch, n_kv_heads, context, d_head, device=device, dtype=dtype).uniform_(-1, 1)
     v = k if shared else torch.empty_like(k).uniform_(-1, 1)
     s = d_head ** -0.5
     rope = None
     if rotary and shared:
-        ang = torch.rand(context, d_head, generator=g).to(device)
+        ang = torch.rand(context, d_head, generator=g).to(device, dtype)
         rope = ang.cos(), ang.sin()
 
     def sdpa():
@@ -245,34 +246,34 @@ def decode_attention_kernel(layer, batch: int, context: int, rotary: bool = Fals
     up to ``context`` tokens: ``"blocked"`` or ``"sdpa"``. ``rotary``: the model rotates keys
     (it matters where K=V: such a cache holds pre-rotary keys).
 
-    The pinned one (:func:`set_attention_kernel`), else on the CPU measured by
-    :func:`attention_probe` at the layer's sizes and the context rounded down to a power of two
-    (the blocked kernel's gain grows with context: rounded up, at 513 tokens the probe measured
+    The pinned one (:func:`set_attention_kernel`), else measured by :func:`attention_probe` at
+    the layer's sizes, device and dtype and the context rounded down to a power of two (the
+    blocked kernel's gain grows with context: rounded up, at 513 tokens the probe measured
     1,024 and chose a kernel that ran the step 5% slower than SDPA), kept on the layer per
-    (thread count, batch, rounded context, rotary); not fp32 on the CPU, or, where Numba does
-    not import, one query head per kv head without rotary K=V (the packed kernel is then the
-    same SDPA call): ``"sdpa"`` (not measured). On a CUDA device ``"blocked"`` (the Triton
-    kernel) where Triton imports and the dtype is one it computes, else ``"sdpa"``: not
-    measured against SDPA, no GPU was at hand when it was written.
+    (device, thread count, batch, rounded context, rotary). Not measured, ``"sdpa"``: on the
+    CPU, not fp32, or, where Numba does not import, one query head per kv head without rotary
+    K=V (the packed kernel is then the same SDPA call); on a CUDA device, where Triton does not
+    import or the dtype is not one it computes. On CUDA the Triton kernel lost to SDPA below
+    8,192 tokens on the H200 (2026-11-28, docs/bench-history.md), so it is measured there too.
     """
     if CHOICE.pinned is not None:
         return CHOICE.pinned
     cfg, w = layer.cfg, layer.W_in
+    rotary = rotary and layer.kv_shared
     if w.device.type == "cuda":
         from qkvlab.kernels import triton_decode
-        return "blocked" if triton_decode.available() and w.dtype in triton_decode.DTYPES \
-            else "sdpa"
-    if w.dtype != torch.float32 or w.device.type != "cpu":
+        if not (triton_decode.available() and w.dtype in triton_decode.DTYPES):
+            return "sdpa"
+    elif w.dtype != torch.float32 or w.device.type != "cpu":
         return "sdpa"
-    rotary = rotary and layer.kv_shared
-    if not rotary and cfg.n_kv_heads == cfg.n_heads and not _numba_imports():
+    elif not rotary and cfg.n_kv_heads == cfg.n_heads and not _numba_imports():
         return "sdpa"  # one head per group: the packed kernel is this same SDPA call
     ctx = 1 << max(1, context).bit_length() - 1  # rounded down: blocked gains with context
-    key = (torch.get_num_threads(), batch, ctx) + (("rotary",) if rotary else ())
+    key = (str(w.device), torch.get_num_threads(), batch, ctx) + (("rotary",) if rotary else ())
     chosen = layer.__dict__.setdefault("_attention_kernel", {})
     if key not in chosen:
         ratio = attention_probe(batch, cfg.n_heads, cfg.n_kv_heads, ctx, cfg.d_head,
-                                layer.kv_shared, rotary=rotary)
+                                layer.kv_shared, rotary=rotary, device=w.device, dtype=w.dtype)
         chosen[key] = "blocked" if ratio >= FASTER_RATIO else "sdpa"
     return chosen[key]
 
