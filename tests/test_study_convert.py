@@ -507,3 +507,11 @@ def test_the_headline_is_each_models_k_eq_v_curve_measured_furthest_against_its_
     assert "m from the avg start, after 65,536 tokens" in convert_headline(None)
     monkeypatch.setattr(rc, "curves", lambda data: mqa)
     assert convert_headline(None) == ""
+
+
+def test_the_convert_and_scaling_profiles_analyse_no_pretrained_zoo():
+    """`make report` fetches no zoo for them, so a zoo analysis there would only fail on every
+    model not installed; quick and smoke read the installed few, the larger profiles all."""
+    assert study.pretrained_for("convert") == study.pretrained_for("scaling") == ()
+    assert study.pretrained_for("quick") == study.PRETRAINED
+    assert set(study.pretrained_for("standard")) == set(study.ZOO)
