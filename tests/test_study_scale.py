@@ -223,8 +223,8 @@ def test_unit_t5_is_the_unit_draw_with_w_q_divided_by_sqrt_d_head():
             assert torch.equal(getattr(va, n), getattr(vb, n))
         # the unit draw: every entry of W_in from N(0, 1/d_model) (n = 4,608 entries: the
         # sample sd's standard error is ~1%, so 5% is 5 standard errors)
-        assert float(a.W_in.detach().std()) * math.sqrt(a.cfg.d_model) == pytest.approx(1.0,
-                                                                                abs=0.05)
+        sd = float(a.W_in.detach().std())
+        assert sd * math.sqrt(a.cfg.d_model) == pytest.approx(1.0, abs=0.05)
         want = _scores(a, x)
         tol = 4 * F32 * float(want.abs().max())
         assert_close(_scores(b, x), want, rtol=0, atol=tol)
