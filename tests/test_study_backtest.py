@@ -150,3 +150,19 @@ def test_the_held_out_cell_is_never_tuned_and_trains_at_its_donors_rates():
     assert {v for (w, _, _), v in rates.items() if w == 112} == {grid[0]}
     assert {v for (w, d, _), v in rates.items() if (w, d) == (64, 2)} == {grid[1]}
     assert len({d for (w, _, d) in rates if w == 112}) == 7  # every design and the control
+
+
+def test_a_form_that_cannot_be_fitted_fails_its_back_test_and_is_not_extrapolated(monkeypatch):
+    fit = BT._fit
+
+    def no_multiplier(cells, form, p0=None):
+        if form == "multiplier":
+            raise RuntimeError("Optimal parameters not found")
+        return fit(cells, form, p0)
+
+    monkeypatch.setattr(BT, "_fit", no_multiplier)
+    recs = pd.DataFrame(BT.backtest(multiplier_runs()))
+    multi = recs[(recs.kind == "heldout") & (recs.form == "multiplier")]
+    assert len(multi) == len(P.DESIGNS) and not multi.covered.any()
+    assert multi.lo.isna().all() and (multi.failed == BT.BOOT).all()
+    assert "multiplier" not in set(BT.kind(recs, "prediction").get("form", []))

@@ -46,6 +46,7 @@ BOOT = 1000
 LEVEL = 0.95
 FORMS = ("line", "multiplier")
 N0 = 1e5  # the multiplier form's reference size (conditions the fit)
+FIT_ERRORS = (RuntimeError, ValueError, np.linalg.LinAlgError)  # a fit that did not converge
 
 
 def split(sizes) -> tuple[list[float], list[float]]:
@@ -120,7 +121,7 @@ def _boot(cells: dict, form: str, at: list[float], rng) -> tuple[np.ndarray, int
         try:
             f = _fit(res, form, p0)
             out.append([f(n) for n in at])
-        except (RuntimeError, ValueError, np.linalg.LinAlgError):
+        except FIT_ERRORS:
             failed += 1
     return np.array(out), failed
 
@@ -146,25 +147,35 @@ def backtest(runs: pd.DataFrame, chance: float | None = None, seed: int = 0) -> 
     out = []
     for form in FORMS:
         rng = np.random.default_rng(seed)
-        point = _fit(fit_cells, form)
-        boot, failed = _boot(fit_cells, form, held_n, rng)
+        try:
+            point = _fit(fit_cells, form)
+            boot, failed = _boot(fit_cells, form, held_n, rng)
+        except FIT_ERRORS:  # the form cannot be fitted to these cells: it cannot pass
+            point, boot, failed = None, np.empty((0, len(held_n), len(designs))), BOOT
         for j, n in enumerate(held_n):
             k = len(cells[n])
-            noise = rng.normal(0.0, 1.0, boot.shape[0])[:, None] * pooled / math.sqrt(k)
-            lo, hi = np.percentile(boot[:, j, :] + noise, q, axis=0)
+            if len(boot):
+                noise = rng.normal(0.0, 1.0, boot.shape[0])[:, None] * pooled / math.sqrt(k)
+                lo, hi = np.percentile(boot[:, j, :] + noise, q, axis=0)
+            else:  # every resample failed: no interval, so no pass
+                lo = hi = np.full(len(designs), np.nan)
             got = _gaps(cells[n])
             for i, d in enumerate(designs):
                 ci = mean_ci(got[:, i].tolist())
                 out.append({"kind": "heldout", "form": form, "design": d, "fit_cells": len(fit_n),
                             "fit_min": fit_n[0], "fit_max": fit_n[-1], "held_params": n,
-                            "n_held": k, "predicted": float(point(n)[i]), "lo": float(lo[i]),
+                            "n_held": k, "lo": float(lo[i]),
+                            "predicted": float(point(n)[i]) if point else float("nan"),
                             "hi": float(hi[i]), "measured": ci["mean"],
                             "measured_half": _finite(ci["half"]),
                             "covered": bool(lo[i] <= ci["mean"] <= hi[i]), "failed": failed})
         ok = [d for d in designs if all(r["covered"] for r in out
                                         if r["form"] == form and r["design"] == d)]
         if ok:
-            out += _predict(cells, form, designs, ok, seed)
+            try:
+                out += _predict(cells, form, designs, ok, seed)
+            except FIT_ERRORS:  # passed, but cannot be refitted on every cell: not extrapolated
+                pass
     return out
 
 
