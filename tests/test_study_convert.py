@@ -97,13 +97,26 @@ def test_figure_table_and_csv(stored):
     assert len(table.rows) == 6
 
 
-def test_tokens_to_reach_interpolates_between_measured_budgets_only():
+def test_tokens_to_reach_interpolates_in_nats_between_measured_budgets_only():
     pts = pd.DataFrame({"tokens": [0, 16384, 65536], "gap": [20.0, 1.0, 0.5]})
     assert tokens_to_reach(pts, 25.0) == 0
     assert tokens_to_reach(pts, 0.4) is None  # never extrapolated
-    got = tokens_to_reach(pts, 0.75)  # halfway in log tokens between 16k and 64k
+    # halfway in nats (ln(1 + gap)) between 16k and 64k is halfway in log tokens
+    mid = math.expm1((math.log(2.0) + math.log(1.5)) / 2)
+    got = tokens_to_reach(pts, mid)
     assert got == pytest.approx(math.exp((math.log(16384) + math.log(65536)) / 2), rel=1e-12)
-    assert tokens_to_reach(pts, 10.5) == pytest.approx(16384 * 0.5, rel=1e-12)  # linear from 0
+    # from the zero-shot point linear in tokens, halfway in nats between x21 and x2
+    mid0 = math.expm1((math.log(21.0) + math.log(2.0)) / 2)
+    assert tokens_to_reach(pts, mid0) == pytest.approx(16384 * 0.5, rel=1e-12)
+    # the same curve as % gaps, per=100, gives the same tokens
+    pct = pts.assign(gap=pts.gap * 100)
+    assert tokens_to_reach(pct, mid0 * 100, per=100.0) == pytest.approx(16384 * 0.5, rel=1e-12)
+    # a x389,503 start and x661 at 16k: x3,167 lies three quarters of the way in nats, not at
+    # the budget's very end as a straight line in the ratio would put it
+    far = pd.DataFrame({"tokens": [0, 16384], "gap": [389502.0, 660.0]})
+    want = 16384 * math.log(389503 / 3167) / math.log(389503 / 661)
+    assert tokens_to_reach(far, 3166.0) == pytest.approx(want, rel=1e-12)
+    assert tokens_to_reach(far, 3166.0) < 0.8 * 16384
 
 
 def test_a_start_that_begins_below_the_others_final_gap_saved_all_its_tokens():

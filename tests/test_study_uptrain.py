@@ -289,9 +289,9 @@ def test_the_steps_a_fitted_start_saves_are_read_off_measured_points_only():
     data = StudyData(profile=p, runs=runs, comparisons=results.comparisons(runs, p),
                      probe=pd.DataFrame(), measures={})
     s = steps_saved(data).set_index("other")
-    pct = lambda x: 100 * math.expm1(x)  # noqa: E731
-    # avg's 0.05 lies between fitted's 0.08 (10 steps) and 0.02 (50): log-linear in steps
-    want = math.exp(math.log(10) + math.log(5) * (pct(0.08) - pct(0.05)) / (pct(0.08) - pct(0.02)))
+    # avg's 0.05 lies between fitted's 0.08 (10 steps) and 0.02 (50) nats: half way in nats,
+    # so half way in log steps
+    want = math.exp(math.log(10) + math.log(5) * (0.08 - 0.05) / (0.08 - 0.02))
     assert s.loc["avg", "steps_fitted"] == pytest.approx(want, rel=1e-9)
     assert s.loc["avg", "ratio"] == pytest.approx(50 / want, rel=1e-9)
     assert not s.loc["avg", "at_first"]

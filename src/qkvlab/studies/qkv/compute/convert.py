@@ -70,10 +70,14 @@ def curves(data: StudyData) -> pd.DataFrame:
         ["model", "tie", "start", "tokens"], kind="stable").reset_index(drop=True)
 
 
-def tokens_to_reach(points: pd.DataFrame, target: float) -> float | None:
-    """Tokens at which a curve (``tokens``, ``gap``; measured budgets) first reaches ``target``,
-    log-linear in tokens between the two budgets around it; None where no measured budget
-    reaches it (nothing is extrapolated). 0 where the curve starts at or below it."""
+def tokens_to_reach(points: pd.DataFrame, target: float, per: float = 1.0) -> float | None:
+    """Tokens at which a curve (``tokens``, ``gap``; measured budgets) first reaches ``target``;
+    None where no measured budget reaches it (nothing is extrapolated), 0 where the curve
+    starts at or below it. Between the two budgets around it the gap is read in nats,
+    ln(1 + gap / per) (``per`` 1 for a ratio − 1, 100 for a % gap): the unit the losses are
+    averaged in, so a ×389,503 start and a ×661 budget are not joined by a straight line in
+    the ratio, which would put almost every gap on the way at the budget's end. Log-linear in
+    tokens, and linear from the zero-shot point (no log of 0)."""
     p = points.sort_values("tokens")
     t, g = p.tokens.to_numpy(float), p.gap.to_numpy(float)
     hit = np.nonzero(g <= target)[0]
@@ -82,10 +86,11 @@ def tokens_to_reach(points: pd.DataFrame, target: float) -> float | None:
     i = hit[0]
     if i == 0:
         return float(t[0])
-    t0, t1, g0, g1 = t[i - 1], t[i], g[i - 1], g[i]
-    if t0 <= 0:  # from the zero-shot point: linear in tokens (no log of 0)
-        return float(t0 + (t1 - t0) * (g0 - target) / (g0 - g1))
-    lt = math.log(t0) + (math.log(t1) - math.log(t0)) * (g0 - target) / (g0 - g1)
+    t0, t1 = t[i - 1], t[i]
+    g0, g1, y = (math.log1p(v / per) for v in (g[i - 1], g[i], target))
+    if t0 <= 0:
+        return float(t0 + (t1 - t0) * (g0 - y) / (g0 - g1))
+    lt = math.log(t0) + (math.log(t1) - math.log(t0)) * (g0 - y) / (g0 - g1)
     return float(math.exp(lt))
 
 

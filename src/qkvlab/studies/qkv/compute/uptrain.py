@@ -15,9 +15,10 @@ training batch (the same batch for every arm of a seed) against the untied model
 by seed, in % perplexity per token with a 95% t interval. Descriptive, one batch a seed.
 
 ``steps_saved(data)``: per other start, the uptraining steps the fitted start needed to reach
-the gap to the untied model that the other start ends at (its largest fraction), log-linear
-between measured fractions and never extrapolated (``convert.tokens_to_reach``), and the
-ratio of the two step counts: what a good start saves, read off measured points only.
+the gap to the untied model that the other start ends at (its largest fraction), read in nats
+and log-linear in steps between measured fractions, never extrapolated
+(``convert.tokens_to_reach``), and the ratio of the two step counts: what a good start
+saves, read off measured points only.
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ def steps_saved(data: StudyData) -> pd.DataFrame:
         if c is None or c.gap.isna().any():
             continue
         last = c.sort_values("tokens").iloc[-1]
-        need = tokens_to_reach(mine, float(last.gap))
+        need = tokens_to_reach(mine, float(last.gap), per=100.0)  # % gaps
         first = need is not None and need == float(mine.tokens.iloc[0]) \
             and mine.gap.iloc[0] <= last.gap
         out.append({"other": other, "target": float(last.gap), "steps_other": int(last.tokens),
