@@ -314,8 +314,8 @@ PROFILES = {p.name: register_profile(p) for p in (
     # K=V from the fitted start and from Kayyam et al.'s naive ones, against the untied model
     # uptrained the same way; GQA/MQA from Ainslie et al.'s mean-pooling; Q=K and Q=K=V at the
     # small budgets; every arm at the rate chosen on val for K=V's fitted start (which chooses
-    # its W_O basis there too). Estimated ~2.9 h on 2 idle cores (docs/study-profiles.md,
-    # "convert").
+    # its W_O basis there too). Measured from a fresh clone: ~2 h 36 min on 2 idle cores, 3 h 10
+    # min with tests beside it (docs/study-profiles.md, "convert").
     QKVProfile("convert", seeds=(), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=1000, lr=3e-3, eval_batches=16, task_options=SCALING_LM,
                convert=(*(ConvertConfig(tie=t, start=s, tokens=262144)
