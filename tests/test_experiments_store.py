@@ -142,7 +142,7 @@ def test_every_experiment_builds_at_every_profile_with_matched_arms():
                                        "scaling_budget", "scaling_size", "uptrain_tune", "lr_tune_edge",
                                        "uptrain_tune_edge", "lm_convert", "head_width_tune",
                                        "head_width_tune_edge", "head_width"}
-    assert profile_names() == ["smoke", "quick", "standard", "full", "convert", "scaling"]
+    assert profile_names() == ["smoke", "quick", "standard", "full", "convert", "kv", "scaling"]
     # empty where a profile has no grid / no widths / no scaling sizes
     optional = {"lr_tune", "lr_tune_edge", "lm_scaling", "scale_tune", "scale_tune_edge",
                 "scaling_tune"}
@@ -151,6 +151,13 @@ def test_every_experiment_builds_at_every_profile_with_matched_arms():
     staged = {"scaling_tune_edge", "scaling_budget", "scaling_size"}  # wait for scaling_tune
     for prof in profile_names():
         for name in experiment_names():
+            if get_profile(prof).experiments and name not in get_profile(prof).experiments:
+                assert runs_of(name, prof) == []  # kv: only its own experiments
+                continue
+            if name in ("alt_init", "kv_translate") and \
+                    get_profile(prof).task_seeds.get("translate") == ():
+                assert runs_of(name, prof) == []  # translate only, and no translate seeds
+                continue
             sized = name != "lm_scaling" or get_profile(prof).scale_widths  # standard: none
             if get_profile(prof).lr_grid and sized and \
                     name in (*tuned, "scale_train", "scale_tune_edge", "lr_tune_edge"):

@@ -199,6 +199,13 @@ QUICK_BEFORE = dict(seeds=(0, 1, 2), task_seeds={"mqar": ()}, scale_train_seeds=
 QUICK_SMOKE = ("lm", "lm_char", "translate", "mlm")
 
 
+# standard before it was resized to its 3 hours (2026-11-29): translate ran, lm_char on all 8
+# seeds; the pin above is of that profile
+STANDARD_BEFORE = dict(task_seeds={"mqar": (), "relation": (0, 1, 2),
+                                   "successor": tuple(range(4)),
+                                   "successor_causal": tuple(range(4))})
+
+
 def _digest(lines: list[str]) -> tuple[int, str]:
     return len(lines), hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
@@ -208,7 +215,20 @@ def test_adding_the_control_changed_no_existing_run_id(profile):
     p = get_profile(profile)
     if profile == "quick":
         p = dataclasses.replace(p, **QUICK_BEFORE)
+    if profile == "standard":
+        p = dataclasses.replace(p, **STANDARD_BEFORE)
     assert _digest(_listed(p)) == BEFORE[profile]
+
+
+def test_resizing_standard_kept_every_run_it_still_lists():
+    """standard lost translate and two of lm_char's seeds (2026-11-29): every run it still
+    lists is one it listed before, and what it dropped is only those."""
+    now = set(_listed("standard"))
+    before = set(_listed(dataclasses.replace(get_profile("standard"), **STANDARD_BEFORE)))
+    assert now < before
+    dropped = [json.loads(line.split(" ", 2)[2]) for line in before - now]
+    assert all(t["task"] == "translate" or (t["task"] == "lm_char" and t["seed"] in (6, 7))
+               for t in dropped)
 
 
 def test_cutting_quick_to_15_minutes_kept_every_run_of_the_tasks_it_decides():

@@ -59,7 +59,7 @@ def test_a_cell_that_does_not_split_into_whole_heads_is_refused():
 
 
 def test_rates_are_chosen_per_cell_on_val_and_an_edge_choice_extends_the_grid():
-    p = get_profile("standard")
+    p = get_profile("kv")
     p = dataclasses.replace(p, rates=dataclasses.replace(p.rates, stored={}))
     grid = headwidth.tuning_runs(p)
     keys = {(t["design"], t["d_model"], t["n_heads"]) for _, t in grid}

@@ -179,7 +179,7 @@ def test_the_report_shows_the_table_the_figure_and_a_sentence(tmp_path):
 
 
 def test_the_rate_is_chosen_on_val_and_a_choice_on_the_edge_extends_the_grid():
-    p = get_profile("standard")
+    p = get_profile("kv")
     lrs = {("lm", d, "equal"): 6e-3 for d in ("standard", "tied_kv")}
     p = dataclasses.replace(p, rates=dataclasses.replace(p.rates, lrs=lrs, stored={}))
     with pytest.raises(ParentsPending, match="tuning seeds' standard lm runs"):

@@ -54,6 +54,8 @@ class Profile:
     task_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     task_train: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     test_batches: int | None = None
+    # the experiments this profile runs (empty: every experiment); any other lists no runs
+    experiments: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.test_batches is None:
@@ -94,11 +96,18 @@ def load_studies() -> dict[str, ModuleType]:
 
 
 def experiment(name: str, question: str = ""):
-    """Decorator: register ``fn(profile) -> list[(spec, tags)]`` under ``name``."""
+    """Decorator: register ``fn(profile) -> list[(spec, tags)]`` under ``name``; at a profile
+    whose ``experiments`` leave ``name`` out, the registered function lists no runs."""
     def deco(fn):
         if name in EXPERIMENTS:
             raise ValueError(f"experiment: {name!r} registered twice")
-        EXPERIMENTS[name] = fn
+
+        @functools.wraps(fn)
+        def runs(p: Profile):
+            if p.experiments and name not in p.experiments:
+                return []
+            return fn(p)
+        EXPERIMENTS[name] = runs
         QUESTIONS[name] = question
         return fn
     return deco

@@ -82,9 +82,10 @@ class StudyConfig:
 
 def pretrained_for(profile: str) -> tuple[str, ...]:
     """The pretrained models a profile analyses: quick (and smoke) the installed few, the larger
-    profiles the whole zoo; none at scaling (trained lm only) and convert (the conversions
-    only: `make report` fetches no zoo for either, so every model not installed would fail)."""
-    if profile in ("scaling", "convert"):
+    profiles the whole zoo; none at scaling and kv (trained lm only) and convert (the
+    conversions only: `make report` fetches no zoo for them, so every model not installed
+    would fail)."""
+    if profile in ("scaling", "convert", "kv"):
         return ()
     return PRETRAINED if profile in ("quick", "smoke") else tuple(ZOO)
 
@@ -295,8 +296,10 @@ def run_tie_cost(rec: Recorder, cfg: StudyConfig) -> None:
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     for name in p.tie_cost_models:
         try:
-            measure_tie_cost(rec.store, name, KINDS, p.tie_cost, p.tie_cost_per_layer,
-                             env=rec.env, log=cfg.log)
+            layers = p.tie_cost_per_layer if name in (p.tie_cost_per_layer_models
+                                                      or p.tie_cost_models) else ()
+            measure_tie_cost(rec.store, name, KINDS, p.tie_cost, layers, env=rec.env,
+                             log=cfg.log)
         except ValueError as e:  # ZooError: not fetched or a file that fails its sha256
             rec.notes.append(f"tie_cost ({name}): {e}")
 

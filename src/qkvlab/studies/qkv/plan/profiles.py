@@ -100,6 +100,8 @@ class QKVProfile(Profile):
     tie_cost: CostConfig | None = None
     tie_cost_models: tuple[str, ...] = ()
     tie_cost_per_layer: tuple[str, ...] = ()
+    # the models measured one layer at a time (empty: every model of tie_cost_models)
+    tie_cost_per_layer_models: tuple[str, ...] = ()
     # pretrained decoders converted to a tie and uptrained (qkvlab.hf.convert), each config on
     # each model of convert_models
     convert: tuple[ConvertConfig, ...] = ()
@@ -240,8 +242,8 @@ PROFILES = {p.name: register_profile(p) for p in (
     # 15 minutes on 2 cores (docs/study-profiles.md): at quick's budgets standard does not
     # beat the attention-free control on lm, lm_char or translate, and mlm is not learned, so
     # those rows decide nothing: lm and lm_char run as a smoke test on 2 seeds and half their
-    # steps (TASK_TRAIN), translate and mlm not at all (smoke and standard run them), nor do
-    # the head-width axis and the controlled conversion (lm only, standard's answers); the
+    # steps (TASK_TRAIN), translate and mlm not at all (smoke runs both, standard mlm), nor do
+    # the head-width axis and the controlled conversion (lm only, the kv profile's); the
     # tasks quick decides (relation, successor, the width price) keep their seeds and budgets.
     QKVProfile("quick", seeds=(0, 1), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=200, lr=3e-3, eval_batches=8, task_options=TASK_OPTIONS["quick"],
@@ -264,7 +266,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                                            calib_tokens=2048) for s in ("fitted", "avg")),
                convert_models=("smollm2",),
                # no head-width axis and no controlled conversion (uptrain_fractions): both
-               # train lm only, where quick decides nothing; standard answers them
+               # train lm only, where quick decides nothing; the kv profile answers them
                ),
     QKVProfile("standard", seeds=tuple(range(8)), d_model=64, n_layers=2, n_heads=4,
                batch_size=16, steps=1000, lr=3e-3, eval_batches=16,
@@ -279,19 +281,21 @@ PROFILES = {p.name: register_profile(p) for p in (
                # ~8,700 CPU-s with its tuning (docs/study-profiles.md); 6 seeds: an
                # equivalent cell then survives Holm over Q1's family at a paired sd of ~1%
                scale_train_d_heads=(16, 64), scale_train_seeds=tuple(range(6)),
-               task_seeds={"mqar": (), "relation": (0, 1, 2),
-                           "successor": tuple(range(4)), "successor_causal": tuple(range(4))},
+               # no translate: at 600 steps its control is level with standard (+1.1 ± 5.6%),
+               # so none of its ~3,750 estimated worker-seconds could decide a cell (smoke and
+               # full keep it); K=V's head-width axis and the controlled conversion are the
+               # kv profile's (below): with them standard was ~4.3 h on 2 cores, estimated
+               # (docs/study-profiles.md, "standard")
+               # lm_char, the second row beside the per-token lm, on 6 of the 8 seeds
+               task_seeds={"mqar": (), "translate": (), "relation": (0, 1, 2),
+                           "successor": tuple(range(4)), "successor_causal": tuple(range(4)),
+                           "lm_char": tuple(range(6))},
                task_arms={**CHAR_ARMS, "mlm": ("equal",)},
+               # every decoder zero-shot, SmolLM2 also one layer at a time (with every layer
+               # the three took 198, 236 and 481 s on the 2-core EPYC, 2026-11-24)
                tie_cost=CostConfig(), tie_cost_per_layer=("kv",),
-               tie_cost_models=("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b"),
-               # the controlled conversion at 1%, 5% and 20% of lm's 1,000 steps, each start's
-               # uptraining rate chosen on val of lr_seeds; the grid reaches 0.01: on
-               # (0.1, 0.3, 1) and its step past the edge (0.033), the fitted start at 1% and
-               # the untied model at 1% and 5% still chose the smallest rate (2026-11-26)
-               uptrain_fractions=(0.01, 0.05, 0.2), uptrain_lr_grid=(0.01, 0.03, 0.1, 0.3, 1.0),
-               # K=V's head-width axis: d_head 8, 16, 32, 64 at lm's width 64, and d_head 64
-               # at width 128 (Kayyam et al.'s d_head at twice the width)
-               head_width_cells=((64, 8), (64, 4), (64, 2), (64, 1), (128, 2))),
+               tie_cost_per_layer_models=("smollm2",),
+               tie_cost_models=("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b")),
     QKVProfile("full", seeds=(0, 1, 2, 3, 4), d_model=384, n_layers=6, n_heads=6, batch_size=64,
                steps=5000, lr=1e-3, eval_batches=50, task_options=TASK_OPTIONS["full"],
                task_train=TASK_TRAIN["full"], probe_d_heads=(16, 32, 64, 128, 256),
@@ -327,6 +331,26 @@ PROFILES = {p.name: register_profile(p) for p in (
                # W_O's basis chosen with the rate (hf.rate.choose): the folded W_O' took a
                # step that diverged Qwen2.5-Coder at its untied model's rate (docs/convert.md)
                convert_o_bases=("tied", "untied")),
+    # K=V on the study's own lm, at standard's sizes, seeds and rate grid (so its lm runs are
+    # standard's, shared in one store): the head-width axis and the controlled conversion,
+    # with the lm tuning and comparisons they start from. Sized for <= 3 h on 2 cores
+    # (docs/study-profiles.md, "kv"); lr_tune tunes every lm design, as at standard.
+    QKVProfile("kv", seeds=tuple(range(8)), d_model=64, n_layers=2, n_heads=4,
+               batch_size=16, steps=1000, lr=3e-3, eval_batches=16,
+               task_options=TASK_OPTIONS["standard"], task_train=TASK_TRAIN["standard"],
+               lr_grid=(1 / 3, 1.0, 3.0, 9.0), lr_seeds=(100,), task_arms=CHAR_ARMS,
+               task_seeds={t: () for t in TASK_OPTIONS["standard"] if t != "lm"},
+               experiments=("lr_tune", "lr_tune_edge", "lm_tied_kv", "lm_gqa", "uptrain_tune",
+                            "uptrain_tune_edge", "lm_convert", "head_width_tune",
+                            "head_width_tune_edge", "head_width"),
+               # the controlled conversion at 1%, 5% and 20% of lm's 1,000 steps, each start's
+               # uptraining rate chosen on val of lr_seeds; the grid reaches 0.01: on
+               # (0.1, 0.3, 1) and its step past the edge (0.033), the fitted start at 1% and
+               # the untied model at 1% and 5% still chose the smallest rate (2026-11-26)
+               uptrain_fractions=(0.01, 0.05, 0.2), uptrain_lr_grid=(0.01, 0.03, 0.1, 0.3, 1.0),
+               # K=V's head-width axis: d_head 8, 16, 32, 64 at lm's width 64, and d_head 64
+               # at width 128 (Kayyam et al.'s d_head at twice the width)
+               head_width_cells=((64, 8), (64, 4), (64, 2), (64, 1), (128, 2))),
     QKVProfile("scaling", seeds=(), d_model=64, n_layers=2, n_heads=4, batch_size=16,
                steps=1000, lr=6e-3, eval_batches=16, task_options=SCALING_LM,
                scaling_budgets=(375, 750, 1500, 3000), scaling_seeds=tuple(range(6)),
