@@ -63,19 +63,29 @@ def tie_label(tie: str) -> str:
 def fig_q3_convert(data: StudyData, out: Path) -> Figure | None:
     """Perplexity over the teacher's (log) against uptraining tokens (log), one line per tie,
     start and batch, 95% bootstrap bands; Kayyam et al.'s published conversion beside them
-    (hollow). Where the curves span more than ×1,000, a second panel zooms on ×0.6–×3."""
+    (hollow). One panel per model for K=V, and where a model was converted to other ties too
+    (Q=K, Q=K=V, GQA/MQA) a panel of those beside it, each with the untied baseline; where the
+    K=V curves span more than ×1,000, another panel zooms on ×0.6–×3."""
     df = curves(data)
     if df.empty:
         return None
     models = list(dict.fromkeys(df.model))
+
     def zoomed(g):  # a layout choice: a second panel where tied points sit near the teacher
         tied = g[g.tie != "none"]
         return (1 + g.gap_hi).max() > 1e3 and ((1 + tied.gap) <= 3).any()
-    panels = [(m, zoom) for m in models
-              for zoom in ((False, True) if zoomed(df[df.model == m]) else (False,))]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.4), squeeze=False)
-    for ax, (model, zoom) in zip(axes[0], panels):
-        _draw_convert(ax, df[df.model == model], model, zoom)
+    panels = []
+    for m in models:
+        g = df[df.model == m]
+        kv, others = g[g.tie.isin(("kv", "none"))], g[~g.tie.isin(("kv",))]
+        panels += [(m, kv, False, "K=V")]
+        if zoomed(kv):
+            panels += [(m, kv, True, "K=V")]
+        if (others.tie != "none").any():
+            panels += [(m, others, False, "other ties")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 5.6), squeeze=False)
+    for ax, (model, g, zoom, what) in zip(axes[0], panels):
+        _draw_convert(ax, g, model, zoom, what)
     fig.tight_layout()
     return save(fig, df.drop(columns=[c for c in ("nll_seq",) if c in df]), out, "q3_convert",
                 "Converting a trained decoder to a tie: the gap to the teacher against "
@@ -90,7 +100,7 @@ def fig_q3_convert(data: StudyData, out: Path) -> Figure | None:
                 "their shape is comparable.")
 
 
-def _draw_convert(ax, g, model: str, zoom: bool) -> None:
+def _draw_convert(ax, g, model: str, zoom: bool, what: str = "K=V") -> None:
     first = g.batch.min()
     several = g.batch.nunique() > 1  # e.g. a GPU curve at a larger batch beside the CPU's
     rates = sorted(set(g.lr), reverse=True) if "lr" in g else [None]
@@ -109,12 +119,13 @@ def _draw_convert(ax, g, model: str, zoom: bool) -> None:
                         label=name + (f", batch {batch}" if several else "")
                         + (f", rate {lr:.2g}" if len(rates) > 1 else ""))
         ax.fill_between(x, 1 + c.gap_lo, 1 + c.gap_hi, color=line.get_color(), alpha=0.15)
-    for start, pts in KAYYAM_CONVERT.items():
-        ax.plot([t for t, _ in pts], [1 + p / 100 for _, p in pts], marker="D", mfc="none",
-                ls=":", lw=1, color=START_COLORS[start],
-                label=f"published: K=V, {SHORT[start]} start")
-    ax.axhline(1 + KAYYAM_SCRATCH_KV_PCT / 100, color="#444444", ls="--", lw=0.8,
-               label=f"published K=V trained from scratch (+{KAYYAM_SCRATCH_KV_PCT}%)")
+    if what == "K=V":  # the published conversion is of K=V
+        for start, pts in KAYYAM_CONVERT.items():
+            ax.plot([t for t, _ in pts], [1 + p / 100 for _, p in pts], marker="D", mfc="none",
+                    ls=":", lw=1, color=START_COLORS[start],
+                    label=f"published: K=V, {SHORT[start]} start")
+        ax.axhline(1 + KAYYAM_SCRATCH_KV_PCT / 100, color="#444444", ls="--", lw=0.8,
+                   label=f"published K=V trained from scratch (+{KAYYAM_SCRATCH_KV_PCT}%)")
     ax.axhline(1, color="#999999", lw=0.8)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -134,10 +145,11 @@ def _draw_convert(ax, g, model: str, zoom: bool) -> None:
         ax.set_ylim(0.6, 3)
     ax.set_xlabel("uptraining tokens (0 = the tie as imposed)")
     ax.set_ylabel("perplexity over the teacher's, per token")
-    ax.set_title(f"{_title(model)}: converted, then distilled from the untied model"
+    ax.set_title(f"{_title(model)}: {what}, converted, then distilled from the untied model"
                  + (" (zoom)" if zoom else ""), fontsize=9)
-    if not zoom:  # the zoom draws the same lines
-        ax.legend(fontsize=6.5, frameon=False, loc="upper right")
+    if not zoom:  # the zoom draws the same lines; below the axes, clear of the curves
+        ax.legend(fontsize=6.5, frameon=False, loc="upper center", ncol=2,
+                  bbox_to_anchor=(0.5, -0.16))
 
 
 def _uptraining(r: dict) -> str:
