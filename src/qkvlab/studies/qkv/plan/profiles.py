@@ -334,7 +334,7 @@ PROFILES = {p.name: register_profile(p) for p in (
     # K=V on the study's own lm, at standard's sizes, seeds and rate grid (so its lm runs are
     # standard's, shared in one store): the head-width axis and the controlled conversion,
     # with the lm tuning and comparisons they start from. Sized for <= 3 h on 2 cores
-    # (docs/study-profiles.md, "kv"); lr_tune tunes every lm design, as at standard.
+    # (docs/study-profiles.md, "kv"); lr_tune tunes the lm designs these experiments compare.
     QKVProfile("kv", seeds=tuple(range(8)), d_model=64, n_layers=2, n_heads=4,
                batch_size=16, steps=1000, lr=3e-3, eval_batches=16,
                task_options=TASK_OPTIONS["standard"], task_train=TASK_TRAIN["standard"],

@@ -164,12 +164,14 @@ def designs_on(experiment: str) -> dict[str, tuple[tuple[str, ...], tuple[str, .
             for t, (d, a) in out.items()}
 
 
-def tuned_designs() -> dict[str, tuple[str, ...]]:
+def tuned_designs(experiments: tuple[str, ...] = ()) -> dict[str, tuple[str, ...]]:
     """``{task: designs}`` whose rate ``lr_tune`` chooses, the control last: every design a
-    tuned row compares on a ``TUNED_TASKS`` task. The control is tuned like the others: at an
+    tuned row compares on a ``TUNED_TASKS`` task (only rows of ``experiments`` where that is
+    given: a profile that runs only those). The control is tuned like the others: at an
     untuned rate it would be a weaker baseline, and standard would "use attention" by the
     rate alone."""
-    return {t: (*dict.fromkeys(r.design for r in rows() if r.tuned and t in (*r.tasks, *r.also)),
+    return {t: (*dict.fromkeys(r.design for r in rows() if r.tuned and t in (*r.tasks, *r.also)
+                               and (not experiments or r.experiment in experiments)),
                 CONTROL) for t in TUNED_TASKS}
 
 

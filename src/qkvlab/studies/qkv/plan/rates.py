@@ -109,8 +109,10 @@ def tuning_run(p: QKVProfile, task: str, d: str, arm: str, lr: float, seed: int)
 
 def tuned_keys(p: QKVProfile) -> list[tuple[str, str, str]]:
     """(task, design, arm) of every rate ``lr_tune`` chooses: none on a task the profile
-    gives no seeds (``task_seeds``), whose comparisons list no runs."""
-    return [(task, d, arm) for task, labels in tuned_designs().items()
+    gives no seeds (``task_seeds``), whose comparisons list no runs, and at a profile that
+    lists its ``experiments`` only the designs those compare (with standard and the
+    control)."""
+    return [(task, d, arm) for task, labels in tuned_designs(p.experiments).items()
             if p.task_seeds.get(task, p.seeds)
             for arm in ("equal", "matched") for d in ("standard", *labels)
             if arm in tuned_arms(p, task, d)]
