@@ -194,3 +194,19 @@ def test_a_headline_lm_that_does_not_use_attention_is_called_a_smoke_test(tmp_pa
     assert f"{value:+.1f} ± {half:.1f}%" in text
     assert answer_blocks(data)[-1].text == text
     assert headline_smoke(_data(tmp_path / "none")) == ""  # no control: nothing to say
+
+
+def test_standard_says_where_the_head_width_axis_and_the_conversion_are(tmp_path):
+    import dataclasses
+
+    from qkvlab.experiments.registry import get_profile
+    data = _data(tmp_path)
+    std = dataclasses.replace(data, profile=get_profile("standard"))
+    q3 = [p.text for p in answer_blocks(std) if isinstance(p, Para)][2]
+    assert q3.endswith("are answered by the kv profile on the same lm runs "
+                       "(`make report PROFILE=kv`).")
+    # a profile that runs them itself (and every other) says nothing of kv
+    for name in ("smoke", "kv"):
+        other = dataclasses.replace(data, profile=get_profile(name))
+        assert "PROFILE=kv" not in " ".join(p.text for p in answer_blocks(other)
+                                           if isinstance(p, Para))

@@ -229,7 +229,8 @@ def answer_blocks(data: StudyData, lead: dict[str, str] | None = None) -> list[B
             text += " " + converted["q2"]
         if q.lower() == "q3":
             text += "".join(" " + t for t in (converted["q3"], uptrain_answer(data),
-                                                head_width_answer(data)) if t)
+                                                head_width_answer(data), kv_elsewhere(data))
+                            if t)
         out.append(Para(f"{QUESTIONS[q].title}. {text}"))
     if at_scale:
         out.append(Para(at_scale))
@@ -237,6 +238,16 @@ def answer_blocks(data: StudyData, lead: dict[str, str] | None = None) -> list[B
     if smoke:
         out.append(Para(smoke))
     return out
+
+
+def kv_elsewhere(data: StudyData) -> str:
+    """Standard's pointer to what it no longer runs itself: K=V's head-width axis and the
+    controlled conversion of its lm are the kv profile's, on the same runs."""
+    if data.profile.name != "standard" or data.profile.head_width_cells:
+        return ""
+    return ("K=V's cost at other head widths, and converting this lm to K=V and training it "
+            "on, are answered by the kv profile on the same lm runs (`make report "
+            "PROFILE=kv`).")
 
 
 def headline_smoke(data: StudyData) -> str:
