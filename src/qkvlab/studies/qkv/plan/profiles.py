@@ -284,7 +284,7 @@ PROFILES = {p.name: register_profile(p) for p in (
                # no translate: at 600 steps its control is level with standard (+1.1 ± 5.6%),
                # so none of its ~3,750 estimated worker-seconds could decide a cell (smoke and
                # full keep it); K=V's head-width axis and the controlled conversion are the
-               # kv profile's (below): with them standard was ~4.3 h on 2 cores, estimated
+               # kv profile's (below): with them standard was ~4.7 h on 2 cores, estimated
                # (docs/study-profiles.md, "standard")
                # lm_char, the second row beside the per-token lm, on 6 of the 8 seeds
                task_seeds={"mqar": (), "translate": (), "relation": (0, 1, 2),
