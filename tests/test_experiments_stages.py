@@ -98,3 +98,54 @@ def test_experiment_names_of_a_list_keep_its_order_once_each_and_name_a_bad_one(
         experiment_names(["lr_tune", "nope"])
     with pytest.raises(ValueError, match="no name given"):
         experiment_names([])
+
+
+GROW, AFTER, GROWING = "toy_grow", "toy_after", "toy_growing"
+
+
+@dataclasses.dataclass(frozen=True)
+class GrowingProfile(Profile):
+    """Counts toy_grow's finished runs, as a rate followed past its grid's edge counts the
+    points it has reached."""
+
+    grown: int = 0
+
+    def prepared(self, store) -> GrowingProfile:
+        n = 0 if store is None else sum(r["status"] == "done" for r in store.runs(GROW, self.name))
+        return dataclasses.replace(self, grown=n)
+
+
+def grow_runs(p: GrowingProfile) -> list:
+    """One run more each time the last has finished, at most three (like ``follow_edge``)."""
+    return [toy_runs(seed=s)[0] for s in range(min(3, p.grown + 1))]
+
+
+def after_runs(p: GrowingProfile) -> list:
+    if p.grown < 3:
+        raise ResultsPending(f"{AFTER} needs all of {GROW}'s runs")
+    return toy_runs(seed=9)[1:]
+
+
+def test_an_experiment_that_grows_with_its_results_is_listed_again_until_it_stops(tmp_path):
+    db, printed = tmp_path / "r.db", []
+    smoke = registry.get_profile("smoke")
+    base = {f.name: getattr(smoke, f.name) for f in dataclasses.fields(Profile)}
+    registry.register_profile(GrowingProfile(**{**base, "name": GROWING}))
+    try:
+        with temporary_experiment(GROW, []), temporary_experiment(AFTER, []):
+            registry.EXPERIMENTS[GROW], registry.EXPERIMENTS[AFTER] = grow_runs, after_runs
+            counts = sweep([AFTER, GROW], GROWING, db=db, workers=1, threads=1, progress=False,
+                           log=printed.append)
+            with Store(db) as store:
+                grown = sorted(store.runs(GROW, GROWING), key=lambda r: r["started"])
+                after = store.runs(AFTER, GROWING)
+    finally:
+        registry.PROFILES.pop(GROWING)
+    # three stages of toy_grow, each run after the one before had finished, then toy_after
+    assert counts == {"done": 4}
+    assert [r["spec"]["train"]["seed"] for r in grown] == [0, 1, 2]
+    assert all(a["finished"] <= b["started"] for a, b in zip(grown, grown[1:]))
+    assert len(after) == 1 and after[0]["started"] >= grown[-1]["finished"]
+    heads = [m.splitlines()[0].split(":")[0] for m in printed]
+    assert heads == [f"sweep {GROW} [{GROWING}]"] * 3 + [f"sweep {AFTER} [{GROWING}]",
+                                                         f"sweep {AFTER}, {GROW} [{GROWING}]"]

@@ -232,6 +232,17 @@ def test_rate_stages_wait_then_extend_the_edge_then_choose():
     status.update({run_id(s.to_dict()): ("done", 1.5) for s, _ in edge})
     rates = P.chosen(dataclasses.replace(q, rates=Rates(scaling_tuned=status)))
     assert set(rates.values()) == {grid[1]}  # the edge point was worse
+    # an edge point that wins is followed one grid step further, and the choice waits for it
+    status.update({run_id(s.to_dict()): ("done", 0.5) for s, _ in edge})
+    w = dataclasses.replace(q, rates=Rates(scaling_tuned=status))
+    further = P.edge_runs(w)
+    assert sorted({t["lr"] for _, t in further}) == [0.027, P.beyond(p, grid[1], 2)] == [
+        0.027, 0.081]
+    with pytest.raises(P.ScalingPending):
+        P.chosen(w)
+    status.update({run_id(s.to_dict()): ("done", 0.7) for s, t in further if t["lr"] == 0.081})
+    assert set(P.chosen(dataclasses.replace(q, rates=Rates(scaling_tuned=status))).values()) \
+        == {0.027}
     r = tuned(p, {grid[0]: float("inf"), grid[1]: 1.0})  # a diverged rate counts as inf
     assert {t["lr"] for _, t in P.edge_runs(r)} == {0.027}
 

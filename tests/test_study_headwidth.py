@@ -85,8 +85,16 @@ def test_rates_are_chosen_per_cell_on_val_and_an_edge_choice_extends_the_grid():
     worse = {**stored, **{run_id(s): ("done", 9.0) for s, _ in edge}}
     chosen = headwidth.chosen(at(worse))
     assert chosen[("tied_kv", 64, 1)] == lrs[0] and chosen[("standard", 64, 8)] == lrs[1]
+    # the point past the edge wins: the next one out is listed, and the choice waits for it
     better = {**stored, **{run_id(s): ("done", 1.0) for s, _ in edge}}
-    assert headwidth.chosen(at(better))[("tied_kv", 64, 1)] == edge[0][0].train.lr
+    further = headwidth.edge_runs(at(better))
+    assert sorted({t["lr"] for _, t in further}) == [
+        lr_of("lm", min(p.lr_grid) ** 3 / sorted(p.lr_grid)[1] ** 2, p), edge[0][0].train.lr]
+    with pytest.raises(RatesPending, match="head_width_tune_edge"):
+        headwidth.chosen(at(better))
+    turned = {**better, **{run_id(s): ("done", 2.0) for s, t in further
+                           if t["lr"] != edge[0][0].train.lr}}
+    assert headwidth.chosen(at(turned))[("tied_kv", 64, 1)] == edge[0][0].train.lr
     runs = headwidth.reported_runs(at(worse))
     got = {(t["design"], t["d_model"], t["n_heads"]): s.train.lr for s, t in runs}
     assert got == {k: chosen[k] for k in got}

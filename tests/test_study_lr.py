@@ -11,7 +11,9 @@ import pytest
 from qkvlab.experiments import registry
 from qkvlab.experiments.runner import sweep_plan
 from qkvlab.experiments.store import Store
-from qkvlab.studies.qkv.plan import profiles, rates
+from qkvlab.studies.qkv.compute import results
+from qkvlab.studies.qkv.compute.frames import lr_frame
+from qkvlab.studies.qkv.plan import edges, profiles, rates
 from qkvlab.studies.qkv.plan.questions import equal_only, tuned_designs
 
 GRID = (0.5, 1.0, 2.0)
@@ -36,16 +38,22 @@ def _finish_grid(store: Store, p, loss, skip=()) -> None:
                      {} if v is None else {"val_loss": v}, {"n_params": 1})
 
 
-def _finish_edge(store: Store, p, loss) -> list:
+def _finish_edge(store: Store, p, loss, stages: int | None = None) -> list:
     """Register lr_tune_edge's runs (planned from the finished grid) and finish them like
-    ``_finish_grid``; returns them."""
-    runs = registry.runs_of("lr_tune_edge", p, store)
-    ids = store.add("lr_tune_edge", p.name, runs)
-    for rid, (_, tags) in zip(ids, runs):
-        if store.claim(rid):
+    ``_finish_grid``, listing them again after each stage until nothing new is listed, as the
+    sweep does (at most ``stages`` stages); returns the last listing."""
+    n = 0
+    while stages is None or n < stages:
+        runs = registry.runs_of("lr_tune_edge", p, store)
+        ids = store.add("lr_tune_edge", p.name, runs, replace=True)
+        fresh = [(rid, tags) for rid, (_, tags) in zip(ids, runs) if store.claim(rid)]
+        for rid, tags in fresh:
             v = loss(tags["task"], tags["design"], tags["arm"], tags["lr"], tags["seed"])
             store.finish(rid, "diverged" if v is None else "done", 1,
                          {} if v is None else {"val_loss": v}, {"n_params": 1})
+        n += 1
+        if not fresh:
+            break
     return runs
 
 
@@ -150,13 +158,53 @@ def test_ties_go_to_the_smaller_rate_and_all_diverged_chooses_nothing(profile, t
     with Store(tmp_path / "r.db") as store:
         _finish_grid(store, profile, loss)
         grid = rates.chosen_lrs(profile, store)
+        _finish_edge(store, profile, loss, stages=1)
+        one_step = rates.chosen_lrs(profile, store)
         _finish_edge(store, profile, loss)
         chosen = rates.chosen_lrs(profile, store)
+        data = results.load(store, profile)
     assert grid == {}  # every choice sits on the edge (the smallest rate): none is final yet
+    assert one_step == {}  # the point past it ties and wins: the next one is listed
     assert ("lm", "alt", "equal") not in chosen and ("lm", "alt", "matched") not in chosen
-    # the tie goes to the smaller rate again, one step past the grid: flagged in the report
-    assert chosen[("lm", "standard", "equal")] == float(
-        f"{rates.task_lr('lm', profile) * 0.25:.3g}")
+    # the tie goes to the smaller rate at every step, so the choice is followed to the last
+    # point past the grid (0.5 / 2³) and stops there, flagged in the report
+    last = float(f"{rates.task_lr('lm', profile) * 0.5 / 2 ** edges.EDGE_STEPS:.3g}")
+    assert chosen[("lm", "standard", "equal")] == last
+    assert rates.is_last_edge(profile, "lm", last)
+    frame = lr_frame(data)
+    flagged = frame[frame.chosen & frame.edge]
+    assert set(zip(flagged.design, flagged.lr)) >= {("standard", last)}
+    assert frame[frame.chosen].edge.all()
+
+
+def test_a_choice_is_followed_past_the_edge_until_it_turns(profile, tmp_path):
+    # lm's standard is best at 1/8 of the task's rate: the grid (0.5, 1, 2) chooses 0.5, the
+    # first point past it (0.25) wins, the next (0.125) wins, the third (0.0625) loses
+    base = rates.task_lr("lm", profile)
+
+    def loss(t, d, a, lr, s):
+        b = 0.125 if (t, d) == ("lm", "standard") else 1.0
+        return 2.0 + abs(math.log(lr / rates.task_lr(t, profile) / b))
+    with Store(tmp_path / "r.db") as store:
+        _finish_grid(store, profile, loss)
+        stages = [sorted({t["lr"] for _, t in _finish_edge(store, profile, loss, stages=1)
+                          if (t["task"], t["design"]) == ("lm", "standard")})]
+        for _ in range(3):
+            stages.append(sorted({t["lr"] for _, t in registry.runs_of(
+                "lr_tune_edge", profile, store) if (t["task"], t["design"]) == ("lm", "standard")}))
+            _finish_edge(store, profile, loss, stages=1)
+        chosen = rates.chosen_lrs(profile, store)
+        runs = registry.runs_of("lm_tied_kv", profile, store)
+        data = results.load(store, profile)
+    # each stage lists one point more, once the one before has won; then nothing new
+    lr = [float(f"{base * m:.3g}") for m in (0.0625, 0.125, 0.25)]
+    assert stages == [lr[2:], lr[1:], lr, lr]
+    assert chosen[("lm", "standard", "equal")] == float(f"{base * 0.125:.3g}")
+    assert {s.train.lr for s, t in runs if (t["task"], t["design"]) == ("lm", "standard")} == {
+        float(f"{base * 0.125:.3g}")}
+    frame = lr_frame(data)
+    std = frame[(frame.task == "lm") & (frame.design == "standard") & frame.chosen]
+    assert list(std.lr) == [float(f"{base * 0.125:.3g}")] and not std.edge.any()
 
 
 def test_report_draws_the_grid_and_lists_each_chosen_rate(profile, tmp_path):
@@ -211,3 +259,25 @@ def test_task_seeds_and_arms_narrow_only_the_tasks_they_name():
     assert {tg["seed"] for _, tg in registry.runs_of("lm_scaling", dataclasses.replace(
         p, scale_widths=(16,), scale_seeds=(3,)))} == {3}
 
+
+
+def test_follow_edge_trains_the_next_point_only_while_the_newest_wins():
+    def past(k):  # a grid whose lowest point is 1, stepping ×1/2
+        return 0.5 ** k
+    # inside the grid: nothing to follow
+    assert edges.follow_edge(2.0, lambda k: None, {2.0: 1.0}.get) == ([], 2.0)
+    # the first point has not run: listed, no choice yet
+    assert edges.follow_edge(1.0, past, {1.0: 3.0}.get) == ([0.5], None)
+    # it lost: the choice stays at the grid's edge, nothing more listed
+    assert edges.follow_edge(1.0, past, {1.0: 3.0, 0.5: 3.5}.get) == ([0.5], 1.0)
+    # it won: the next is listed; that one lost: the choice is the first point
+    assert edges.follow_edge(1.0, past, {1.0: 3.0, 0.5: 2.0}.get) == ([0.5, 0.25], None)
+    assert edges.follow_edge(1.0, past, {1.0: 3.0, 0.5: 2.0, 0.25: 2.5}.get) == (
+        [0.5, 0.25], 0.5)
+    # a tie goes to the smaller rate, so it counts as a win; a diverged point (inf) loses
+    assert edges.follow_edge(1.0, past, {1.0: 3.0, 0.5: 3.0, 0.25: math.inf}.get) == (
+        [0.5, 0.25], 0.5)
+    # every point wins: followed EDGE_STEPS points and no further
+    falling = {1.0: 9.0, **{0.5 ** k: 9.0 - k for k in range(1, 10)}}
+    pts, choice = edges.follow_edge(1.0, past, falling.get)
+    assert pts == [0.5 ** k for k in range(1, edges.EDGE_STEPS + 1)] and choice == pts[-1]

@@ -113,22 +113,32 @@ def test_each_placement_width_and_init_trains_at_its_own_tuned_rate(tmp_path):
         registry.runs_of("scale_tune_edge", p, None)
     # best multiplier (the loss's minimum, on a log axis): at the widest head none's from the
     # model's init is the grid's top (2: an edge, and the point beyond it, 4, is worse), none +
-    # T5's from unit variance is past the top (8: the point beyond wins and is a new edge), the
-    # control's at the narrowest is past the bottom (1/8); everything else the middle (none +
-    # T5 from the model's init too: the init is a key of its own)
+    # T5's from unit variance is far past the top (32: every point followed past it wins, up
+    # to the last, 16), the control's at the narrowest is past the bottom (1/8: the second
+    # point below wins, the third does not); everything else the middle (none + T5 from the
+    # model's init too: the init is a key of its own)
     widest, narrowest = max(p.scale_train_d_heads), min(p.scale_train_d_heads)
-    best = {("none", widest, "gpt2"): 2.0, ("none_t5", widest, "unit"): 8.0,
+    best = {("none", widest, "gpt2"): 2.0, ("none_t5", widest, "unit"): 32.0,
             ("control", narrowest, "gpt2"): 0.125}
 
     def loss(t) -> float:
         b = best.get((t["design"], t.get("d_head"), t.get("init")), 1.0)
         return 2.0 + abs(math.log(t["lr"] / rates.task_lr(t["task"], p) / b))
 
-    def train(store, name) -> None:
-        runs = registry.runs_of(name, p, store)
-        for rid, (_, t) in zip(store.add(name, p.name, runs), runs):
-            if store.claim(rid):
+    def train(store, name) -> list:
+        """Train ``name``'s runs, listed again until nothing new is listed (the sweep's
+        stages); returns the first listing."""
+        first = None
+        while True:
+            runs = registry.runs_of(name, p, store)
+            first = runs if first is None else first
+            fresh = [(rid, t) for rid, (_, t) in zip(store.add(name, p.name, runs,
+                                                                replace=True), runs)
+                     if store.claim(rid)]
+            for rid, t in fresh:
                 store.finish(rid, "done", 1, {"val_loss": loss(t)}, {"n_params": 1})
+            if not fresh:
+                return first
 
     base = rates.task_lr("lm", p)
     with Store(tmp_path / "r.db") as store:
@@ -136,15 +146,20 @@ def test_each_placement_width_and_init_trains_at_its_own_tuned_rate(tmp_path):
             train(store, name)
         with pytest.raises(rates.RatesPending, match=r"then scale_tune_edge"):
             registry.runs_of("scale_train", p, store)  # the edge points come first
-        edge = registry.runs_of("scale_tune_edge", p, store)
-        # one point a grid step (×2 here) past each choice on an edge, val only
+        # first one point a grid step (×2 here) past each choice on an edge, val only
+        first = train(store, "scale_tune_edge")
         assert sorted((t["design"], t["d_head"], t["init"], t["lr"], t["seed"])
-                      for _, t in edge) == sorted([
+                      for _, t in first) == sorted([
             ("none", widest, "gpt2", float(f"{4 * base:.3g}"), 100),
             ("none_t5", widest, "unit", float(f"{4 * base:.3g}"), 100),
             ("control", narrowest, "gpt2", float(f"{base / 4:.3g}"), 100)])
+        # then the next while the newest wins, at most three
+        edge = registry.runs_of("scale_tune_edge", p, store)
+        assert sorted((t["design"], t["lr"]) for _, t in edge) == sorted(
+            (d, float(f"{m * base:.3g}")) for d, m in [
+                ("none", 4.0), ("none_t5", 4.0), ("none_t5", 8.0), ("none_t5", 16.0),
+                ("control", 0.25), ("control", 0.125), ("control", 0.0625)])
         assert all(s.train.test_batches == 0 for s, _ in edge)
-        train(store, "scale_tune_edge")
         runs = registry.runs_of("scale_train", p, store)
         data = results.load(store, p)
         chosen = rates.chosen_lrs(p, store)
@@ -153,8 +168,8 @@ def test_each_placement_width_and_init_trains_at_its_own_tuned_rate(tmp_path):
     assert {k for k in chosen if len(k) == 3} == {
         (t, d, a) for t, labels in tuned_designs().items() for d in ("standard", *labels)
         for a in rates.tuned_arms(p, t, d)}
-    want = {("none", widest, "gpt2"): 2.0, ("none_t5", widest, "unit"): 4.0,
-            ("control", narrowest, "gpt2"): 0.25}
+    want = {("none", widest, "gpt2"): 2.0, ("none_t5", widest, "unit"): 16.0,
+            ("control", narrowest, "gpt2"): 0.125}
     for spec, t in runs:
         mult = want.get((t["design"], t["d_head"], t["init"]), 1.0)
         assert spec.train.lr == float(f"{mult * base:.3g}"), t
@@ -162,10 +177,10 @@ def test_each_placement_width_and_init_trains_at_its_own_tuned_rate(tmp_path):
     assert len(grid) == len(tune) + len(edge)
     chosen = grid[grid.chosen]
     assert len(chosen) == len(keys)
-    # flagged: a choice still at an end of the extended grid; none's 2 is inside it now
+    # flagged: a choice still at an end of the extended grid, none + T5's on its last point;
+    # none's 2 and the control's 1/8 are inside it now
     assert set(chosen[chosen.edge].itertuples(index=False, name=None)) == {
-        ("none_t5", widest, "unit", float(f"{4 * base:.3g}"), 2.0 + math.log(2), 1, True, True),
-        ("control", narrowest, "gpt2", float(f"{base / 4:.3g}"), 2.0 + math.log(2), 1, True,
+        ("none_t5", widest, "unit", float(f"{16 * base:.3g}"), 2.0 + math.log(2), 1, True,
          True)}
 
 

@@ -121,7 +121,7 @@ def test_every_reported_run_is_scored_on_test(name):
         p = dataclasses.replace(p, rates=Rates(
             lrs={(t, d, a): rates.lr_of(t, 1.0, p) for t, labels in tuned_designs().items()
                  for d in ("standard", *labels) for a in ("equal", "matched")} | scale,
-            scale_grid=scale))
+            scale_edge_points={k: () for k in scale}))
     if p.scaling_lr_grid:  # scaling's runs at lm's rate, as if scaling_tune had chosen it
         p = dataclasses.replace(p, scaling_lr_grid=())
     # tuning runs score val only; lm_convert's are checked in test_study_uptrain (they need

@@ -25,7 +25,7 @@ from qkvlab.studies.qkv.compute.uptrain import (
     start_gaps,
     steps_saved,
 )
-from qkvlab.studies.qkv.plan import rates, uptrain
+from qkvlab.studies.qkv.plan import edges, rates, uptrain
 from qkvlab.studies.qkv.plan.uptrain import ParentsPending
 from qkvlab.studies.qkv.render.uptrain import (
     fig_q3_uptrain,
@@ -216,11 +216,22 @@ def test_the_rate_is_chosen_on_val_and_a_choice_on_the_edge_extends_the_grid():
     mults = uptrain.chosen_mults(at(done))
     assert {m for (d, _), m in mults.items() if d == "fitted"} == {lo}
     assert {m for (d, _), m in mults.items() if d != "fitted"} == {0.3}
-    assert not uptrain.on_edge(p, lo) and uptrain.on_edge(p, beyond)
-    # a diverged extension counts as infinite loss; a better one is chosen and flagged
-    better = {**stored, **{run_id(s): ("done", 0.01) for s, _ in edge}}
+    last = float(f"{lo / 3 ** edges.EDGE_STEPS:.3g}")
+    assert not uptrain.on_edge(p, lo) and not uptrain.on_edge(p, beyond)
+    assert uptrain.on_edge(p, last)
+    # a better extension is followed a step further out (×3 each), to the last point at most,
+    # where the choice is flagged; a diverged one counts as infinite loss
+    better = dict(stored)
+    for step in range(1, edges.EDGE_STEPS + 1):
+        edge = uptrain.edge_runs(at(better))
+        assert sorted({t["mult"] for _, t in edge if t["design"] == "fitted"}) == sorted(
+            float(f"{lo / 3 ** k:.3g}") for k in range(1, step + 1))
+        with pytest.raises(ParentsPending, match="uptrain_tune_edge"):
+            uptrain.chosen_mults(at(better))
+        better |= {run_id(s): ("done", t["mult"]) for s, t in edge}  # lower is better here
+    assert uptrain.edge_runs(at(better)) == edge  # nothing past the last point
     assert {m for (d, _), m in uptrain.chosen_mults(at(better)).items() if d == "fitted"} \
-        == {beyond}
+        == {last}
     lost = {**stored, **{run_id(s): ("diverged", None) for s, _ in edge}}
     assert {m for (d, _), m in uptrain.chosen_mults(at(lost)).items() if d == "fitted"} == {lo}
 

@@ -78,6 +78,21 @@ def _stage(names: list[str], profile, store: Store | None
     return plan, later, why
 
 
+def _grown(plan: list[tuple[str, list]], profile, store: Store, ids: list[str]) -> list[str]:
+    """The experiments of ``plan`` whose runs, listed again from what the stage stored, include
+    runs not trained yet: those that grow with their own results (a rate choice followed past
+    its grid's edge one step at a time, ``edges.follow_edge``)."""
+    known, out = set(ids), []
+    for n, _ in plan:
+        try:
+            again = runs_of(n, profile, store)
+        except ResultsPending:
+            continue
+        if any(run_id(spec) not in known for spec, _ in again):
+            out.append(n)
+    return out
+
+
 def sweep_ids(name: str | Sequence[str], profile: str, store: Store | None = None) -> list[str]:
     """The run ids of experiment ``name`` (``all``, or a list of names) at ``profile``, in
     sweep order.
@@ -137,7 +152,9 @@ def sweep(name: str | Sequence[str], profile: str = "quick", *, workers: int = 1
     experiment goes on with the next instead of waiting for the others. An experiment whose
     runs depend on another's results (``registry.ResultsPending``: e.g. the rates ``lr_tune``
     chooses) waits for a later stage: each stage trains every run that can be listed from the
-    results so far, and the next lists the rest from what it stored.
+    results so far, and the next lists the rest from what it stored. An experiment whose runs
+    grow with its own results (a rate followed past its grid's edge) is listed again after
+    its stage, until it lists nothing new.
 
     Finished runs (done/diverged) are skipped; failed and orphaned ones are retried; a run
     that another live sweep holds is waited for, not repeated. ``tensorboard``: a folder
@@ -204,9 +221,10 @@ def sweep(name: str | Sequence[str], profile: str = "quick", *, workers: int = 1
             if write is not None and (later or n_stages > 1):
                 write(_breakdown(store, f"sweep {_label([n for n, _ in plan])} [{profile}]",
                                  stage, stage_began, time.perf_counter() - t, pool))
-            if not later:
+            grown = _grown(plan, profile, store, ids)
+            if not later and not grown:
                 break
-            plan, later, why = _stage(later, profile, store)
+            plan, later, why = _stage(grown + later, profile, store)
             if not plan:
                 bar.close()
                 raise why

@@ -329,3 +329,31 @@ def budget_gap(data: StudyData, task: str, design: str) -> dict | None:
     d, s = d.iloc[0], s.iloc[0]
     return {"half": d.half - s.half, "full": d.full - s.full, "half_step": d.half_step,
             "steps": d.steps}
+
+
+def edge_choices(data: StudyData, experiments: tuple[str, ...], keys: list[str]
+                 ) -> pd.DataFrame:
+    """The tuned rates still at an end of the rates tried: per ``keys`` (tag columns), over the
+    runs of ``experiments`` (a tuning experiment and its edge's), the rate of lowest mean val
+    loss (a diverged or unscored run infinite; ties to the smaller rate), kept where it is
+    the smallest or largest rate tried for that key, so that the best may lie further out
+    (``edges.follow_edge`` stopped at its last point). Columns ``keys`` + ``lr``."""
+    runs = data.runs
+    cols = [*keys, "lr"]
+    if runs.empty or "experiment" not in runs or not set(cols) <= set(runs.columns):
+        return pd.DataFrame(columns=cols)
+    g = runs[runs.experiment.isin(experiments) & runs.status.isin(["done", "diverged"])]
+    g = g.drop_duplicates(["run_id"])
+    if g.empty:
+        return pd.DataFrame(columns=cols)
+    loss = g.val_loss if "val_loss" in g else pd.Series(float("nan"), index=g.index)
+    ok = (g.status == "done") & loss.notna()
+    g = g.assign(score=loss.where(ok, float("inf")).astype(float))
+    out = []
+    for key, sub in g.groupby(keys, sort=True):
+        means = sub.groupby("lr").score.mean()
+        best = min(sorted(means.index), key=lambda lr: means[lr])
+        if means[best] < float("inf") and best in (means.index.min(), means.index.max()):
+            out.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))),
+                        "lr": float(best)})
+    return pd.DataFrame(out, columns=cols)

@@ -24,8 +24,8 @@ from qkvlab.studies.qkv.plan.rates import (
     chosen_lrs,
     design_lrs,
     lr_edge_runs,
-    lr_grid_lrs,
-    placement_grid_lrs,
+    lr_edge_plan,
+    placement_edge_plan,
     tuning_runs,
 )
 from qkvlab.studies.qkv.plan.scale import (  # noqa: F401 (registers)
@@ -98,8 +98,8 @@ def read_rates(p: QKVProfile, store) -> QKVProfile:
         r = dataclasses.replace(r, scaling_tuned=tuned_status(store, p.name))
     if p.lr_grid and r.lrs is None:
         r = dataclasses.replace(r, lrs=chosen_lrs(p, store),
-                                scale_grid=placement_grid_lrs(p, store),
-                                lr_grid_choice=lr_grid_lrs(p, store))
+                                scale_edge_points=placement_edge_plan(p, store),
+                                lr_edge_points=lr_edge_plan(p, store))
     p = p if r is p.rates else dataclasses.replace(p, rates=r)
     return uptrain.with_stored(p, store)
 
@@ -146,8 +146,8 @@ def lr_tune(p: QKVProfile) -> list[Run]:
     return tuning_runs(p)
 
 
-@experiment("lr_tune_edge", "lr_tune's grid extended one step where a design's choice sits on "
-                            "its edge")
+@experiment("lr_tune_edge", "lr_tune's grid followed outward (up to 3 steps) where a design's "
+                            "choice sits on its edge")
 def lr_tune_edge(p: QKVProfile) -> list[Run]:
     return lr_edge_runs(p)
 
@@ -289,8 +289,8 @@ def uptrain_tune(p: QKVProfile) -> list[Run]:
     return uptrain.tuning_runs(p)
 
 
-@experiment("uptrain_tune_edge", "Q3: the uptraining rate grid extended one step where a "
-                                 "start's choice sits on its edge")
+@experiment("uptrain_tune_edge", "Q3: the uptraining rate grid followed outward (up to 3 "
+                                 "steps) where a start's choice sits on its edge")
 def uptrain_tune_edge(p: QKVProfile) -> list[Run]:
     return uptrain.edge_runs(p)
 
@@ -306,8 +306,8 @@ def head_width_tune(p: QKVProfile) -> list[Run]:
     return headwidth.tuning_runs(p)
 
 
-@experiment("head_width_tune_edge", "Q3: the head-width cells' rate grid extended one step where "
-                                    "a choice sits on its edge")
+@experiment("head_width_tune_edge", "Q3: the head-width cells' rate grid followed outward (up "
+                                    "to 3 steps) where a choice sits on its edge")
 def head_width_tune_edge(p: QKVProfile) -> list[Run]:
     return headwidth.edge_runs(p)
 

@@ -12,9 +12,9 @@ of every projection stay fixed while the heads split them differently (at d_mode
   is standard), and the attention-free control, each on the profile's seeds;
 - each at its own rate where the profile tunes rates: experiment ``head_width_tune`` trains
   every (cell, design) at ``lr_grid`` × lm's rate on ``lr_seeds`` (scored on val only),
-  ``head_width_tune_edge`` one grid step beyond a choice on the grid's edge
-  (``rates.grid_edge``), and the choice is ``rates.grid_choices``' (lowest mean val loss, a
-  lost run infinite, ties to the smaller rate), as lr_tune's. The profile's own cell is
+  ``head_width_tune_edge`` follows a choice on the grid's edge outward (``edges.follow_edge``,
+  grid steps of ``rates.grid_edge``), and the choice is ``rates.edge_choices``' (lowest mean
+  val loss, a lost run infinite, ties to the smaller rate), as lr_tune's. The profile's own cell is
   lr_tune's: the same specs, so the same runs and the same choices, and lm_tied_kv's,
   lm_gqa's and its control's reported runs serve it unchanged.
 
@@ -35,8 +35,10 @@ import math
 from qkvlab.experiments.ids import run_id
 from qkvlab.experiments.registry import Run, design_arms
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
+from qkvlab.studies.qkv.plan.edges import EDGE_STEPS
 from qkvlab.studies.qkv.plan.rates import (
     RatesPending,
+    edge_choices,
     grid_choices,
     grid_edge,
     lr_of,
@@ -86,7 +88,7 @@ def _tags(cell: tuple[int, int]) -> dict:
 def tuning_runs(p: QKVProfile, only: dict | None = None) -> list[Run]:
     """``head_width_tune``'s runs: every (cell, design) and the control at every grid point on
     the tuning seeds, scored on val only (none without a grid). ``only``: {(design, d_model,
-    n_heads): lr}, those rates alone (the edge's)."""
+    n_heads): rates}, those rates alone (the edge's)."""
     if not (p.lr_grid and cells(p)):
         return []
     check(p)
@@ -96,7 +98,7 @@ def tuning_runs(p: QKVProfile, only: dict | None = None) -> list[Run]:
         for d in ("standard", *designs(cell), CONTROL):
             if only is not None and (d, *cell) not in only:
                 continue
-            lrs = ([only[(d, *cell)]] if only is not None else
+            lrs = (only[(d, *cell)] if only is not None else
                    [lr_of(TASK, m, p) for m in p.lr_grid])
             for lr in lrs:
                 for seed in p.lr_seeds:
@@ -126,35 +128,48 @@ def _pending(p: QKVProfile, what: str, missing: list[tuple]) -> RatesPending:
                         f"{what} --profile {p.name}` first (qkvlab study does)")
 
 
-def edge_runs(p: QKVProfile) -> list[Run]:
-    """``head_width_tune_edge``'s runs: one grid step beyond each choice on the grid's edge.
+def _followed(p: QKVProfile) -> tuple[dict[tuple, float], dict[tuple, tuple]]:
+    """``rates.edge_choices``' final choices and points past the edge, keyed as ``_keys``.
 
     Raises:
         RatesPending: ``head_width_tune`` has not finished.
     """
     grid = tuning_runs(p)
-    if not grid:
-        return []
     base, _ = grid_choices(p, _rows(p, grid), math.nan)
     missing = [k for k in _keys(p) if k not in base]
     if missing:
         raise _pending(p, "head_width_tune", missing)
-    beyond = {k[1:2] + k[3:]: lr for k in _keys(p)
-              if (lr := grid_edge(p, TASK, base[k])) is not None}
+    cands = {k[1:2] + k[3:]: tuple(lr for n in range(1, EDGE_STEPS + 1)
+                                   if (lr := grid_edge(p, TASK, base[k], n)) is not None)
+             for k in _keys(p)}
+    _, final, points = edge_choices(p, _rows(p, grid + tuning_runs(p, cands)), math.nan)
+    return final, points
+
+
+def edge_runs(p: QKVProfile) -> list[Run]:
+    """``head_width_tune_edge``'s runs: past each choice on the grid's edge, the points
+    ``edges.follow_edge`` has reached.
+
+    Raises:
+        RatesPending: ``head_width_tune`` has not finished.
+    """
+    if not tuning_runs(p):
+        return []
+    _, points = _followed(p)
+    beyond = {k[1:2] + k[3:]: points[k] for k in _keys(p) if points.get(k)}
     return tuning_runs(p, beyond) if beyond else []
 
 
 def chosen(p: QKVProfile) -> dict[tuple, float]:
-    """{(design, d_model, n_heads): rate}: the grid's choice, or over the grid and the point
-    beyond its edge; empty without a grid (every design at lm's rate).
+    """{(design, d_model, n_heads): rate}: the grid's choice, or over the grid and the points
+    past its edge; empty without a grid (every design at lm's rate).
 
     Raises:
         RatesPending: the tuning runs have not all finished.
     """
-    grid = tuning_runs(p)
-    if not grid:
+    if not tuning_runs(p):
         return {}
-    _, final = grid_choices(p, _rows(p, grid + edge_runs(p)))
+    final, _ = _followed(p)
     missing = [k for k in _keys(p) if k not in final]
     if missing:
         raise _pending(p, "head_width_tune_edge", missing)

@@ -31,8 +31,9 @@ class Rates:
     - ``lrs``: the rates ``lr_tune`` chose, ``{(task, design, arm): rate}``, and the final
       choices of ``scale_tune``/``scale_tune_edge``,
       ``{(task, placement, arm, d_head, init): rate}``;
-    - ``scale_grid``: ``scale_tune``'s choices on its grid alone (the plan of
-      ``scale_tune_edge``); ``lr_grid_choice``: ``lr_tune``'s (the plan of ``lr_tune_edge``);
+    - ``scale_edge_points``: per key of ``scale_tune``, the rates past its grid's edge that
+      ``edges.follow_edge`` has reached (the plan of ``scale_tune_edge``; () inside the
+      grid); ``lr_edge_points``: ``lr_tune``'s (the plan of ``lr_tune_edge``);
     - ``scaling_tuned``: run id -> (status, final val loss) of the scaling tuning runs;
     - ``stored``: run id -> (status, final val loss) of every stored run, where the profile
       converts its own lm (``plan.uptrain``: a conversion waits for its parent) or tunes
@@ -42,8 +43,8 @@ class Rates:
     """
 
     lrs: Mapping[tuple, float] | None = None
-    scale_grid: Mapping[tuple, float] | None = None
-    lr_grid_choice: Mapping[tuple, float] | None = None
+    scale_edge_points: Mapping[tuple, tuple[float, ...]] | None = None
+    lr_edge_points: Mapping[tuple, tuple[float, ...]] | None = None
     scaling_tuned: Mapping[str, tuple[str, float | None]] | None = None
     stored: Mapping[str, tuple[str, float | None]] | None = None
 

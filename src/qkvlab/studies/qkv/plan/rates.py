@@ -5,24 +5,26 @@ With an empty ``lr_grid`` a profile trains every design at its task's rate. Othe
 experiment ``lr_tune`` trains each design of ``questions.tuned_designs()`` (those the
 questions compare on a tuned task) in each arm its comparisons run at
 ``lr_grid`` × the task's rate on ``lr_seeds`` (disjoint from the reported seeds), and the
-comparisons train each (design, arm) at the rate with the lowest mean validation loss there;
-where that choice sits on the grid's edge, experiment ``lr_tune_edge`` trains one more rate a
-grid step beyond it and the choice is made again over the grid and that point (a choice still
-on the new edge is flagged in the report).
+comparisons train each (design, arm) at the rate with the lowest mean validation loss there.
+Where that choice sits on the grid's edge, experiment ``lr_tune_edge`` follows it outward
+(``follow_edge``): it trains the rate a grid step beyond, and the next one while the newest
+point wins, at most ``EDGE_STEPS`` points; the choice is made again over the grid and those
+points, and one still on the last of them is flagged in the report. The sweep lists an edge
+experiment again after each of its stages (``runner.sweep``), so each step is trained once the
+one before it has finished.
 The rates are chosen on the ``val`` split; the tuning runs are not scored on ``test`` at all,
 and the comparisons report their ``test`` numbers (``vocab.reported``).
 Experiment ``scale_tune`` does the same for each placement of 1/√d_k at each head width and
 init (``placement_tuning_runs``), keyed (task, placement, arm, d_head, init): a placement's
 best rate may move with d_head and with the init, which are the axes of that comparison.
-Where that choice sits on the grid's edge, experiment ``scale_tune_edge`` trains one more rate
-a grid step beyond it (``placement_edge_runs``) and the choice is made again over the grid
-and that point (``placement_choices``); a choice still on the new edge is flagged in the
-report.
+Where that choice sits on the grid's edge, experiment ``scale_tune_edge`` follows it the same
+way (``placement_edge_runs``, ``placement_choices``).
+The other tuning families (``uptrain``, ``headwidth``, ``scaling``) follow their edges with
+``follow_edge`` too.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from qkvlab.experiments.registry import (
@@ -36,6 +38,7 @@ from qkvlab.experiments.registry import (
     task_info,
 )
 from qkvlab.experiments.store import canonical
+from qkvlab.studies.qkv.plan.edges import EDGE_STEPS, argmin, follow_edge
 from qkvlab.studies.qkv.plan.placements import (
     PLACEMENTS,
     SCALE_INITS,
@@ -51,6 +54,11 @@ class RatesPending(ResultsPending):
     """A comparison's runs depend on the rates ``lr_tune`` chooses, and it has not finished."""
 
 
+def is_last_edge(p: Profile, task: str, lr: float) -> bool:
+    """``lr`` is the last point ``follow_edge`` tries past an end of the task's grid: a
+    choice there may lie further out (flagged in the report)."""
+    return lr in (grid_edge(p, task, lr_of(task, m, p), EDGE_STEPS)
+                  for m in (min(p.lr_grid, default=1.0), max(p.lr_grid, default=1.0)))
 
 
 def task_lr(task: str, p: Profile) -> float:
@@ -128,25 +136,34 @@ def tuning_runs(p: QKVProfile) -> list[Run]:
 
 
 def lr_edge_runs(p: QKVProfile) -> list[Run]:
-    """``lr_tune_edge``'s runs: for each (task, design, arm) whose ``lr_tune`` choice on the
-    grid (``p.rates.lr_grid_choice``) sits on an edge, the rate one grid step beyond it
-    (``grid_edge``), on the tuning seeds, scored on val only like the grid's.
+    """``lr_tune_edge``'s runs: for each (task, design, arm) whose ``lr_tune`` choice sits on
+    the grid's edge, the points ``follow_edge`` has reached past it (``p.rates.lr_edge_points``),
+    on the tuning seeds, scored on val only like the grid's.
 
     Raises:
         RatesPending: ``lr_tune`` has not chosen every rate yet.
     """
     if not p.lr_grid:
         return []
-    grid = p.rates.lr_grid_choice or {}
+    points = p.rates.lr_edge_points or {}
     keys = tuned_keys(p)
-    missing = sorted(f"{t} {d} ({a})" for t, d, a in keys if (t, d, a) not in grid)
+    missing = sorted(f"{t} {d} ({a})" for t, d, a in keys if (t, d, a) not in points)
     if missing:
         raise RatesPending(
             f"profile {p.name}: lr_tune_edge extends lr_tune's grid where its choice sits on an "
             f"edge, and lr_tune has not chosen {', '.join(missing)}; run `qkvlab sweep lr_tune "
             f"--profile {p.name}` first (qkvlab study does)")
     return [tuning_run(p, t, d, a, lr, seed) for t, d, a in keys
-            if (lr := grid_edge(p, t, grid[(t, d, a)])) is not None for seed in p.lr_seeds]
+            for lr in points[(t, d, a)] for seed in p.lr_seeds]
+
+
+def lr_edge_candidates(p: QKVProfile, base: dict[tuple, float]) -> list[Run]:
+    """Every run ``lr_tune_edge`` may list from the grid's choices ``base``: each point up to
+    ``EDGE_STEPS`` past an edge choice, on the tuning seeds (which of them count is
+    ``follow_edge``'s)."""
+    return [tuning_run(p, t, d, a, lr, seed) for (t, d, a), b in base.items()
+            if (t, d, a) in set(tuned_keys(p)) for k in range(1, EDGE_STEPS + 1)
+            if (lr := grid_edge(p, t, b, k)) is not None for seed in p.lr_seeds]
 
 
 def placement_keys(p: QKVProfile) -> list[tuple[str, int, str]]:
@@ -177,62 +194,60 @@ def placement_tuning_runs(p: QKVProfile) -> list[Run]:
             for key in placement_keys(p)]
 
 
-def grid_edge(p: Profile, task: str, lr: float) -> float | None:
-    """The rate one grid step past ``lr`` (the task's grid) if ``lr`` is an end of the grid,
-    else None: below the smallest, the smallest × its ratio to the next; above the largest,
-    likewise."""
+def grid_edge(p: Profile, task: str, lr: float, k: int = 1) -> float | None:
+    """The rate ``k`` grid steps past ``lr`` (the task's grid) if ``lr`` is an end of the grid,
+    else None: below the smallest, the smallest × (its ratio to the next)^k; above the
+    largest, likewise."""
     mults = sorted(p.lr_grid)
     if len(mults) < 2:
         return None
     if lr == lr_of(task, mults[0], p):
-        return lr_of(task, mults[0] * mults[0] / mults[1], p)
+        return lr_of(task, mults[0] * mults[0] ** k / mults[1] ** k, p)
     if lr == lr_of(task, mults[-1], p):
-        return lr_of(task, mults[-1] * mults[-1] / mults[-2], p)
+        return lr_of(task, mults[-1] * mults[-1] ** k / mults[-2] ** k, p)
     return None
 
 
-def placement_edge(p: Profile, lr: float) -> float | None:
+def placement_edge(p: Profile, lr: float, k: int = 1) -> float | None:
     """``grid_edge`` on lm's grid (the placements of 1/√d_k train on lm)."""
-    return grid_edge(p, "lm", lr)
+    return grid_edge(p, "lm", lr, k)
 
 
 def placement_edge_runs(p: QKVProfile) -> list[Run]:
     """``scale_tune_edge``'s runs: for each key of ``placement_keys`` whose ``scale_tune``
-    choice (``p.rates.scale_grid``) sits on the grid's edge, the rate one grid step beyond it,
-    on the tuning seeds, scored on val only like the grid's.
+    choice sits on the grid's edge, the points ``follow_edge`` has reached past it
+    (``p.rates.scale_edge_points``), on the tuning seeds, scored on val only like the grid's.
 
     Raises:
         RatesPending: ``scale_tune`` has not chosen every key yet.
     """
     if not p.lr_grid:
         return []
-    grid = p.rates.scale_grid or {}
+    points = p.rates.scale_edge_points or {}
     keys = placement_keys(p)
     missing = [f"{tag} at d_head {d} from the {i} init" for tag, d, i in keys
-               if ("lm", tag, "equal", d, i) not in grid]
+               if ("lm", tag, "equal", d, i) not in points]
     if missing:
         raise RatesPending(
             f"profile {p.name}: scale_tune_edge extends scale_tune's grid where its choice sits "
             f"on an edge, and scale_tune has not chosen {', '.join(missing)}; run `qkvlab "
             f"sweep scale_tune --profile {p.name}` first (qkvlab study does)")
-    runs = []
-    for key in keys:
-        tag, d_head, init = key
-        lr = placement_edge(p, grid[("lm", tag, "equal", d_head, init)])
-        if lr is not None:
-            runs += [_placement(p, key, seed, lr) for seed in p.lr_seeds]
-    return runs
+    return [_placement(p, key, seed, lr) for key in keys
+            for lr in points[("lm", key[0], "equal", key[1], key[2])] for seed in p.lr_seeds]
 
 
-def choose_lrs(p: QKVProfile, rows, grids: dict[tuple, set[float]] | None = None,
-               lost: float | None = None) -> dict[tuple, float]:
-    """The rate with the lowest mean val loss over ``lr_seeds`` per (task, design, arm), from
-    rows ``(task, design, arm, lr, status, val_loss)``, or per (task, design, arm, d_head,
-    init) from rows with more items (``d_head``, ``init``; None: no such key); only designs
-    whose whole grid (the task's, or ``grids[key]``) has finished, and no other rate listed. A
-    diverged run (or one without a loss) counts as infinite loss; ties go to the smaller rate.
-    A design whose whole grid finished without a finite loss has no rate, or ``lost`` where
-    that is given."""
+def placement_edge_candidates(p: QKVProfile, base: dict[tuple, float]) -> list[Run]:
+    """Every run ``scale_tune_edge`` may list from the grid's choices ``base`` (as
+    ``lr_edge_candidates``)."""
+    return [_placement(p, key, seed, lr) for key in placement_keys(p)
+            if (b := base.get(("lm", key[0], "equal", key[1], key[2]))) is not None
+            for k in range(1, EDGE_STEPS + 1)
+            if (lr := placement_edge(p, b, k)) is not None for seed in p.lr_seeds]
+
+
+def _scores(rows) -> dict[tuple, dict[float, list[float]]]:
+    """Val losses per key and rate from ``choose_lrs``' rows of finished runs (infinite: a
+    diverged run, or one without a loss)."""
     scores: dict[tuple, dict[float, list[float]]] = {}
     for task, design, arm, lr, status, loss, *width in rows:
         if status not in ("done", "diverged"):
@@ -241,12 +256,22 @@ def choose_lrs(p: QKVProfile, rows, grids: dict[tuple, set[float]] | None = None
         key = (task, design, arm) + tuple(w if isinstance(w, str) else int(w)
                                           for w in width if w is not None)
         scores.setdefault(key, {}).setdefault(float(lr), []).append(loss if ok else math.inf)
+    return scores
+
+
+def choose_lrs(p: QKVProfile, rows, lost: float | None = None) -> dict[tuple, float]:
+    """The rate with the lowest mean val loss over ``lr_seeds`` per (task, design, arm), from
+    rows ``(task, design, arm, lr, status, val_loss)``, or per (task, design, arm, d_head,
+    init) from rows with more items (``d_head``, ``init``; None: no such key); only designs
+    whose whole grid (the task's) has finished, and no other rate listed. A diverged run (or
+    one without a loss) counts as infinite loss; ties go to the smaller rate. A design whose
+    whole grid finished without a finite loss has no rate, or ``lost`` where that is given."""
     out = {}
-    for key, by_lr in scores.items():
-        grid = (grids or {}).get(key) or {lr_of(key[0], m, p) for m in p.lr_grid}
+    for key, by_lr in _scores(rows).items():
+        grid = {lr_of(key[0], m, p) for m in p.lr_grid}
         if set(by_lr) == grid and all(len(v) == len(p.lr_seeds) for v in by_lr.values()):
             means = {lr: sum(v) / len(v) for lr, v in by_lr.items()}
-            best = min(sorted(means), key=lambda lr: means[lr])
+            best = argmin(means, means.__getitem__)
             if math.isfinite(means[best]):
                 out[key] = best
             elif lost is not None:  # the whole grid finished and diverged: say so
@@ -254,22 +279,37 @@ def choose_lrs(p: QKVProfile, rows, grids: dict[tuple, set[float]] | None = None
     return out
 
 
+def edge_choices(p: QKVProfile, rows, lost: float | None = None
+                 ) -> tuple[dict[tuple, float], dict[tuple, float], dict[tuple, tuple]]:
+    """The choices on each task's grid, the final ones, and the points past each grid's edge
+    to train, from rows of ``choose_lrs`` (a tuning experiment's grid runs and its edge
+    experiment's), keyed as ``choose_lrs`` keys them. Final: the grid's choice, or where it
+    sits on an edge ``follow_edge``'s over the grid's choice and the points past it (absent
+    until they have finished). Points: ``follow_edge``'s, () for a choice inside the grid or
+    a key whose whole grid diverged (``lost``)."""
+    rows = list(rows)
+    grid = {t: {lr_of(t, m, p) for m in p.lr_grid} for t in {r[0] for r in rows}}
+    base = choose_lrs(p, [r for r in rows if float(r[3]) in grid[r[0]]], lost=lost)
+    means = {k: {lr: sum(v) / len(v) for lr, v in by.items() if len(v) == len(p.lr_seeds)}
+             for k, by in _scores(rows).items()}
+    final, points = {}, {}
+    for k, lr in base.items():
+        if lr is None or not math.isfinite(lr):  # the whole grid diverged: nothing to follow
+            points[k] = ()
+            continue
+        pts, choice = follow_edge(lr, lambda n, k=k, lr=lr: grid_edge(p, k[0], lr, n),
+                                  means.get(k, {}).get)
+        points[k] = tuple(pts)
+        if choice is not None:
+            final[k] = choice
+    return base, final, points
+
+
 def grid_choices(p: QKVProfile, rows, lost: float | None = None
                  ) -> tuple[dict[tuple, float], dict[tuple, float]]:
-    """The choices on each task's grid, and the final ones, from rows of ``choose_lrs`` (a
-    tuning experiment's grid runs and its edge experiment's), keyed as ``choose_lrs`` keys
-    them. Final: the grid's choice, or where it sits on an edge the choice over the grid and
-    the point beyond it once that has finished (absent until then)."""
-    rows = list(rows)
-
-    def grid(task: str) -> set[float]:
-        return {lr_of(task, m, p) for m in p.lr_grid}
-    base = choose_lrs(p, [r for r in rows if float(r[3]) in grid(r[0])], lost=lost)
-    grids = {k: grid(k[0]) | {nxt} for k, lr in base.items()
-             if (nxt := grid_edge(p, k[0], lr)) is not None}
-    ext = choose_lrs(p, rows, grids) if grids else {}
-    final = {k: ext.get(k) if k in grids else lr for k, lr in base.items()}
-    return base, {k: lr for k, lr in final.items() if lr is not None and not math.isnan(lr)}
+    """``edge_choices``' choices on the grid and final ones."""
+    base, final, _ = edge_choices(p, rows, lost)
+    return base, final
 
 
 def placement_choices(p: QKVProfile, rows) -> tuple[dict[tuple, float], dict[tuple, float]]:
@@ -288,37 +328,35 @@ def _rows(store, name: str, p: QKVProfile, runs: list[Run], width: bool):
             for r in store.runs(name, p.name) if (r["id"], canonical(r["tags"])) in listed]
 
 
-def placement_grid_lrs(p: QKVProfile, store) -> dict[tuple, float]:
-    """``scale_tune``'s choices on lm's grid alone, from its finished runs in ``store``: the
-    plan of ``scale_tune_edge`` (``placement_edge_runs`` reads them as ``p.rates.scale_grid``)."""
-    return placement_choices(p, _rows(store, "scale_tune", p, placement_tuning_runs(p), True))[0]
+def _followed(p: QKVProfile, store, placements: bool):
+    """``edge_choices`` over a tuning experiment's grid runs and its edge experiment's in
+    ``store`` (``lr_tune``/``lr_tune_edge``, or with ``placements`` ``scale_tune``/
+    ``scale_tune_edge``); a key whose whole grid diverged has no final choice and no points.
+    Only the runs the profile lists now count: a store keeps those of earlier grids."""
+    if placements:
+        tune, edge, grid, cands = ("scale_tune", "scale_tune_edge", placement_tuning_runs(p),
+                                   placement_edge_candidates)
+    else:
+        tune, edge, grid, cands = "lr_tune", "lr_tune_edge", tuning_runs(p), lr_edge_candidates
+    rows = _rows(store, tune, p, grid, placements)
+    base, _, _ = edge_choices(p, rows, math.nan)
+    return edge_choices(p, rows + _rows(store, edge, p, cands(p, base), placements), math.nan)
 
 
-def lr_grid_lrs(p: QKVProfile, store) -> dict[tuple, float]:
-    """``lr_tune``'s choices on each task's grid alone, NaN where the whole grid diverged: the
-    plan of ``lr_tune_edge`` (``lr_edge_runs`` reads them as ``p.rates.lr_grid_choice``)."""
-    return grid_choices(p, _rows(store, "lr_tune", p, tuning_runs(p), False), math.nan)[0]
+def lr_edge_plan(p: QKVProfile, store) -> dict[tuple, tuple]:
+    """The plan of ``lr_tune_edge`` (``lr_edge_runs`` reads it as ``p.rates.lr_edge_points``):
+    per (task, design, arm) whose grid finished, the points past its edge to train."""
+    return _followed(p, store, False)[2]
+
+
+def placement_edge_plan(p: QKVProfile, store) -> dict[tuple, tuple]:
+    """The plan of ``scale_tune_edge`` (``placement_edge_runs`` reads it as
+    ``p.rates.scale_edge_points``)."""
+    return _followed(p, store, True)[2]
 
 
 def chosen_lrs(p: QKVProfile, store) -> dict[tuple, float]:
     """``{(task, design, arm): rate}``: the final choices of ``lr_tune`` and ``lr_tune_edge``,
     and ``{(task, placement, arm, d_head, init): rate}``: those of ``scale_tune`` and
-    ``scale_tune_edge`` (``grid_choices``), from their finished runs in ``store``. Only the
-    runs the profile lists now count: a store keeps those of earlier grids."""
-    rows = _rows(store, "lr_tune", p, tuning_runs(p), False)
-    try:
-        edge = lr_edge_runs(dataclasses.replace(
-            p, rates=dataclasses.replace(p.rates,
-                                         lr_grid_choice=grid_choices(p, rows, math.nan)[0])))
-    except RatesPending:  # the grid has not finished: nothing past its edges yet
-        edge = []
-    _, out = grid_choices(p, rows + _rows(store, "lr_tune_edge", p, edge, False))
-    rows = _rows(store, "scale_tune", p, placement_tuning_runs(p), True)
-    base, _ = placement_choices(p, rows)
-    try:
-        edge = placement_edge_runs(dataclasses.replace(
-            p, rates=dataclasses.replace(p.rates, scale_grid=base)))
-    except RatesPending:  # the grid has not finished: nothing past its edges yet
-        edge = []
-    _, final = placement_choices(p, rows + _rows(store, "scale_tune_edge", p, edge, True))
-    return {**out, **final}
+    ``scale_tune_edge`` (``edge_choices``), from their finished runs in ``store``."""
+    return {**_followed(p, store, False)[1], **_followed(p, store, True)[1]}

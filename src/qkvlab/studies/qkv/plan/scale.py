@@ -6,12 +6,12 @@ the baseline tagged ``standard``; outside; both; none; none with T5's init) at e
 of ``scale_train_d_heads`` split so that heads × d_head = d_model, from each initialization of
 ``placements.SCALE_INITS`` (the model's own std 0.02, and unit variance), on
 ``scale_train_seeds``, and the attention-free control at each width (the gate of
-``compute.effects``). At a profile with a learning-rate grid each (placement, d_head, init),
-the control's per d_head too, trains at its own rate, chosen by ``scale_tune``
-(``rates.placement_tuning_runs``) on the tuning seeds' val loss, the grid extended once by
-``scale_tune_edge`` where that choice sits on its edge. Without a grid every run trains at
-lm's rate. The verdicts (each placement vs inside from the same init at each d_head, on lm's
-own metric) are Q1's headline cells (``families``).
+``compute.effects``). At a profile with a learning-rate grid each (placement, d_head, init), the
+control's per d_head too, trains at its own rate, chosen by ``scale_tune``
+(``rates.placement_tuning_runs``) on the tuning seeds' val loss, the grid followed outward by
+``scale_tune_edge`` where that choice sits on its edge (``edges.follow_edge``). Without a grid
+every run trains at lm's rate. The verdicts (each placement vs inside from the same init at each
+d_head, on lm's own metric) are Q1's headline cells (``families``).
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def scale_tune(p: QKVProfile) -> list[Run]:
     return placement_tuning_runs(p)
 
 
-@experiment("scale_tune_edge", "Q1: the placements' rate grid extended one step where the "
-                               "choice sits on its edge")
+@experiment("scale_tune_edge", "Q1: the placements' rate grid followed outward (up to 3 "
+                               "steps) where the choice sits on its edge")
 def scale_tune_edge(p: QKVProfile) -> list[Run]:
     return placement_edge_runs(p)
 

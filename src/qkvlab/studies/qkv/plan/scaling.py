@@ -16,16 +16,16 @@ one where attention is not yet used: the budget rule and the size fit read only 
 where it is (``compute.scaling.used_budgets`` / ``used_sizes``), since a gap near zero there
 says nothing about what a tie costs.
 
-Learning rates are tuned per cell and design, apart from ``lr_tune``'s (keys
-``(kind, d_model, n_layers, steps, design)``, never a task's): experiment ``scaling_tune``
-trains each at ``scaling_lr_grid`` × lm's rate on ``scaling_lr_seeds``; where the lowest mean
-validation loss sits on the grid's edge, ``scaling_tune_edge`` trains one more point a grid
-step beyond it (the grid extended once; a choice still on the new edge is flagged in the
-report). The rate is chosen on ``val_loss`` (validation); the reported runs are scored on the
-test split (``compute.scaling.run_loss``). A diverged tuning run counts as infinite loss; ties
-go to the smaller rate. Each stage's run list depends on the finished results of the one
-before, so it raises ``ScalingPending`` until they are in the store (``sweep`` trains the
-stages in order).
+Learning rates are tuned per cell and design, apart from ``lr_tune``'s (keys ``(kind, d_model,
+n_layers, steps, design)``, never a task's): experiment ``scaling_tune`` trains each at
+``scaling_lr_grid`` × lm's rate on ``scaling_lr_seeds``; where the lowest mean validation loss
+sits on the grid's edge, ``scaling_tune_edge`` follows it outward a grid step at a time
+(``edges.follow_edge``: while the newest point wins, at most ``EDGE_STEPS`` points; a choice on
+the last is flagged in the report). The rate is chosen on ``val_loss`` (validation); the
+reported runs are scored on the test split (``compute.scaling.run_loss``). A diverged tuning run
+counts as infinite loss; ties go to the smaller rate. Each stage's run list depends on the
+finished results of the one before, so it raises ``ScalingPending`` until they are in the store
+(``sweep`` trains the stages in order).
 
 At a profile without these sizes every experiment here returns no runs.
 """
@@ -42,6 +42,7 @@ from qkvlab.experiments.registry import ResultsPending, Run, experiment, make_ru
 from qkvlab.experiments.store import run_id
 from qkvlab.models import ModelConfig, config_params
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
+from qkvlab.studies.qkv.plan.edges import EDGE_STEPS, follow_edge
 from qkvlab.studies.qkv.plan.rates import lr_of
 from qkvlab.studies.qkv.plan.vocab import CONTROL
 from qkvlab.studies.qkv.plan.vocab import DESIGNS as DESIGN_ROWS
@@ -144,15 +145,15 @@ def lr_grid(p: QKVProfile) -> list[float]:
     return sorted({lr_of(TASK, m, p) for m in p.scaling_lr_grid})
 
 
-def beyond(p: QKVProfile, lr: float) -> float | None:
-    """The point one grid step past ``lr`` if it is an edge of the grid, else None."""
+def beyond(p: QKVProfile, lr: float, k: int = 1) -> float | None:
+    """The point ``k`` grid steps past ``lr`` if it is an edge of the grid, else None."""
     grid, mults = lr_grid(p), sorted(p.scaling_lr_grid)
     if len(mults) < 2:
         return None
     step = mults[1] / mults[0] if lr == grid[0] else mults[-1] / mults[-2]
     if lr == grid[0]:
-        return float(f"{lr / step:.3g}")
-    return float(f"{lr * step:.3g}") if lr == grid[-1] else None
+        return float(f"{lr / step ** k:.3g}")
+    return float(f"{lr * step ** k:.3g}") if lr == grid[-1] else None
 
 
 def tune_run(p: QKVProfile, cell: Cell, design: str, lr: float, seed: int) -> Run:
@@ -170,20 +171,47 @@ def pick(by_lr: dict[float, list[float]]) -> float | None:
     return best if math.isfinite(means[best]) else None
 
 
-def _scores(p: QKVProfile, runs: list[Run]) -> dict[tuple, dict[float, list[float]]] | None:
+def _losses(p: QKVProfile, runs: list[Run]) -> dict[tuple, dict[float, list[float | None]]]:
     """Validation losses of ``runs`` per (cell, design) and rate from the store's statuses
-    (``p.rates.scaling_tuned``); None while any is unfinished."""
+    (``p.rates.scaling_tuned``): infinite where a run diverged, None while it has not
+    finished."""
     known = p.rates.scaling_tuned or {}
-    out: dict[tuple, dict[float, list[float]]] = {}
+    out: dict[tuple, dict[float, list[float | None]]] = {}
     for spec, tags in runs:
         status, loss = known.get(run_id(spec.to_dict()), (None, None))
-        if status not in ("done", "diverged"):
-            return None
         ok = status == "done" and loss is not None and math.isfinite(loss)
         key = (tags["cell"], tags["d_model"], tags["n_layers"], tags["steps"], tags["design"])
         out.setdefault(key, {}).setdefault(float(tags["lr"]), []).append(
-            loss if ok else math.inf)
+            None if status not in ("done", "diverged") else loss if ok else math.inf)
     return out
+
+
+def _followed(p: QKVProfile) -> dict[tuple, tuple[list[float], float | None]]:
+    """Per (cell kind, d_model, n_layers, steps, design): the points past the grid's edge to
+    train and the choice (``edges.follow_edge`` from the grid's ``pick``; no points and None
+    where every grid rate diverged; None while a point has not finished).
+
+    Raises:
+        ScalingPending: the grid has not finished.
+    """
+    grid = _losses(p, grid_runs(p))
+    if any(None in v for by in grid.values() for v in by.values()):
+        raise ScalingPending(f"profile {p.name}: the scaling learning-rate grid has not "
+                             f"finished; run `qkvlab sweep scaling_tune --profile {p.name}`")
+    best = {k: pick(by) for k, by in grid.items()}
+    extra = [tune_run(p, c, d, lr, s) for c, d in _cell_design(p)
+             if (b := best.get((c.kind, c.d_model, c.n_layers, c.steps, d))) is not None
+             for k in range(1, EDGE_STEPS + 1) if (lr := beyond(p, b, k)) is not None
+             for s in p.scaling_lr_seeds]
+    losses = _losses(p, grid_runs(p) + extra)
+
+    def mean(key):
+        def at(lr: float) -> float | None:
+            v = losses.get(key, {}).get(lr)
+            return None if not v or None in v else sum(v) / len(v)
+        return at
+    return {k: (follow_edge(b, lambda n, b=b: beyond(p, b, n), mean(k)) if b is not None
+                else ([], None)) for k, b in best.items()}
 
 
 def _cell_design(p: QKVProfile, held: bool = False):
@@ -200,39 +228,32 @@ def grid_runs(p: QKVProfile) -> list[Run]:
 
 
 def edge_runs(p: QKVProfile) -> list[Run]:
-    """One more rate past the edge for each (cell, design) whose grid choice sits on it.
+    """The points past the edge that ``edges.follow_edge`` has reached for each (cell,
+    design) whose grid choice sits on it.
 
     Raises:
         ScalingPending: the grid has not finished.
     """
-    scores = _scores(p, grid_runs(p))
-    if scores is None:
-        raise ScalingPending(f"profile {p.name}: the scaling learning-rate grid has not "
-                             f"finished; run `qkvlab sweep scaling_tune --profile {p.name}`")
-    out = []
-    for c, d in _cell_design(p):
-        by = scores.get((c.kind, c.d_model, c.n_layers, c.steps, d))
-        best = pick(by) if by else None
-        nxt = beyond(p, best) if best is not None else None
-        if nxt is not None:
-            out += [tune_run(p, c, d, nxt, s) for s in p.scaling_lr_seeds]
-    return out
+    followed = _followed(p)
+    return [tune_run(p, c, d, lr, s) for c, d in _cell_design(p)
+            for lr in followed.get((c.kind, c.d_model, c.n_layers, c.steps, d), ([], None))[0]
+            for s in p.scaling_lr_seeds]
 
 
 def chosen(p: QKVProfile) -> dict[tuple, float | None]:
-    """``{(cell kind, d_model, n_layers, steps, design): rate}`` over the grid and its edge
-    points (None: every rate diverged).
+    """``{(cell kind, d_model, n_layers, steps, design): rate}`` over the grid and the points
+    past its edge (None: every rate diverged).
 
     Raises:
         ScalingPending: a tuning run has not finished.
     """
     if not p.scaling_lr_grid:
         return {}
-    scores = _scores(p, grid_runs(p) + edge_runs(p))
-    if scores is None:
+    followed = _followed(p)
+    if any(pts and lr is None for pts, lr in followed.values()):
         raise ScalingPending(f"profile {p.name}: the scaling grid's edge points have not "
                              f"finished; run `qkvlab sweep scaling_tune_edge --profile {p.name}`")
-    return {k: pick(v) for k, v in scores.items()}
+    return {k: lr for k, (_, lr) in followed.items()}
 
 
 def main_runs(p: QKVProfile, kind: str, seeds: tuple[int, ...]) -> list[Run]:

@@ -22,8 +22,9 @@ the same for every start and for the untied one. Its peak rate is ``mult`` × th
 where the profile tunes rates (``lr_grid``), ``mult`` is chosen per (start, fraction) from
 ``uptrain_lr_grid`` by the lowest validation loss on the tuning seeds (``lr_seeds``; their
 parents are lr_tune's standard runs at standard's chosen rate, scored on val only), the grid
-extended one step (×3) where that choice sits on its edge (``uptrain_tune_edge``; a choice
-still on the new edge is flagged in the report); else it is ``UPTRAIN_LR_MULT``.
+followed outward in steps of ×3 where that choice sits on its edge (``uptrain_tune_edge``,
+``edges.follow_edge``: up to ``EDGE_STEPS`` points; a choice on the last is flagged in the
+report); else it is ``UPTRAIN_LR_MULT``.
 
 The comparisons (``compute.uptrain``), on the test split, per fraction: each start against the
 untied model (what the tie still costs after uptraining) and against K = V from scratch (is
@@ -40,6 +41,7 @@ import math
 from qkvlab.experiments.ids import run_id
 from qkvlab.experiments.registry import ResultsPending, Run, base_model, make_run
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
+from qkvlab.studies.qkv.plan.edges import EDGE_STEPS, follow_edge
 from qkvlab.studies.qkv.plan.rates import design_lrs
 from qkvlab.studies.qkv.plan.vocab import DESIGNS
 from qkvlab.train import FromRun
@@ -155,44 +157,84 @@ def _choose(p: QKVProfile, runs: list[Run], what: str) -> dict[tuple, float]:
     return {k: min(sorted(v), key=lambda m: sum(v[m]) / len(v[m])) for k, v in losses.items()}
 
 
+def _past(p: QKVProfile, mult: float, k: int) -> float | None:
+    """The multiplier ``k`` steps (×3 each) past ``mult``'s end of the grid; None inside it."""
+    lo, hi = min(p.uptrain_lr_grid), max(p.uptrain_lr_grid)
+    if mult == lo:
+        return float(f"{lo / 3 ** k:.3g}")
+    return float(f"{hi * 3 ** k:.3g}") if mult == hi else None
+
+
+def _followed(p: QKVProfile) -> tuple[dict[tuple, list[float]], dict[tuple, float | None]]:
+    """Per (start or UNTIED, fraction), the multipliers past the grid's edge to train and the
+    choice over the grid and them (``edges.follow_edge``; None while one has not finished).
+
+    Raises:
+        ParentsPending: the grid's runs have not all finished.
+    """
+    grid = tuning_runs(p)
+    base = _choose(p, grid, "uptrain_tune")
+    chain = tuple(sorted({m for b in base.values() for k in range(1, EDGE_STEPS + 1)
+                          if (m := _past(p, b, k)) is not None}))
+    stored = p.rates.stored or {}
+    losses: dict[tuple, dict[float, list[float | None]]] = {}
+    for spec, tags in grid + (tuning_runs(p, chain) if chain else []):
+        status, val = stored.get(run_id(spec), (None, None))
+        ok = status == "done" and val is not None and math.isfinite(val)
+        v = None if status not in ("done", "diverged", "failed") else val if ok else math.inf
+        losses.setdefault((tags["design"], tags["fraction"]), {}).setdefault(
+            tags["mult"], []).append(v)
+
+    def mean(key):
+        def at(m: float) -> float | None:
+            v = losses.get(key, {}).get(m)
+            return None if not v or None in v else sum(v) / len(v)
+        return at
+    points, final = {}, {}
+    for key, b in base.items():
+        points[key], final[key] = follow_edge(b, lambda k, b=b: _past(p, b, k), mean(key))
+    return points, final
+
+
 def edge_runs(p: QKVProfile) -> list[Run]:
     """``uptrain_tune_edge``'s runs: where a (start, fraction)'s choice on the grid sits on
-    its edge, the same runs one grid step (×3) beyond it; a choice still on the new edge is
-    flagged in the report (``on_edge``)."""
-    grid = tuning_runs(p)
-    if not grid:
+    its edge, the same runs at the multipliers ``edges.follow_edge`` has reached past it
+    (×3 a step); a choice on the last of them is flagged in the report (``on_edge``)."""
+    if not tuning_runs(p):
         return []
-    lo, hi = min(p.uptrain_lr_grid), max(p.uptrain_lr_grid)
-    out = []
-    for (design, f), m in _choose(p, grid, "uptrain_tune").items():
-        if m in (lo, hi):
-            beyond = float(f"{lo / 3:.3g}") if m == lo else float(f"{hi * 3:.3g}")
-            out += [r for r in tuning_runs(p, (beyond,))
-                    if (r[1]["design"], r[1]["fraction"]) == (design, f)]
-    return out
+    points, _ = _followed(p)
+    want = sorted({m for pts in points.values() for m in pts})
+    return [r for r in (tuning_runs(p, tuple(want)) if want else [])
+            if r[1]["mult"] in points[(r[1]["design"], r[1]["fraction"])]]
 
 
 def on_edge(p: QKVProfile, mult: float) -> bool:
-    """A chosen multiplier one step beyond the grid: the extended grid's edge."""
+    """A chosen multiplier on the last point ``edges.follow_edge`` tries past the grid: the
+    best rate may lie further out."""
     if not p.uptrain_lr_grid:
         return False
     lo, hi = min(p.uptrain_lr_grid), max(p.uptrain_lr_grid)
-    return mult in (float(f"{lo / 3:.3g}"), float(f"{hi * 3:.3g}"))
+    return mult in (_past(p, lo, EDGE_STEPS), _past(p, hi, EDGE_STEPS))
 
 
 def chosen_mults(p: QKVProfile) -> dict[tuple[str, float], float]:
     """``{(start or UNTIED, fraction): mult}``: the point of lowest mean val loss over the
-    tuning seeds on the grid and its one-step extension (``_choose``); ``UPTRAIN_LR_MULT``
-    everywhere without a grid.
+    tuning seeds on the grid and the points past its edge (``_followed``);
+    ``UPTRAIN_LR_MULT`` everywhere without a grid.
 
     Raises:
         ParentsPending: the tuning runs have not all finished.
     """
     keys = [(s or UNTIED, f) for f in p.uptrain_fractions for s in (*UPTRAIN_STARTS, None)]
-    runs = tuning_runs(p)
-    if not runs:
+    if not tuning_runs(p):
         return {k: UPTRAIN_LR_MULT for k in keys}
-    return _choose(p, runs + edge_runs(p), "uptrain_tune_edge")
+    _, final = _followed(p)
+    pending = sorted(str(k) for k, m in final.items() if m is None)
+    if pending:
+        raise ParentsPending(f"profile {p.name}: uptrain_tune_edge has not finished for "
+                             f"{', '.join(pending)}; run `qkvlab sweep uptrain_tune_edge "
+                             f"--profile {p.name}` first")
+    return final
 
 
 def reported_runs(p: QKVProfile) -> list[Run]:

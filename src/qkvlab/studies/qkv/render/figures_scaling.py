@@ -20,6 +20,8 @@ from qkvlab.report.blocks import Block, Figure, Para, Table
 from qkvlab.studies.qkv.compute import backtest as BT
 from qkvlab.studies.qkv.compute import scaling as S
 from qkvlab.studies.qkv.compute.results import StudyData, chance
+from qkvlab.studies.qkv.compute.frames import edge_choices
+from qkvlab.studies.qkv.plan.edges import EDGE_STEPS
 from qkvlab.studies.qkv.plan.references import REF_KV_CITE
 from qkvlab.studies.qkv.plan.vocab import METRICS, color, label
 from qkvlab.studies.qkv.render.figures_q import save
@@ -327,5 +329,14 @@ def q_blocks(data: StudyData, figs: list[Figure]) -> list[Block]:
     """What Q3's section shows of these experiments (Q2's designs included)."""
     if not figs and not tables(data):
         return []
-    return [Para("The gap against training budget and size, for the tied designs of Q2 and "
-                 "Q3 and GQA/MQA as the KV-cache references:"), *figs, *tables(data)]
+    out = [Para("The gap against training budget and size, for the tied designs of Q2 and "
+                "Q3 and GQA/MQA as the KV-cache references:"), *figs, *tables(data)]
+    edges = edge_choices(data, ("scaling_tune", "scaling_tune_edge"),
+                         ["design", "d_model", "n_layers", "steps"])
+    if not edges.empty:
+        out.append(Para(
+            f"Rates chosen at the last point followed past the grid's edge ({EDGE_STEPS} grid "
+            f"steps at most; the best may lie further out): " + ", ".join(
+                f"{label(r.design)} at d_model {int(r.d_model)}, {int(r.n_layers)} layer(s), "
+                f"{int(r.steps)} steps ({r.lr:g})" for r in edges.itertuples()) + "."))
+    return out

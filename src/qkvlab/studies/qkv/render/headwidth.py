@@ -11,8 +11,10 @@ import pandas as pd
 
 from qkvlab.report.blocks import Block, Figure, Para, Table
 from qkvlab.studies.qkv.compute.effects import Effect, Status, effect
+from qkvlab.studies.qkv.compute.frames import edge_choices
 from qkvlab.studies.qkv.compute.headwidth import comparisons, trend
 from qkvlab.studies.qkv.plan.headwidth import FLAT_PER_DOUBLING, TREND
+from qkvlab.studies.qkv.plan.edges import EDGE_STEPS
 from qkvlab.studies.qkv.plan.vocab import CONTROL, DESIGNS
 from qkvlab.studies.qkv.render.figures_q import ci_bars, effect_points, save
 from qkvlab.studies.qkv.render.text import cell, control_text, said
@@ -90,6 +92,14 @@ def head_width_blocks(data) -> list[Block]:
     t = trend(data)
     if t:
         out.append(Para(_trend_text(t) + "."))
+    edges = edge_choices(data, ("head_width_tune", "head_width_tune_edge"),
+                         ["design", "d_model", "n_heads"])
+    if not edges.empty:
+        out.append(Para(
+            f"Rates chosen at the last point followed past the grid's edge ({EDGE_STEPS} grid "
+            f"steps at most; the best may lie further out): " + ", ".join(
+                f"{DESIGNS[r.design].label} at {int(r.d_model)} with {int(r.n_heads)} heads "
+                f"({r.lr:g})" for r in edges.itertuples()) + "."))
     return out
 
 
