@@ -281,3 +281,31 @@ def test_follow_edge_trains_the_next_point_only_while_the_newest_wins():
     falling = {1.0: 9.0, **{0.5 ** k: 9.0 - k for k in range(1, 10)}}
     pts, choice = edges.follow_edge(1.0, past, falling.get)
     assert pts == [0.5 ** k for k in range(1, edges.EDGE_STEPS + 1)] and choice == pts[-1]
+
+
+def test_the_report_flags_a_choice_still_at_an_end_of_the_rates_tried():
+    import types
+
+    import pandas as pd
+
+    from qkvlab.studies.qkv.compute.frames import edge_choices
+
+    def rows(design, losses):
+        return [{"run_id": f"{design}-{lr}-{s}", "experiment": "head_width_tune", "design": design,
+                 "d_model": 64, "n_heads": 1, "lr": lr, "status": st, "val_loss": v}
+                for lr, seeds in losses.items() for s, (st, v) in enumerate(seeds)]
+    done = lambda *v: [("done", x) for x in v]  # noqa: E731
+    df = pd.DataFrame(
+        rows("standard", {1e-3: done(3.0, 3.2), 2e-3: done(2.0, 2.2), 4e-3: done(2.5, 2.5)})
+        # K=V: best at the smallest rate tried (the last point past the edge): flagged
+        + rows("tied_kv", {1.25e-4: done(1.0, 1.0), 2.5e-4: done(1.5, 1.5), 1e-3: done(2, 2)})
+        # GQA: the larger rate diverged on one seed (infinite mean), so the smaller is chosen,
+        # the smallest tried: flagged
+        + rows("gqa_half", {1e-3: done(2.0, 2.0), 2e-3: [("done", 0.1), ("diverged", None)]})
+        # the control: every rate diverged: no choice, nothing to flag
+        + rows("control", {1e-3: [("diverged", None)], 2e-3: [("diverged", None)]}))
+    got = edge_choices(types.SimpleNamespace(runs=df), ("head_width_tune",),
+                       ["design", "d_model", "n_heads"])
+    assert got.to_dict("records") == [
+        {"design": "gqa_half", "d_model": 64, "n_heads": 1, "lr": 1e-3},
+        {"design": "tied_kv", "d_model": 64, "n_heads": 1, "lr": 1.25e-4}]
