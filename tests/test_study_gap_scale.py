@@ -206,6 +206,16 @@ def test_size_cells_train_tokens_proportional_to_parameters():
     assert p.task_options["lm"] == {"tokenizer": "bpe", "vocab_size": 1024, "seq_len": 64}
 
 
+def test_size_cells_keep_the_profiles_head_width_and_full_uses_the_papers():
+    # heads grow with width at a fixed d_head, as in the papers' model families; at full (the
+    # GPU profile) that d_head is 64, Kayyam et al.'s; the CPU scaling profile keeps lm's 16,
+    # since its widths (32-112) could hold at most one head of 64 (docs/study-profiles.md)
+    for name, d_head in (("scaling", 16), ("full", 64)):
+        size = [c for c in P.cells(get_profile(name)) if c.kind == "size"]
+        assert size and {c.d_model // c.n_heads for c in size} == {d_head}
+        assert all(c.d_model % c.n_heads == 0 for c in size)
+
+
 def tuned(p, losses: dict[float, float]):
     """The profile with every grid run finished at ``losses[lr]`` (inf: diverged)."""
     status = {}
