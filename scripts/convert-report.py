@@ -37,6 +37,7 @@ from qkvlab.studies.qkv.render.convert import (
     convert_sentence,
     fig_q3_convert,
     rate_blocks,
+    start_blocks,
 )
 
 MEASURES = ("convert_teacher", "convert_lr", "convert")  # what the page reads of a store
@@ -75,8 +76,9 @@ with Store(copy) as store:
         add_measure_rows(store, json.loads(Path(path).read_text())["rows"])
     data = results.load(store, get_profile("convert"))
 fig = fig_q3_convert(data, out)
-part = [block.markdown() for block in convert_blocks(data) + rate_blocks(data)]
-part.append(convert_sentence(data, None))  # every tie: the page is the conversions
+part = [convert_sentence(data, None)]  # every tie: the page is the conversions; words first
+part += [block.markdown() for block in start_blocks(data) + convert_blocks(data)
+         + rate_blocks(data)]
 if fig:
     img = out / fig.png
     link = os.path.relpath(img, Path(args.doc).parent) if args.doc else img

@@ -446,10 +446,19 @@ def test_a_pair_of_starts_says_its_rate_where_the_model_ran_at_two(monkeypatch):
                           vs_untied=[19.7, 10.0, 3.9e5, 600.0] * 2)
     monkeypatch.setattr(rc, "curves", lambda data: df)
     said = convert_sentence(None)
+    # one pair per model and tie in words (the first listed at the largest budget); the pair
+    # at the other rate is a row of the table the words point to
     assert "converted to K=V at rate 0.0001: from the fitted start" in said
-    assert "converted to K=V at rate 0.0003: from the fitted start" in said
+    assert "at rate 0.0003" not in said and said.endswith(
+        "Every other pair of starts and every curve's numbers are in the conversion tables.")
+    (table,) = rc.start_blocks(None)
+    assert [r[2:6] for r in table.rows] == [("4, 0.0001", "fitted vs avg", "×20.7 vs ×390,001",
+                                             "16,384"),
+                                            ("4, 0.0003", "fitted vs avg", "×20.7 vs ×390,001",
+                                             "16,384")]
     monkeypatch.setattr(rc, "curves", lambda data: df[df.lr == 1e-4])  # one rate: not said
-    assert "at rate" not in convert_sentence(None)
+    said = convert_sentence(None)
+    assert "at rate" not in said and "conversion tables" not in said
 
 
 def test_a_curve_whose_pair_was_read_before_its_end_still_says_its_end(monkeypatch):
@@ -479,12 +488,17 @@ def test_a_pair_says_each_starts_gap_over_the_untied_run_and_its_batch_where_the
     df.loc[4:, "batch"] = 32
     monkeypatch.setattr(rc, "curves", lambda data: df)
     said = convert_sentence(None)
-    for batch in (4, 32):
-        assert (f"converted to K=V at batch {batch}: from the fitted start" in said)
+    # one pair per model and tie in words (batch 4's, listed first); batch 32's is a row of
+    # the table the words point to, which states both starts' gaps over the baseline too
+    assert "converted to K=V at batch 4: from the fitted start" in said
+    assert "at batch 32" not in said and "in the conversion tables" in said
     assert said.count("(the intervals do not overlap), and over the untied model uptrained on "
                       "the same tokens the same way ×11 (×10 to ×12) against ×601 (×541 to "
-                      "×661)") == 2
-    assert "uptrained at batch" not in said  # every end was said by its pair
+                      "×661)") == 1
+    assert "uptrained at batch" not in said  # no curve was read further than the pair
+    (table,) = rc.start_blocks(None)
+    assert [(r[2], r[8]) for r in table.rows] == [
+        (f"{b}, 0.0001", "×11 (×10 to ×12) vs ×601 (×541 to ×661)") for b in (4, 32)]
     one = df[df.batch == 4].assign(vs_untied=[19.7, 10.0, None, None],
                                    vs_lo=[17.7, 9.0, None, None], vs_hi=[21.7, 11.0, None, None])
     monkeypatch.setattr(rc, "curves", lambda data: one)

@@ -185,6 +185,64 @@ def convert_blocks(data: StudyData) -> list[Block]:
 
 
 Q2_TIES = ("qk", "qkv")  # the ties each question's words on conversion cover (the rest: Q3)
+# the papers' starts (Kayyam et al.'s for K=V, Ainslie et al.'s for GQA/MQA): a question's
+# words read each model and tie's pair against one of these first
+NAIVE = ("avg", "keep_k", "keep_v", "mean_pool")
+
+
+def _reached(f: StartFinding) -> str:
+    """When the better start of ``f`` reached the other's gap at their shared budget."""
+    if f.began_below:
+        return "began below it: no uptraining needed"
+    if f.saved is not None:
+        return f"after about {f.tokens_better:,.0f} tokens, {f.saved:.3g}× fewer"
+    return "at the same budget" if f.tokens_better is not None else "—"
+
+
+def start_blocks(data: StudyData, question: str | None = None) -> list[Block]:
+    """Every pair of starts uptrained alike (``compute.convert.start_findings``) of
+    ``question``'s ties (``in_question``), one row each: where each began, where each stood at
+    the largest budget the two share, over the teacher and over the untied baseline, and when
+    the better one reached the other's gap there."""
+    df = curves(data)
+    found = [f for f in start_findings(df) if in_question(f.tie, question)]
+    if not found:
+        return []
+    rows = []
+    for f in found:
+        t = f.last[f.better][0]
+        vs = [_over_untied(df, f, x, t) for x in (f.better, f.worse)]
+        rows.append((_title(f.model), tie_label(f.tie), f"{f.batch}, {f.lr:.2g}",
+                     f"{SHORT[f.better]} vs {SHORT[f.worse]}",
+                     f"{pct(f.zero_shot[f.better])} vs {pct(f.zero_shot[f.worse])}", f"{t:,}",
+                     ci(*f.last[f.better][1:]), ci(*f.last[f.worse][1:]),
+                     " vs ".join(ci(*v) if v else "—" for v in vs),
+                     "apart" if f.separated else "overlap", _reached(f)))
+    return [Table("What a better start saves: every pair of starts of one tie uptrained alike "
+                  "(the same batch, text and rate), the better one (lower at the largest "
+                  "budget the two share) first; zero-shot and at that budget, per-token "
+                  "perplexity over the teacher with 95% CIs, over the untied model uptrained "
+                  "on the same tokens the same way, and when the better start reached the "
+                  "other's gap there (read in nats between measured budgets, never "
+                  "extrapolated)",
+                  ("model", "tie", "batch, rate", "starts", "zero-shot", "tokens",
+                   "better start", "other start", "over untied (better vs other)",
+                   "intervals", "better reached the other's gap"), tuple(rows))]
+
+
+def _headline_pairs(found: list[StartFinding]) -> list[StartFinding]:
+    """One pair per model and tie for a question's words: against a paper's start
+    (``NAIVE``) where one ran, at the largest budget such a pair shares, and at equal budgets
+    the pair whose better start ended lowest (the first listed at equal gaps); the rest are
+    ``start_blocks``' rows."""
+    def rank(f: StartFinding) -> tuple:
+        return f.worse in NAIVE, f.last[f.better][0], -f.last[f.better][1]
+    best: dict[tuple, StartFinding] = {}
+    for f in found:
+        k = (f.model, f.tie)
+        if k not in best or rank(f) > rank(best[k]):
+            best[k] = f
+    return list(best.values())
 
 
 def in_question(tie: str, question: str | None) -> bool:
@@ -195,10 +253,13 @@ def in_question(tie: str, question: str | None) -> bool:
 
 def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
     """A question's words on the conversion curves of its ties (``in_question``; None: every
-    tie): each start's first and last gap, what the better start saved
-    (``compute.convert.start_findings``) and each curve's gap over the untied baseline."""
+    tie), per model and tie: one pair of starts (``_headline_pairs``: each start's first and
+    last gap and what the better start saved, ``compute.convert.start_findings``), and the
+    curve measured furthest against the untied baseline where that is further than the pair;
+    every other pair and curve is in the tables (``start_blocks``, ``convert_blocks``)."""
     df = curves(data)
-    found = [f for f in start_findings(df) if in_question(f.tie, question)]
+    every = [f for f in start_findings(df) if in_question(f.tie, question)]
+    found = _headline_pairs(every)
     rates = df.groupby("model").lr.nunique() if "lr" in df else {}
     batches = df.groupby("model").batch.nunique() if "batch" in df else {}
     parts, told = [], set()
@@ -231,10 +292,18 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
         parts.append(said)
     # a curve whose pair said its gap over the untied baseline at its last budget is not said
     # again; one read earlier, or without that baseline, says its end below
-    ends = [e for e in curve_ends(df)
-            if e.paired is not None
-            and (e.model, e.tie, e.batch, e.lr, e.start, e.last[0]) not in told
-            and in_question(e.tie, question)]
+    # per model and tie, the curve read furthest against its baseline (at equal budgets the
+    # lowest gap over it), where that is further than the pair said its baselines at (or it
+    # said none)
+    said_to = {k[:2]: k[5] for k in told}
+    furthest: dict[tuple, CurveEnd] = {}
+    for e in sorted((e for e in curve_ends(df) if e.paired is not None
+                     and in_question(e.tie, question)),
+                    key=lambda e: (e.paired[0], -e.paired[4])):
+        furthest[(e.model, e.tie)] = e
+    ends = [e for k, e in furthest.items()
+            if (e.model, e.tie, e.batch, e.lr, e.start, e.last[0]) not in told
+            and e.paired[0] > said_to.get(k, -1)]
     for e in ends:
         t, g, lo, hi, v, vlo, vhi = e.paired
         said = (f"{_title(e.model)} converted to {tie_label(e.tie)} from the {SHORT[e.start]} "
@@ -250,12 +319,19 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
     if not parts:
         return ""
     said = "Converting a trained model, then uptraining it: " + "; ".join(parts) + "."
+    shown = {k[:5] for k in told} | {(e.model, e.tie, e.batch, e.lr, e.start) for e in ends}
+    more = ""
+    if len(every) > len(found) or any(
+            (e.model, e.tie, e.batch, e.lr, e.start) not in shown
+            for e in curve_ends(df) if in_question(e.tie, question)):
+        more = (" Every other pair of starts and every curve's numbers are in the conversion "
+                "tables.")
     if question == "q2":  # no published conversion to Q=K to set beside it
-        return said
+        return said + more
     tokens, gap = KAYYAM_CONVERT["avg"][-1]
     return (f"{said} Kayyam et al.'s averaged start is {gap:+.1f}% over its teacher after "
             f"{tokens / 1e6:g}M tokens on their 300M model (another model and text; the figure "
-            "draws both).")
+            f"draws both).{more}")
 
 
 def convert_headline(data: StudyData) -> str:

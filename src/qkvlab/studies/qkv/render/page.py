@@ -42,7 +42,7 @@ from qkvlab.studies.qkv.render import figures as F
 from qkvlab.studies.qkv.render import figures_scaling
 from qkvlab.studies.qkv.render.answers import answer_blocks
 from qkvlab.studies.qkv.render.cards import card_blocks, cards_json
-from qkvlab.studies.qkv.render.convert import convert_blocks, rate_blocks
+from qkvlab.studies.qkv.render.convert import convert_blocks, rate_blocks, start_blocks
 from qkvlab.studies.qkv.render.pretrained import published_text
 from qkvlab.studies.qkv.render.scale import scale_lead, scale_table
 from qkvlab.studies.qkv.render.share import share_table
@@ -171,7 +171,8 @@ def q3_blocks(data: StudyData) -> list[Block]:
                                 num(r["cache_bytes_per_token"]), num(r["decode_tokens_per_s"]))
                                for r in dec.sort_values("design").to_dict("records"))))
     out += tie_cost_blocks(data)
-    out += convert_blocks(data) + rate_blocks(data)  # the curves, then the rates chosen on val
+    # what each start saved, the curves, then the rates chosen on val
+    out += start_blocks(data) + convert_blocks(data) + rate_blocks(data)
     out += uptrain_blocks(data)
     out += head_width_blocks(data)
     return out
