@@ -54,13 +54,6 @@ class RatesPending(ResultsPending):
     """A comparison's runs depend on the rates ``lr_tune`` chooses, and it has not finished."""
 
 
-def is_last_edge(p: Profile, task: str, lr: float) -> bool:
-    """``lr`` is the last point ``follow_edge`` tries past an end of the task's grid: a
-    choice there may lie further out (flagged in the report)."""
-    return lr in (grid_edge(p, task, lr_of(task, m, p), EDGE_STEPS)
-                  for m in (min(p.lr_grid, default=1.0), max(p.lr_grid, default=1.0)))
-
-
 def task_lr(task: str, p: Profile) -> float:
     """The learning rate a task trains at without tuning (its override, else the profile's)."""
     return float(p.task_train.get(task, {}).get("lr", p.lr))
@@ -161,8 +154,9 @@ def lr_edge_candidates(p: QKVProfile, base: dict[tuple, float]) -> list[Run]:
     """Every run ``lr_tune_edge`` may list from the grid's choices ``base``: each point up to
     ``EDGE_STEPS`` past an edge choice, on the tuning seeds (which of them count is
     ``follow_edge``'s)."""
+    keys = set(tuned_keys(p))
     return [tuning_run(p, t, d, a, lr, seed) for (t, d, a), b in base.items()
-            if (t, d, a) in set(tuned_keys(p)) for k in range(1, EDGE_STEPS + 1)
+            if (t, d, a) in keys for k in range(1, EDGE_STEPS + 1)
             if (lr := grid_edge(p, t, b, k)) is not None for seed in p.lr_seeds]
 
 
