@@ -200,10 +200,11 @@ QUICK_SMOKE = ("lm", "lm_char", "translate", "mlm")
 
 
 # standard before it was resized to its 3 hours (2026-11-29): translate ran, lm_char on all 8
-# seeds; the pin above is of that profile
+# seeds, the rate grid reached 9 x each task's rate; the pin above is of that profile
 STANDARD_BEFORE = dict(task_seeds={"mqar": (), "relation": (0, 1, 2),
                                    "successor": tuple(range(4)),
-                                   "successor_causal": tuple(range(4))})
+                                   "successor_causal": tuple(range(4))},
+                       lr_grid=(1 / 3, 1.0, 3.0, 9.0))
 
 
 def _digest(lines: list[str]) -> tuple[int, str]:
@@ -221,14 +222,19 @@ def test_adding_the_control_changed_no_existing_run_id(profile):
 
 
 def test_resizing_standard_kept_every_run_it_still_lists():
-    """standard lost translate and two of lm_char's seeds (2026-11-29): every run it still
-    lists is one it listed before, and what it dropped is only those."""
-    now = set(_listed("standard"))
-    before = set(_listed(dataclasses.replace(get_profile("standard"), **STANDARD_BEFORE)))
+    """standard lost translate, two of lm_char's seeds and the rate grid's 9 x point
+    (2026-11-29): every run it still lists is one it listed before, and what it dropped is
+    only those (a tuning run at 9 x is the point past the edge now, listed where a choice sits
+    at 3 x)."""
+    p = get_profile("standard")
+    now = set(_listed(p))
+    before = set(_listed(dataclasses.replace(p, **STANDARD_BEFORE)))
     assert now < before
     dropped = [json.loads(line.split(" ", 2)[2]) for line in before - now]
+    nine = {rates.lr_of(t, 9.0, p) for t in ("lm", "lm_char", "mlm")}
     assert all(t["task"] == "translate" or (t["task"] == "lm_char" and t["seed"] in (6, 7))
-               for t in dropped)
+               or (t["seed"] in p.lr_seeds and t["lr"] in nine) for t in dropped)
+    assert any(t["seed"] in p.lr_seeds for t in dropped)
 
 
 def test_cutting_quick_to_15_minutes_kept_every_run_of_the_tasks_it_decides():

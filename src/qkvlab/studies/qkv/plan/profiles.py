@@ -278,7 +278,10 @@ PROFILES = {p.name: register_profile(p) for p in (
                kv_contexts=(512, 2048, 8192, 32768), kv_batches=(1, 4, 16),
                # no lm_scaling: the gap against size at matched data is the scaling profile's
                # (its widths all trained 1,000 steps, so tokens per parameter fell with width)
-               lr_grid=(1 / 3, 1.0, 3.0, 9.0), lr_seeds=(100,),
+               # 1/3, 1 and 3 x each task's rate, a choice on an edge followed outward
+               # (rates.lr_tune_edge): of the 51 rates the 4-point grid with 9 chose at
+               # 2026-11-29, none was 9, 21 were 3 (docs/study-profiles.md, "standard")
+               lr_grid=(1 / 3, 1.0, 3.0), lr_seeds=(100,),
                # ~8,700 CPU-s with its tuning (docs/study-profiles.md); 6 seeds: an
                # equivalent cell then survives Holm over Q1's family at a paired sd of ~1%
                scale_train_d_heads=(16, 64), scale_train_seeds=tuple(range(6)),
@@ -339,7 +342,7 @@ PROFILES = {p.name: register_profile(p) for p in (
     QKVProfile("kv", seeds=tuple(range(8)), d_model=64, n_layers=2, n_heads=4,
                batch_size=16, steps=1000, lr=3e-3, eval_batches=16,
                task_options=TASK_OPTIONS["standard"], task_train=TASK_TRAIN["standard"],
-               lr_grid=(1 / 3, 1.0, 3.0, 9.0), lr_seeds=(100,), task_arms=CHAR_ARMS,
+               lr_grid=(1 / 3, 1.0, 3.0), lr_seeds=(100,), task_arms=CHAR_ARMS,
                task_seeds={t: () for t in TASK_OPTIONS["standard"] if t != "lm"},
                experiments=("lr_tune", "lr_tune_edge", "lm_tied_kv", "lm_gqa", "uptrain_tune",
                             "uptrain_tune_edge", "lm_convert", "head_width_tune",
