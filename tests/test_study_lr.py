@@ -288,6 +288,7 @@ def test_the_report_flags_a_choice_still_at_an_end_of_the_rates_tried():
     import pandas as pd
 
     from qkvlab.studies.qkv.compute.frames import edge_choices
+    from qkvlab.studies.qkv.render.text import edge_note
 
     def rows(design, losses):
         return [{"run_id": f"{design}-{lr}-{s}", "experiment": "head_width_tune", "design": design,
@@ -308,3 +309,8 @@ def test_the_report_flags_a_choice_still_at_an_end_of_the_rates_tried():
     assert got.to_dict("records") == [
         {"design": "gqa_half", "d_model": 64, "n_heads": 1, "lr": 1e-3},
         {"design": "tied_kv", "d_model": 64, "n_heads": 1, "lr": 1.25e-4}]
+    (para,) = edge_note(got, lambda r: r.design)
+    assert para.text == ("Rates chosen at the last point followed past the grid's edge (3 grid "
+                         "steps at most; the best may lie further out): gqa_half (0.001), "
+                         "tied_kv (0.000125).")
+    assert edge_note(got.iloc[:0], lambda r: r.design) == []

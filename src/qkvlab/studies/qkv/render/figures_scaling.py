@@ -21,11 +21,10 @@ from qkvlab.studies.qkv.compute import backtest as BT
 from qkvlab.studies.qkv.compute import scaling as S
 from qkvlab.studies.qkv.compute.results import StudyData, chance
 from qkvlab.studies.qkv.compute.frames import edge_choices
-from qkvlab.studies.qkv.plan.edges import EDGE_STEPS
 from qkvlab.studies.qkv.plan.references import REF_KV_CITE
 from qkvlab.studies.qkv.plan.vocab import METRICS, color, label
 from qkvlab.studies.qkv.render.figures_q import save
-from qkvlab.studies.qkv.render.text import num
+from qkvlab.studies.qkv.render.text import edge_note, num
 
 def differs(data: StudyData, summary: pd.DataFrame) -> str:
     """What differs between their set-up and ours (our sizes read from the profile and runs)."""
@@ -333,10 +332,5 @@ def q_blocks(data: StudyData, figs: list[Figure]) -> list[Block]:
                 "Q3 and GQA/MQA as the KV-cache references:"), *figs, *tables(data)]
     edges = edge_choices(data, ("scaling_tune", "scaling_tune_edge"),
                          ["design", "d_model", "n_layers", "steps"])
-    if not edges.empty:
-        out.append(Para(
-            f"Rates chosen at the last point followed past the grid's edge ({EDGE_STEPS} grid "
-            f"steps at most; the best may lie further out): " + ", ".join(
-                f"{label(r.design)} at d_model {int(r.d_model)}, {int(r.n_layers)} layer(s), "
-                f"{int(r.steps)} steps ({r.lr:g})" for r in edges.itertuples()) + "."))
-    return out
+    return out + edge_note(edges, lambda r: f"{label(r.design)} at d_model {int(r.d_model)}, "
+                                            f"{int(r.n_layers)} layer(s), {int(r.steps)} steps")

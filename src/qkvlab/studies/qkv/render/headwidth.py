@@ -14,10 +14,9 @@ from qkvlab.studies.qkv.compute.effects import Effect, Status, effect
 from qkvlab.studies.qkv.compute.frames import edge_choices
 from qkvlab.studies.qkv.compute.headwidth import comparisons, trend
 from qkvlab.studies.qkv.plan.headwidth import FLAT_PER_DOUBLING, TREND
-from qkvlab.studies.qkv.plan.edges import EDGE_STEPS
 from qkvlab.studies.qkv.plan.vocab import CONTROL, DESIGNS
 from qkvlab.studies.qkv.render.figures_q import ci_bars, effect_points, save
-from qkvlab.studies.qkv.render.text import cell, control_text, said
+from qkvlab.studies.qkv.render.text import cell, control_text, edge_note, said
 
 COLUMNS = ("tied_kv", "gqa_half", CONTROL)
 DODGE = {"tied_kv": 0.95, "gqa_half": 1.0, CONTROL: 1.05}  # apart on the log axis
@@ -94,13 +93,8 @@ def head_width_blocks(data) -> list[Block]:
         out.append(Para(_trend_text(t) + "."))
     edges = edge_choices(data, ("head_width_tune", "head_width_tune_edge"),
                          ["design", "d_model", "n_heads"])
-    if not edges.empty:
-        out.append(Para(
-            f"Rates chosen at the last point followed past the grid's edge ({EDGE_STEPS} grid "
-            f"steps at most; the best may lie further out): " + ", ".join(
-                f"{DESIGNS[r.design].label} at {int(r.d_model)} with {int(r.n_heads)} heads "
-                f"({r.lr:g})" for r in edges.itertuples()) + "."))
-    return out
+    return out + edge_note(edges, lambda r: f"{DESIGNS[r.design].label} at {int(r.d_model)} "
+                                            f"with {int(r.n_heads)} heads")
 
 
 def _trend_text(t: dict) -> str:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import math
 
+from qkvlab.report.blocks import Para
 from qkvlab.studies.qkv.compute.effects import Effect, Status, finite
 from qkvlab.studies.qkv.compute.findings import seed_summary
+from qkvlab.studies.qkv.plan.edges import EDGE_STEPS
 from qkvlab.studies.qkv.plan.vocab import METRICS
 
 # status -> the short word of the summary table
@@ -181,3 +183,13 @@ def ci_text(values: list[float], fmt: str = "{:.3g}", unit: str = "") -> str:
 def and_list(items: list[str], sep: str = ", ") -> str:
     """``a``, ``a and b``, ``a, b and c``."""
     return items[0] if len(items) == 1 else sep.join(items[:-1]) + " and " + items[-1]
+
+
+def edge_note(edges, name) -> list:
+    """The report's flag of tuned rates still at the last point followed past the grid's edge
+    (rows of ``frames.edge_choices``; ``name(row)`` says which key): one paragraph, or none."""
+    if edges.empty:
+        return []
+    return [Para(f"Rates chosen at the last point followed past the grid's edge ({EDGE_STEPS} "
+                 f"grid steps at most; the best may lie further out): "
+                 + ", ".join(f"{name(r)} ({r.lr:g})" for r in edges.itertuples()) + ".")]
