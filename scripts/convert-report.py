@@ -36,9 +36,9 @@ from qkvlab.studies.qkv.render.convert import (
     convert_headline,
     convert_sentence,
     fig_q3_convert,
-    rate_blocks,
     start_blocks,
 )
+from qkvlab.studies.qkv.render.convert_rates import rate_blocks
 
 MEASURES = ("convert_teacher", "convert_lr", "convert")  # what the page reads of a store
 BEGIN, END = "<!-- convert-report: begin -->", "<!-- convert-report: end -->"

@@ -229,7 +229,7 @@ def test_w_o_in_the_untied_basis_is_its_own_curve_paired_with_the_untied_run(tmp
 
 
 def test_the_rate_table_shows_each_rate_tried_on_val_and_the_choice():
-    from qkvlab.studies.qkv.render.convert import rate_blocks
+    from qkvlab.studies.qkv.render.convert_rates import rate_blocks
     from qkvlab.studies.qkv.render.ties import ppl_text
 
     def grid(version, recs, tokens=16384):
@@ -319,7 +319,7 @@ def test_a_profile_grid_chooses_one_rate_on_val_and_every_arm_trains_at_it(tmp_p
 
 def test_a_profile_chooses_w_os_basis_with_the_rate_and_the_rate_table_names_it(tmp_path,
                                                                                monkeypatch):
-    from qkvlab.studies.qkv.render.convert import rate_blocks
+    from qkvlab.studies.qkv.render.convert_rates import rate_blocks
     p, cfg = _grid_profile(tmp_path, monkeypatch, convert_o_bases=("tied", "untied"))
     with Store(cfg.db) as store:
         study.run_convert(rec := study.Recorder(store, "smoke"), cfg)

@@ -42,7 +42,8 @@ from qkvlab.studies.qkv.render import figures as F
 from qkvlab.studies.qkv.render import figures_scaling
 from qkvlab.studies.qkv.render.answers import answer_blocks
 from qkvlab.studies.qkv.render.cards import card_blocks, cards_json
-from qkvlab.studies.qkv.render.convert import convert_blocks, rate_blocks, start_blocks
+from qkvlab.studies.qkv.render.convert import convert_blocks, start_blocks
+from qkvlab.studies.qkv.render.convert_rates import rate_blocks
 from qkvlab.studies.qkv.render.pretrained import published_text
 from qkvlab.studies.qkv.render.scale import scale_lead, scale_table
 from qkvlab.studies.qkv.render.share import share_table
