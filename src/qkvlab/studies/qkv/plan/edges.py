@@ -20,6 +20,12 @@ def argmin(lrs, mean) -> float:
     return min(sorted(set(lrs)), key=mean)
 
 
+def seed_mean(losses: list[float | None] | None) -> float | None:
+    """The mean of one rate's tuning-seed losses (infinite for a diverged run), None while
+    one has not finished or none is listed: ``follow_edge``'s ``mean`` for one rate."""
+    return None if not losses or None in losses else sum(losses) / len(losses)
+
+
 def follow_edge(best: float, past, mean) -> tuple[list[float], float | None]:
     """Follow a grid's choice past the grid's edge.
 

@@ -42,7 +42,7 @@ from qkvlab.experiments.registry import ResultsPending, Run, experiment, make_ru
 from qkvlab.experiments.store import run_id
 from qkvlab.models import ModelConfig, config_params
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
-from qkvlab.studies.qkv.plan.edges import EDGE_STEPS, follow_edge
+from qkvlab.studies.qkv.plan.edges import EDGE_STEPS, follow_edge, seed_mean
 from qkvlab.studies.qkv.plan.rates import lr_of
 from qkvlab.studies.qkv.plan.vocab import CONTROL
 from qkvlab.studies.qkv.plan.vocab import DESIGNS as DESIGN_ROWS
@@ -194,7 +194,8 @@ def _followed(p: QKVProfile) -> dict[tuple, tuple[list[float], float | None]]:
     Raises:
         ScalingPending: the grid has not finished.
     """
-    grid = _losses(p, grid_runs(p))
+    tuned = grid_runs(p)
+    grid = _losses(p, tuned)
     if any(None in v for by in grid.values() for v in by.values()):
         raise ScalingPending(f"profile {p.name}: the scaling learning-rate grid has not "
                              f"finished; run `qkvlab sweep scaling_tune --profile {p.name}`")
@@ -203,15 +204,10 @@ def _followed(p: QKVProfile) -> dict[tuple, tuple[list[float], float | None]]:
              if (b := best.get((c.kind, c.d_model, c.n_layers, c.steps, d))) is not None
              for k in range(1, EDGE_STEPS + 1) if (lr := beyond(p, b, k)) is not None
              for s in p.scaling_lr_seeds]
-    losses = _losses(p, grid_runs(p) + extra)
-
-    def mean(key):
-        def at(lr: float) -> float | None:
-            v = losses.get(key, {}).get(lr)
-            return None if not v or None in v else sum(v) / len(v)
-        return at
-    return {k: (follow_edge(b, lambda n, b=b: beyond(p, b, n), mean(k)) if b is not None
-                else ([], None)) for k, b in best.items()}
+    losses = _losses(p, tuned + extra)
+    return {k: (follow_edge(b, lambda n, b=b: beyond(p, b, n),
+                            lambda lr, by=losses.get(k, {}): seed_mean(by.get(lr)))
+                if b is not None else ([], None)) for k, b in best.items()}
 
 
 def _cell_design(p: QKVProfile, held: bool = False):

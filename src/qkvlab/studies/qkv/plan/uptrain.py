@@ -41,7 +41,7 @@ import math
 from qkvlab.experiments.ids import run_id
 from qkvlab.experiments.registry import ResultsPending, Run, base_model, make_run
 from qkvlab.studies.qkv.plan.profiles import QKVProfile
-from qkvlab.studies.qkv.plan.edges import EDGE_STEPS, follow_edge
+from qkvlab.studies.qkv.plan.edges import EDGE_STEPS, follow_edge, seed_mean
 from qkvlab.studies.qkv.plan.rates import design_lrs
 from qkvlab.studies.qkv.plan.vocab import DESIGNS
 from qkvlab.train import FromRun
@@ -184,15 +184,11 @@ def _followed(p: QKVProfile) -> tuple[dict[tuple, list[float]], dict[tuple, floa
         v = None if status not in ("done", "diverged", "failed") else val if ok else math.inf
         losses.setdefault((tags["design"], tags["fraction"]), {}).setdefault(
             tags["mult"], []).append(v)
-
-    def mean(key):
-        def at(m: float) -> float | None:
-            v = losses.get(key, {}).get(m)
-            return None if not v or None in v else sum(v) / len(v)
-        return at
     points, final = {}, {}
     for key, b in base.items():
-        points[key], final[key] = follow_edge(b, lambda k, b=b: _past(p, b, k), mean(key))
+        by = losses.get(key, {})
+        points[key], final[key] = follow_edge(b, lambda k, b=b: _past(p, b, k),
+                                              lambda m, by=by: seed_mean(by.get(m)))
     return points, final
 
 
