@@ -542,3 +542,54 @@ def test_the_convert_and_scaling_profiles_analyse_no_pretrained_zoo():
     assert study.pretrained_for("convert") == study.pretrained_for("scaling") == ()
     assert study.pretrained_for("quick") == study.PRETRAINED
     assert set(study.pretrained_for("standard")) == set(study.ZOO)
+
+
+def test_a_run_trained_in_fp32_is_its_own_curve_paired_with_an_fp32_baseline(monkeypatch):
+    """The same command on a CPU without native bf16 trains in fp32 (the record's precision):
+    beside the bf16 curves of one model, rate and batch it is another curve, paired only with
+    the untied run trained in fp32, its pairs of starts never mixed with bf16's, and the words,
+    tables and headline say which precision where a model has both."""
+    import qkvlab.studies.qkv.render.convert as rc
+    rows = []
+    for prec, tie, start, gaps in (("bf16", "kv", "fitted_wo", (19.7, 3.7)),
+                                   ("fp32", "kv", "fitted_wo", (19.7, 3.9)),
+                                   ("fp32", "kv", "avg", (3.9e3, 40.0)),
+                                   ("fp32", "none", "none", (0.0, -0.1))):
+        for t, g in zip((0, 16384), gaps):
+            rows.append({"model": "m", "tie": tie, "start": start, "tokens": t, "gap": g,
+                         "precision": prec, "batch": 4, "corpus": "c", "lr": 1e-5,
+                         "spec.uptrain.seq_len": 256, "ppl": 5 * (1 + g)})
+    df = pd.DataFrame(rows)
+    rng = torch.Generator().manual_seed(0)
+    base = torch.rand(32, generator=rng, dtype=torch.float64) + 1
+    # each run's per-sequence nll: the baseline's plus its gap, so pairing decides vs_untied
+    nll = {i: (base * (1 + (r["gap"] if r["tie"] != "none" else 0)) if r["tie"] != "none"
+               else base * (1 + 0.1 * r["tokens"] / 16384)).tolist() for i, r in df.iterrows()}
+
+    def paired(frame):
+        out = frame.copy()
+        out[["vs_untied", "vs_lo", "vs_hi"]] = math.nan
+        for i, r in frame.iterrows():
+            b = frame[(frame.tie == "none") & (frame.tokens == r.tokens)
+                      & (frame.precision == r.precision)]
+            if r.tie != "none" and len(b):
+                out.loc[i, ["vs_untied", "vs_lo", "vs_hi"]] = gap_ci(nll[i], nll[b.index[0]],
+                                                                     255)
+        return out.assign(gap_lo=df.gap * 0.9, gap_hi=df.gap * 1.1)
+    df = paired(df)
+    ends = {(e.start, e.precision): e for e in curve_ends(df)}
+    assert set(ends) == {("fitted_wo", "bf16"), ("fitted_wo", "fp32"), ("avg", "fp32")}
+    assert ends[("fitted_wo", "bf16")].paired is None  # no bf16 baseline at this rate
+    assert ends[("fitted_wo", "fp32")].paired[:2] == (16384, 3.9)
+    (f,) = start_findings(df)  # fp32's fitted vs avg; bf16's fitted has no second start
+    assert (f.precision, f.better, f.worse, f.last["fitted_wo"][1]) == ("fp32", "fitted_wo",
+                                                                        "avg", 3.9)
+    monkeypatch.setattr(rc, "curves", lambda data: df)
+    said = convert_sentence(None)
+    assert "converted to K=V at fp32 training: from the fitted (W_O untied basis) start" in said
+    (table,) = rc.start_blocks(None)
+    assert [r[2] for r in table.rows] == ["4, 1e-05, fp32"]
+    assert "m from the fitted (W_O untied basis) start, after 16,384 tokens at batch 4 in fp32" \
+        in convert_headline(None)
+    monkeypatch.setattr(rc, "curves", lambda data: df[df.precision == "fp32"])  # one: not said
+    assert "fp32" not in convert_sentence(None).split("Kayyam")[0]

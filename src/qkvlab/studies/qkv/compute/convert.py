@@ -26,8 +26,10 @@ import pandas as pd
 from qkvlab.hf.convert import VERSION, gap_ci
 from qkvlab.studies.qkv.compute.results import StudyData
 
-# what makes two runs of one model, tie and start one curve: the uptraining batch, text and rate
-ALIKE = ("batch", "corpus", "lr")
+# what makes two runs of one model, tie and start one curve: the uptraining batch, text, rate
+# and the precision it trained in (the record's: bf16 autocast where the CPU has native bf16,
+# else fp32, so one command gives another experiment on another CPU)
+ALIKE = ("batch", "corpus", "lr", "precision")
 # what a curve's points must share with their untied baseline to be paired with it
 SAME_RUN = ("model", "spec.eval_tokens", "spec.calib_tokens", "spec.corpus", "tokens",
             *(f"spec.uptrain.{k}" for k in ("lr", "batch", "seq_len", "warmup", "alpha",
@@ -50,8 +52,9 @@ def curves(data: StudyData) -> pd.DataFrame:
     df["seq_len"] = df["spec.uptrain.seq_len"]
     df["lr"] = df["spec.uptrain.lr"]
     # a budget measured in several runs (a 64k run and a 256k run that resumed it) is one point
-    df = df.drop_duplicates(["model", "tie", "start", "tokens", *SAME_RUN[1:]], keep="last")
-    keys = [c for c in SAME_RUN if c in df]
+    # (and the precision a run resolved to: the same command on another CPU is another run)
+    keys = [c for c in (*SAME_RUN, "precision") if c in df]
+    df = df.drop_duplicates(["tie", "start", *keys], keep="last")
     base = df[df.tie == "none"].set_index(keys)["nll_seq"]
     rows = []
     for _, r in df.iterrows():
@@ -111,7 +114,8 @@ class StartFinding:
                              # sooner after some uptraining (None when it began there: no ratio)
     began_below: bool        # the better start's zero-shot gap is already below ``target``
     batch: int = 0           # the uptraining batch both starts share
-    lr: float = 0.0          # and its rate
+    lr: float = 0.0          # its rate
+    precision: str = ""      # and the precision both trained in
 
 
 def start_findings(df: pd.DataFrame) -> list[StartFinding]:
@@ -152,7 +156,8 @@ def start_findings(df: pd.DataFrame) -> list[StartFinding]:
                 tokens_better=reach, tokens_worse=float(top),
                 saved=top / reach if reach is not None and 0 < reach < top else None,
                 began_below=reach == 0, batch=int(rest[0]) if rest else 0,
-                lr=float(rest[2]) if len(rest) > 2 else 0.0))
+                lr=float(rest[2]) if len(rest) > 2 else 0.0,
+                precision=str(rest[3]) if len(rest) > 3 else ""))
     return out
 
 
@@ -168,6 +173,7 @@ class CurveEnd:
     paired: tuple | None       # (tokens, gap, lo, hi, vs_untied, vs_lo, vs_hi)
     last: tuple                # (tokens, gap, lo, hi)
     lr: float = 0.0            # the uptraining rate
+    precision: str = ""        # and the precision it trained in
 
 
 def curve_ends(df: pd.DataFrame) -> list[CurveEnd]:
@@ -190,5 +196,6 @@ def curve_ends(df: pd.DataFrame) -> list[CurveEnd]:
             None if p is None else (int(p.tokens), *(float(p[c]) for c in
                                     ("gap", "gap_lo", "gap_hi", "vs_untied", "vs_lo", "vs_hi"))),
             (int(e.tokens), float(e.gap), float(e.gap_lo), float(e.gap_hi)),
-            float(g.lr.iloc[0]) if "lr" in g else 0.0))
+            float(g.lr.iloc[0]) if "lr" in g else 0.0,
+            str(g.precision.iloc[0]) if "precision" in g else ""))
     return out

@@ -101,20 +101,25 @@ def _draw_convert(ax, g, model: str, zoom: bool, what: str = "K=V") -> None:
     first = g.batch.min()
     several = g.batch.nunique() > 1  # e.g. a GPU curve at a larger batch beside the CPU's
     rates = sorted(set(g.lr), reverse=True) if "lr" in g else [None]
-    for (tie, start, batch, lr), c in g.assign(lr=g.lr if "lr" in g else None).groupby(
-            ["tie", "start", "batch", "lr"], sort=False, dropna=False):
+    precisions = g.precision.nunique() > 1 if "precision" in g else False
+    for (tie, start, batch, lr, prec), c in g.assign(
+            lr=g.lr if "lr" in g else None,
+            precision=g.precision if "precision" in g else None).groupby(
+            ["tie", "start", "batch", "lr", "precision"], sort=False, dropna=False):
         x = c.tokens.clip(lower=ZERO_X)
         name = ("untied, uptrained the same way" if tie == "none"
                 else f"{tie_label(tie)}, {SHORT.get(start, start)} start")
         other = rates.index(lr) if lr in rates else 0  # a lower rate: another dash
-        line, = ax.plot(x, 1 + c.gap, marker="o" if batch == first else "s", ms=4,
+        line, = ax.plot(x, 1 + c.gap, marker="^" if precisions and prec == "fp32"
+                        else "o" if batch == first else "s", ms=4,
                         ls=("-" if batch == first else "--") if not other
                         else ("-.", ":")[(other - 1) % 2],
                         lw=1.0 if tie == "none" else 1.6,
                         color=START_COLORS.get(start) if tie in ("kv", "none")
                         else TIE_COLORS.get((tie, start)),
                         label=name + (f", batch {batch}" if several else "")
-                        + (f", rate {lr:.2g}" if len(rates) > 1 else ""))
+                        + (f", rate {lr:.2g}" if len(rates) > 1 else "")
+                        + (f", {prec}" if precisions else ""))
         ax.fill_between(x, 1 + c.gap_lo, 1 + c.gap_hi, color=line.get_color(), alpha=0.15)
     if what == "K=V":  # the published conversion is of K=V
         for start, pts in KAYYAM_CONVERT.items():
@@ -153,7 +158,13 @@ def _uptraining(r: dict) -> str:
     """``4 × 256, stdlib``: the batch and the training text (``+ more``: Python source read
     past the stdlib's train split, :func:`qkvlab.data.pysource.more_texts`)."""
     text = "stdlib + more" if "+more:" in str(r.get("corpus", "")) else "stdlib"
-    return f"{int(r['batch'])} × {int(r.get('seq_len', 256))}, {text}"
+    return f"{int(r['batch'])} × {int(r.get('seq_len', 256))}, {text}" + _fp32(r.get("precision"))
+
+
+def _fp32(precision) -> str:
+    """``, fp32`` for a run that trained in fp32 (where the CPU has no native bf16), else "":
+    the curves trained under bf16 autocast, the rule, say nothing."""
+    return ", fp32" if precision == "fp32" else ""
 
 
 def convert_blocks(data: StudyData) -> list[Block]:
@@ -209,7 +220,8 @@ def start_blocks(data: StudyData, question: str | None = None) -> list[Block]:
     for f in found:
         t = f.last[f.better][0]
         vs = [_over_untied(df, f, x, t) for x in (f.better, f.worse)]
-        rows.append((_title(f.model), tie_label(f.tie), f"{f.batch}, {f.lr:.2g}",
+        rows.append((_title(f.model), tie_label(f.tie), f"{f.batch}, {f.lr:.2g}"
+                     + _fp32(f.precision),
                      f"{SHORT[f.better]} vs {SHORT[f.worse]}",
                      f"{pct(f.zero_shot[f.better])} vs {pct(f.zero_shot[f.worse])}", f"{t:,}",
                      ci(*f.last[f.better][1:]), ci(*f.last[f.worse][1:]),
@@ -259,11 +271,13 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
     found = _headline_pairs(every)
     rates = df.groupby("model").lr.nunique() if "lr" in df else {}
     batches = df.groupby("model").batch.nunique() if "batch" in df else {}
+    precs = df.groupby("model").precision.nunique() if "precision" in df else {}
     parts, told = [], set()
     for f in found:
         t = f.last[f.better][0]
         at = ([f"batch {f.batch}"] if batches.get(f.model, 1) > 1 else []) + (
-            [f"rate {f.lr:.2g}"] if rates.get(f.model, 1) > 1 else [])
+            [f"rate {f.lr:.2g}"] if rates.get(f.model, 1) > 1 else []) + (
+            [f"{f.precision} training"] if precs.get(f.model, 1) > 1 else [])
         said = (f"{_title(f.model)} converted to {tie_label(f.tie)}"
                 + (f" at {' and '.join(at)}" if at else "")
                 + f": from the {SHORT[f.better]} "
@@ -277,7 +291,7 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
         if all(vs.values()):  # the tie's own cost, each curve's end said once (below)
             said += (f", and over the untied model uptrained on the same tokens the same way "
                      f"{ci(*vs[f.better])} against {ci(*vs[f.worse])}")
-            told |= {(f.model, f.tie, f.batch, f.lr, x, t) for x in vs}
+            told |= {(f.model, f.tie, (f.batch, f.lr, f.precision), x, t) for x in vs}
         if f.began_below:
             said += (f"; the {SHORT[f.better]} start began below the gap {SHORT[f.worse]} "
                      f"reached after {f.tokens_worse:,.0f} tokens: it needed no uptraining to "
@@ -292,20 +306,21 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
     # per model and tie, the curve read furthest against its baseline (at equal budgets the
     # lowest gap over it), where that is further than the pair said its baselines at (or it
     # said none)
-    said_to = {k[:2]: k[5] for k in told}
+    said_to = {k[:2]: k[4] for k in told}
     furthest: dict[tuple, CurveEnd] = {}
     for e in sorted((e for e in curve_ends(df) if e.paired is not None
                      and in_question(e.tie, question)),
                     key=lambda e: (e.paired[0], -e.paired[4])):
         furthest[(e.model, e.tie)] = e
     ends = [e for k, e in furthest.items()
-            if (e.model, e.tie, e.batch, e.lr, e.start, e.last[0]) not in told
+            if (e.model, e.tie, (e.batch, e.lr, e.precision), e.start, e.last[0]) not in told
             and e.paired[0] > said_to.get(k, -1)]
     for e in ends:
         t, g, lo, hi, v, vlo, vhi = e.paired
         said = (f"{_title(e.model)} converted to {tie_label(e.tie)} from the {SHORT[e.start]} "
                 f"start, uptrained at batch {e.batch}"
                 + (f" and rate {e.lr:.2g}" if rates.get(e.model, 1) > 1 else "")
+                + (f" in {e.precision}" if precs.get(e.model, 1) > 1 else "")
                 + (" on the stdlib and more Python source" if e.more_text else "")
                 + f": after {t:,} tokens {ci(g, lo, hi)} over the teacher and {ci(v, vlo, vhi)} "
                 "over the untied model uptrained on the same tokens the same way")
@@ -316,10 +331,11 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
     if not parts:
         return ""
     said = "Converting a trained model, then uptraining it: " + "; ".join(parts) + "."
-    shown = {k[:5] for k in told} | {(e.model, e.tie, e.batch, e.lr, e.start) for e in ends}
+    shown = {k[:4] for k in told} | {(e.model, e.tie, (e.batch, e.lr, e.precision), e.start)
+                                     for e in ends}
     more = ""
     if len(every) > len(found) or any(
-            (e.model, e.tie, e.batch, e.lr, e.start) not in shown
+            (e.model, e.tie, (e.batch, e.lr, e.precision), e.start) not in shown
             for e in curve_ends(df) if in_question(e.tie, question)):
         more = (" Every other pair of starts and every curve's numbers are in the conversion "
                 "tables.")
@@ -337,17 +353,20 @@ def convert_headline(data: StudyData) -> str:
     lowest gap over it), in one sentence, Kayyam et al.'s last published point beside them;
     "" where no K=V curve has a baseline. The README's line under the answers
     (``scripts/convert-report.py --readme``)."""
-    kv = [e for e in curve_ends(curves(data)) if e.tie == "kv" and e.paired is not None]
+    every = curve_ends(curves(data))
+    kv = [e for e in every if e.tie == "kv" and e.paired is not None]
     best: dict[str, CurveEnd] = {}
     for e in sorted(kv, key=lambda e: (e.paired[0], -e.paired[4])):
         best[e.model] = e  # each model's last: its largest paired budget, then its lowest gap
     if not best:
         return ""
     parts = []
+    precs = {m: {e.precision for e in every if e.model == m} for m in best}
     for e in sorted(best.values(), key=lambda e: -e.paired[0]):
         t, g, lo, hi, v, vlo, vhi = e.paired
         parts.append(f"{_title(e.model)} from the {SHORT.get(e.start, e.start)} start, after "
                      f"{t:,} tokens at batch {e.batch}"
+                     + (f" in {e.precision}" if len(precs[e.model]) > 1 else "")
                      + (" on the stdlib and more Python source" if e.more_text else "")
                      + f": {ci(v, vlo, vhi)} over the untied model uptrained on the same tokens "
                      f"the same way, {ci(g, lo, hi)} over its teacher")
@@ -365,4 +384,6 @@ def _over_untied(df: pd.DataFrame, f: StartFinding, start: str, tokens: int) -> 
            & (df.batch == f.batch) & (df.tokens == tokens) & df.vs_untied.notna()]
     if "lr" in m:
         m = m[m.lr == f.lr]
+    if "precision" in m and f.precision:
+        m = m[m.precision == f.precision]
     return tuple(m.iloc[0][["vs_untied", "vs_lo", "vs_hi"]]) if len(m) == 1 else None
