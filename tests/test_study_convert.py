@@ -586,7 +586,7 @@ def test_a_run_trained_in_fp32_is_its_own_curve_paired_with_an_fp32_baseline(mon
                                                                         "avg", 3.9)
     monkeypatch.setattr(rc, "curves", lambda data: df)
     said = convert_sentence(None)
-    assert "converted to K=V at fp32 training: from the fitted (W_O untied basis) start" in said
+    assert "converted to K=V, trained in fp32: from the fitted (W_O untied basis) start" in said
     (table,) = rc.start_blocks(None)
     assert [r[2] for r in table.rows] == ["4, 1e-05, fp32"]
     assert "m from the fitted (W_O untied basis) start, after 16,384 tokens at batch 4 in fp32" \

@@ -276,10 +276,10 @@ def convert_sentence(data: StudyData, question: str | None = "q3") -> str:
     for f in found:
         t = f.last[f.better][0]
         at = ([f"batch {f.batch}"] if batches.get(f.model, 1) > 1 else []) + (
-            [f"rate {f.lr:.2g}"] if rates.get(f.model, 1) > 1 else []) + (
-            [f"{f.precision} training"] if precs.get(f.model, 1) > 1 else [])
+            [f"rate {f.lr:.2g}"] if rates.get(f.model, 1) > 1 else [])
+        trained = f", trained in {f.precision}" if precs.get(f.model, 1) > 1 else ""
         said = (f"{_title(f.model)} converted to {tie_label(f.tie)}"
-                + (f" at {' and '.join(at)}" if at else "")
+                + (f" at {' and '.join(at)}" if at else "") + trained
                 + f": from the {SHORT[f.better]} "
                 f"start the perplexity begins at {pct(f.zero_shot[f.better])} over the teacher "
                 f"against {pct(f.zero_shot[f.worse])} from {SHORT[f.worse]}; after {t:,} tokens "
