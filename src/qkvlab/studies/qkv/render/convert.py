@@ -162,8 +162,8 @@ def _uptraining(r: dict) -> str:
 
 
 def _fp32(precision) -> str:
-    """``, fp32`` for a run that trained in fp32 (where the CPU has no native bf16), else "":
-    the curves trained under bf16 autocast, the rule, say nothing."""
+    """``, fp32`` for a run that trained in fp32 (where the CPU has no native bf16), else ""
+    (bf16 autocast, which every other run used, goes unsaid)."""
     return ", fp32" if precision == "fp32" else ""
 
 
