@@ -40,6 +40,7 @@ def test_batched_few_rows_equal_float64_linear(out, shape, bias):
     with torch.no_grad(), gemv.use("batched"):
         y = linear(x, w, b)
     assert y.shape == (*shape[:-1], out) and y.dtype == torch.float32
+    assert y.is_contiguous()  # as F.linear's: SDPA runs its unfused path on a strided query
     assert_close(y.double(), ref(x, w, b), **FP32)
 
 
@@ -50,6 +51,24 @@ def test_batched_form_takes_the_weight_in_row_blocks():
     assert_close(gemv._batched(x, w, b).double(), ref(x, w, b), **FP32)
     wt = torch.randn(40, 64, generator=g).t()  # not contiguous: F.linear, bit for bit
     assert torch.equal(gemv._batched(x, wt, b), F.linear(x, wt, b))
+
+
+def test_a_batch_step_on_the_batched_kernel_keeps_sdpa_on_its_fused_path(kernel, monkeypatch):
+    # four rows through the batched form once gave q, k, v a strided last dimension, and SDPA
+    # on the CPU then ran its unfused math path: 3-5x slower decode steps at batch 4
+    from torch.profiler import ProfilerActivity, profile
+
+    from qkvlab.kernels import attend, set_attention_kernel
+    monkeypatch.setattr(attend.CHOICE, "pinned", attend.CHOICE.pinned)  # restored afterwards
+    kernel("batched")
+    set_attention_kernel("sdpa")
+    model = build_model(ModelConfig(**TINY)).eval()
+    caches = model.new_caches(4, 8)
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof, model.decoding(4, 8):
+        model(torch.zeros(4, 1, dtype=torch.long), caches=caches)
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops
+    assert "aten::_scaled_dot_product_attention_math" not in ops
 
 
 def test_everything_else_is_f_linear_bit_for_bit():

@@ -86,11 +86,12 @@ def decode_kernel(model: nn.Module, part: nn.Module | None = None, rows: int = 1
     :func:`matrices` of ``part`` (the modules a decoding step runs; default the whole model)
     with that many rows, batched where ``FASTER_RATIO`` times faster or more (so where both
     are level ``F.linear`` stays), and kept on the model per thread count and row count. The
-    row count matters: on the AVX-512 AMD EPYC (2026-11-28) the batched form ran the bench's
-    one-layer step 5% faster than ``F.linear`` at one row and 3-5x slower at four (51 against
-    10-15 ms), where a choice made at one row had applied. Models not in fp32 on the CPU, and
-    steps of more than ``FEW_ROWS`` rows, never take the batched form, so they are not
-    measured.
+    row count matters: the batched form can win at one row and lose at four. (On the AVX-512
+    AMD EPYC, 2026-11-28, a choice made at one row ran the bench's one-layer step 3-5x slower
+    at four rows, 51 against 10-15 ms; the cause, found on 2026-12-06, was the strided output
+    :func:`_batched` then returned, which sent SDPA to its unfused path, not the products.)
+    Models not in fp32 on the CPU, and steps of more than ``FEW_ROWS`` rows, never take the
+    batched form, so they are not measured.
     """
     if CHOICE.pinned is not None:
         return CHOICE.pinned
@@ -133,7 +134,11 @@ def _batched(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     blocks = weight.view(n, out // n, d_in)
     y = (torch.bmm(blocks, cols) if bias is None
          else torch.baddbmm(bias.reshape(n, out // n, 1), blocks, cols))  # (n, out/n, R)
-    return y.permute(2, 0, 1).reshape(*x.shape[:-1], out)  # a view for one row
+    # (R, out) with unit stride along out: a view for one row, a copy of R x out floats for
+    # more. The view alone would leave every row's features R apart, and SDPA on the CPU runs
+    # its unfused math path for a query whose last dimension is strided (3-5x slower decode
+    # steps at batch 4 on both EPYCs, docs/bench-history.md)
+    return y.permute(2, 0, 1).reshape(*x.shape[:-1], out).contiguous()
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
