@@ -54,7 +54,7 @@ def test_batched_form_takes_the_weight_in_row_blocks():
 
 
 def test_a_batch_step_on_the_batched_kernel_keeps_sdpa_on_its_fused_path(kernel, monkeypatch):
-    # four rows through the batched form once gave q, k, v a strided last dimension, and SDPA
+    # four rows through the batched form once gave the query a strided last dimension, and SDPA
     # on the CPU then ran its unfused math path: 3-5x slower decode steps at batch 4
     from torch.profiler import ProfilerActivity, profile
 

@@ -88,8 +88,9 @@ def decode_kernel(model: nn.Module, part: nn.Module | None = None, rows: int = 1
     are level ``F.linear`` stays), and kept on the model per thread count and row count. The
     row count matters: the batched form can win at one row and lose at four. (On the AVX-512
     AMD EPYC, 2026-11-28, a choice made at one row ran the bench's one-layer step 3-5x slower
-    at four rows, 51 against 10-15 ms; the cause, found on 2026-12-06, was the strided output
-    :func:`_batched` then returned, which sent SDPA to its unfused path, not the products.)
+    at four rows, 51 against 10-15 ms. The same slowdown on the AVX2 EPYC, 2026-12-06, was
+    the strided output :func:`_batched` then returned, which sent SDPA to its unfused path, not
+    the products; the AVX-512 one was not re-measured.)
     Models not in fp32 on the CPU, and steps of more than ``FEW_ROWS`` rows, never take the
     batched form, so they are not measured.
     """
@@ -137,7 +138,7 @@ def _batched(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     # (R, out) with unit stride along out: a view for one row, a copy of R x out floats for
     # more. The view alone would leave every row's features R apart, and SDPA on the CPU runs
     # its unfused math path for a query whose last dimension is strided (3-5x slower decode
-    # steps at batch 4 on both EPYCs, docs/bench-history.md)
+    # steps at batch 4 on the AVX2 EPYC, docs/bench-history.md)
     return y.permute(2, 0, 1).reshape(*x.shape[:-1], out).contiguous()
 
 
